@@ -1,0 +1,87 @@
+# ctune — build, test, demo, bench.
+#   make          build/ctune (CUDA backend too when nvcc is present)
+#   make test     build and run every test; ends with "N passed, N failed"
+#   make demo     the quick start: tiny model, bundled data, a short training run
+#   make bench    GPU benchmarks (on a machine with a GPU)
+# Options: STATIC=0 links libyaml and zlib dynamically (default: statically when
+# their .a files exist, so the binary runs on machines that lack them);
+# CUDA=0 forces a CPU-only build.
+
+BUILD   ?= build
+CC      ?= gcc
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA    ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+LIBDIR  := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib))
+STATIC  ?= $(if $(wildcard $(LIBDIR)/libyaml.a),1,0)
+
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -Isrc -MMD -MP
+LDLIBS  := -lm -lpthread -fopenmp
+ifeq ($(STATIC),1)
+  LDLIBS += $(LIBDIR)/libyaml.a $(LIBDIR)/libz.a
+else
+  LDLIBS += -lyaml -lz
+endif
+
+C_SRCS   := $(filter-out src/main.c,$(wildcard src/*.c))
+C_OBJS   := $(C_SRCS:%.c=$(BUILD)/obj/%.o)
+TEST_SRCS := $(wildcard tests/test_*.c)
+TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+
+ifeq ($(CUDA),1)
+  CU_SRCS  := $(wildcard cuda/*.cu)
+  CU_OBJS  := $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
+  NVFLAGS  ?= -O3 -g -lineinfo
+  NVFLAGS  += -std=c++17 -Isrc -Icuda -gencode arch=compute_90a,code=sm_90a \
+              -gencode arch=compute_90a,code=compute_90a -Xcompiler -fPIC -MMD -MP
+  CFLAGS   += -DCT_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+  LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas \
+              -lcudart_static -ldl -lrt -lstdc++
+else
+  CU_OBJS  :=
+endif
+ALL_OBJS := $(C_OBJS) $(CU_OBJS)
+
+.PHONY: all test demo bench clean deps
+all: $(BUILD)/deps.ok $(BUILD)/ctune
+
+# Missing build dependencies are installed when we are root, else named exactly.
+$(BUILD)/deps.ok: scripts/ensure_deps.sh
+	@mkdir -p $(BUILD)
+	@bash scripts/ensure_deps.sh
+	@if [ "$(CUDA)" != 1 ]; then echo "note: nvcc not found, building the CPU-only backend (install the CUDA toolkit for the GPU backend)"; fi
+	@touch $@
+
+$(BUILD)/obj/%.o: %.c | $(BUILD)/deps.ok
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu | $(BUILD)/deps.ok
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(BUILD)/libctune.a: $(ALL_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/ctune: $(BUILD)/obj/src/main.o $(BUILD)/libctune.a
+	$(CC) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libctune.a tests/check.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libctune.a $(LDLIBS)
+
+test: all $(TEST_BINS)
+	@bash tests/run_tests.sh $(BUILD)
+
+demo: all
+	@bash scripts/demo.sh
+
+bench: all
+	@bash scripts/bench.sh
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

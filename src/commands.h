@@ -1,0 +1,19 @@
+/* commands.h — one function per ctune subcommand. argv[0] is the subcommand name.
+ * Each returns CT_OK or an error code with a one-line message in err (main prints
+ * "ctune: MESSAGE" and exits with the code: 1 runtime failure, 2 bad input/usage). */
+#ifndef CT_COMMANDS_H
+#define CT_COMMANDS_H
+
+#include "common.h"
+
+int cmd_train(int argc, char **argv, ct_error *err);    /* cmd_train.c */
+int cmd_eval(int argc, char **argv, ct_error *err);     /* cmd_train.c */
+int cmd_prepare(int argc, char **argv, ct_error *err);  /* cmd_prepare.c */
+int cmd_init(int argc, char **argv, ct_error *err);     /* cmd_init.c */
+int cmd_inspect(int argc, char **argv, ct_error *err);  /* cmd_inspect.c: shards, model folders, checkpoints */
+
+/* The parts of `inspect`: each prints a report to stdout. */
+int inspect_shards(int n, char **paths, ct_error *err);     /* inspect_shard.c */
+int inspect_model(const char *model_dir, ct_error *err);    /* inspect_model.c */
+
+#endif

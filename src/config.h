@@ -1,0 +1,104 @@
+/* config.h — the run configuration: a typed struct with defaults, read from YAML
+ * (libyaml) and from `--set a.b=value` overrides, validated strictly.
+ *
+ * Key names follow TRL/PEFT/Axolotl (DESIGN.md); configs/reference.yaml lists
+ * every key with its default and a one-line comment. Errors are one line:
+ * "FILE:LINE: what is wrong (expected ...)" (for --set: "--set KEY=VALUE: ...").
+ * Unknown keys, wrong types, out-of-range and contradictory values are errors. */
+#ifndef CT_CONFIG_H
+#define CT_CONFIG_H
+
+#include <stdio.h>
+#include "common.h"
+
+#define CT_MAX_FILES 256
+#define CT_MAX_TARGETS 16
+#define CT_PATH_MAX 1024
+
+typedef enum { CT_SCHED_CONSTANT, CT_SCHED_LINEAR, CT_SCHED_COSINE } ct_sched_type;
+typedef enum { CT_TRI_AUTO, CT_TRI_ON, CT_TRI_OFF } ct_tristate;
+typedef enum { CT_RESUME_AUTO, CT_RESUME_FALSE, CT_RESUME_PATH } ct_resume_mode;
+typedef enum { CT_DEVICE_AUTO, CT_DEVICE_CPU, CT_DEVICE_CUDA } ct_device;
+
+typedef struct ct_lora_config {
+    int r;                                  /* rank, >= 1 (default 16) */
+    double lora_alpha;                      /* > 0 (default 32) */
+    double lora_dropout;                    /* [0, 1) (default 0) */
+    bool use_rslora;                        /* scaling alpha/sqrt(r) instead of alpha/r */
+    /* "all-linear" is expanded to the 7 projection names; otherwise a subset of
+     * q_proj k_proj v_proj o_proj gate_proj up_proj down_proj. */
+    int n_target_modules;
+    char target_modules[CT_MAX_TARGETS][32];
+    bool target_all_linear;                 /* the config said "all-linear" */
+    char init_lora_weights[16];             /* "true" (kaiming-uniform A, zero B) | "gaussian" */
+} ct_lora_config;
+
+typedef struct ct_data_config {
+    int n_train_files;
+    char train_files[CT_MAX_FILES][CT_PATH_MAX];   /* globs expanded at load */
+    int n_eval_files;
+    char eval_files[CT_MAX_FILES][CT_PATH_MAX];
+    int max_length;                 /* longest sample in tokens; longer ones are truncated */
+    bool packing;                   /* false: one document per micro-batch */
+    int tokens_per_micro_batch;     /* >= max_length when packing */
+    int shuffle_window;             /* documents per best-fit-decreasing window (default 1024) */
+} ct_data_config;
+
+typedef struct ct_training_config {
+    double learning_rate;
+    ct_sched_type lr_scheduler_type;
+    int warmup_steps;
+    int max_steps;                  /* > 0, or -1 to use num_train_epochs */
+    double num_train_epochs;        /* used when max_steps == -1 */
+    int gradient_accumulation_steps;
+    double weight_decay;
+    double adam_beta1, adam_beta2, adam_epsilon;
+    double max_grad_norm;           /* 0 disables clipping */
+    long long seed;
+    int logging_steps;
+    int eval_steps;                 /* 0 disables periodic eval */
+    int save_steps;                 /* 0 disables periodic saves (final/ is always written) */
+    int save_total_limit;           /* 0 keeps all checkpoints */
+    ct_resume_mode resume_mode;
+    char resume_from_checkpoint[CT_PATH_MAX]; /* when resume_mode == CT_RESUME_PATH */
+} ct_training_config;
+
+typedef struct ct_memory_config {
+    bool gradient_checkpointing;
+    ct_tristate activation_offload;
+} ct_memory_config;
+
+typedef struct ct_config {
+    char source_path[CT_PATH_MAX];  /* the YAML file it was read from ("" if none) */
+    char model[CT_PATH_MAX];        /* HF model folder */
+    char output_dir[CT_PATH_MAX];
+    ct_device device;               /* auto | cpu | cuda */
+    ct_lora_config lora;
+    ct_data_config data;
+    ct_training_config training;
+    ct_memory_config memory;
+} ct_config;
+
+/* Fills cfg with every default (the values configs/reference.yaml shows). */
+void config_defaults(ct_config *cfg);
+
+/* Reads PATH over the defaults. Relative paths inside the file (model,
+ * output_dir, data files) are kept as written (relative to the working folder).
+ * Returns CT_OK or CT_ERR_INPUT with "PATH:LINE: ..." in err. */
+int config_load(ct_config *cfg, const char *path, ct_error *err);
+
+/* Applies one "a.b=value" override with the same parsing and validation as the
+ * file (value is read as a YAML scalar or flow sequence, e.g. "[q_proj,v_proj]"). */
+int config_set(ct_config *cfg, const char *assignment, ct_error *err);
+
+/* Cross-field checks (e.g. max_length <= tokens_per_micro_batch, warmup <= max_steps),
+ * run once after the file and all overrides are applied. */
+int config_validate(const ct_config *cfg, ct_error *err);
+
+/* Writes the resolved config as YAML that config_load reads back to the same struct. */
+void config_print(const ct_config *cfg, FILE *out);
+
+/* The PEFT scaling for this config: alpha/r, or alpha/sqrt(r) with rsLoRA. */
+double config_lora_scaling(const ct_lora_config *lora);
+
+#endif

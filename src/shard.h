@@ -1,0 +1,54 @@
+/* shard.h — tokenized shards: one file holding documents of uint32 tokens with a
+ * per-token loss mask, mmap'd and validated on open (docs/SHARDS.md has the
+ * byte layout: magic + version header, document offsets, tokens, loss mask,
+ * CRC32 (zlib) of the payload).
+ *
+ * Loss-mask convention: mask[j] == 1 means token j is a label (it is predicted
+ * from position j-1). HF labels == -100 map to mask 0.
+ * Ownership: shard_open returns a handle the caller frees with shard_close. */
+#ifndef CT_SHARD_H
+#define CT_SHARD_H
+
+#include "common.h"
+
+typedef struct shard shard;
+
+/* Opens and validates PATH: header fields, sizes against the file size, monotone
+ * offsets, token ids < vocab_size (0: skip this check), CRC. On failure returns
+ * NULL with a one-line CT_ERR_INPUT such as
+ * "data/a.shard: CRC mismatch (stored 1a2b3c4d, computed 99aa0011)". */
+shard *shard_open(const char *path, uint32_t vocab_size, ct_error *err);
+void shard_close(shard *s);
+const char *shard_path(const shard *s);
+size_t shard_num_docs(const shard *s);
+size_t shard_num_tokens(const shard *s);
+uint32_t shard_max_token(const shard *s);          /* largest token id present */
+/* Tokens and mask of document i (i < num_docs); *len receives its length. */
+const uint32_t *shard_doc_tokens(const shard *s, size_t i, size_t *len);
+const uint8_t  *shard_doc_mask(const shard *s, size_t i);
+
+/* Writer: documents are buffered and written atomically on close. */
+typedef struct shard_writer shard_writer;
+shard_writer *shard_writer_new(void);
+/* Adds one document (len >= 1). mask may be NULL (every token a label). */
+void shard_writer_add(shard_writer *w, const uint32_t *tokens, const uint8_t *mask, size_t len);
+size_t shard_writer_num_docs(const shard_writer *w);
+int shard_writer_save(shard_writer *w, const char *path, ct_error *err);
+void shard_writer_free(shard_writer *w);
+
+/* A dataset: several shards seen as one list of documents. */
+typedef struct ct_dataset {
+    int n_shards;
+    shard **shards;
+    size_t num_docs;            /* total */
+    size_t num_tokens;          /* total */
+    size_t *doc_base;           /* [n_shards + 1]: first global doc index of each shard */
+} ct_dataset;
+
+/* Opens every path (globs expanded; an empty match is an error naming the pattern). */
+int dataset_open(ct_dataset *ds, const char *const *patterns, int n_patterns,
+                 uint32_t vocab_size, ct_error *err);
+void dataset_close(ct_dataset *ds);
+const uint32_t *dataset_doc(const ct_dataset *ds, size_t doc, size_t *len, const uint8_t **mask);
+
+#endif

@@ -10,13 +10,13 @@
 BUILD   ?= build
 CC      ?= gcc
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-CUDA    ?= $(if $(NVCC),1,0)
+CUDA    ?= $(if $(NVCC),$(if $(wildcard cuda/*.cu),1,0),0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 LIBDIR  := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib))
 STATIC  ?= $(if $(wildcard $(LIBDIR)/libyaml.a),1,0)
 
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fopenmp -Isrc -MMD -MP
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -fopenmp -Isrc -MMD -MP
 LDLIBS  := -lm -lpthread -fopenmp
 ifeq ($(STATIC),1)
   LDLIBS += $(LIBDIR)/libyaml.a $(LIBDIR)/libz.a

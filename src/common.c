@@ -1,5 +1,7 @@
 /* common.c — see common.h. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "common.h"
 
 #include <errno.h>
@@ -250,6 +252,7 @@ int ct_write_file_atomic(const char *path, const void *data, size_t len, ct_erro
 
 int ct_mkdirs(const char *path, ct_error *err)
 {
+    if (!path[0]) return CT_FAIL_INPUT(err, "an empty folder name");
     char *buf = ct_strdup(path);
     for (char *p = buf + 1; ; p++) {
         if (*p == '/' || *p == 0) {

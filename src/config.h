@@ -35,7 +35,7 @@ typedef struct ct_lora_config {
 
 typedef struct ct_data_config {
     int n_train_files;
-    char train_files[CT_MAX_FILES][CT_PATH_MAX];   /* globs expanded at load */
+    char train_files[CT_MAX_FILES][CT_PATH_MAX];   /* as written; dataset_open expands globs */
     int n_eval_files;
     char eval_files[CT_MAX_FILES][CT_PATH_MAX];
     int max_length;                 /* longest sample in tokens; longer ones are truncated */
@@ -82,20 +82,27 @@ typedef struct ct_config {
 /* Fills cfg with every default (the values configs/reference.yaml shows). */
 void config_defaults(ct_config *cfg);
 
-/* Reads PATH over the defaults. Relative paths inside the file (model,
- * output_dir, data files) are kept as written (relative to the working folder).
- * Returns CT_OK or CT_ERR_INPUT with "PATH:LINE: ..." in err. */
+/* Fills cfg with the defaults, then reads PATH over them and records PATH in
+ * source_path. Relative paths inside the file (model, output_dir, data files) are
+ * kept as written (relative to the working folder). Returns CT_OK, or
+ * CT_ERR_INPUT with "PATH:LINE: ..." in err and cfg left untouched. An empty
+ * file is valid (all defaults); config_validate then asks for model/output_dir. */
 int config_load(ct_config *cfg, const char *path, ct_error *err);
 
 /* Applies one "a.b=value" override with the same parsing and validation as the
- * file (value is read as a YAML scalar or flow sequence, e.g. "[q_proj,v_proj]"). */
+ * file (value is read as a YAML scalar or flow sequence, e.g. "[q_proj,v_proj]";
+ * an empty value is null, which clears a file list). On error cfg is untouched
+ * and err reads "--set a.b=value: ...". */
 int config_set(ct_config *cfg, const char *assignment, ct_error *err);
 
 /* Cross-field checks (e.g. max_length <= tokens_per_micro_batch, warmup <= max_steps),
- * run once after the file and all overrides are applied. */
+ * required keys, and every per-key range again (for structs built in code), run
+ * once after the file and all overrides are applied. Errors read
+ * "SOURCE_PATH: ..." ("config: ..." when there is no source file). */
 int config_validate(const ct_config *cfg, ct_error *err);
 
-/* Writes the resolved config as YAML that config_load reads back to the same struct. */
+/* Writes every key of the resolved config as YAML that config_load reads back to
+ * the same struct (source_path aside); doubles in shortest round-trip form. */
 void config_print(const ct_config *cfg, FILE *out);
 
 /* The PEFT scaling for this config: alpha/r, or alpha/sqrt(r) with rsLoRA. */

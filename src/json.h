@@ -18,8 +18,8 @@ struct json_value {
     json_type type;
     bool boolean;
     double number;
-    bool is_integer;          /* the literal had no fraction or exponent */
-    long long integer;        /* exact value when is_integer and it fits */
+    bool is_integer;          /* the literal had no fraction or exponent and fits a long long */
+    long long integer;        /* its exact value when is_integer */
     const char *string;       /* NUL-terminated, UTF-8 (escapes decoded) */
     size_t string_len;
     size_t count;             /* array items or object members */
@@ -57,6 +57,8 @@ void json_writer_free(json_writer *w);
 void json_write_raw(json_writer *w, const char *s);
 void json_write_rawf(json_writer *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void json_write_string(json_writer *w, const char *s);   /* quoted and escaped */
-void json_write_number(json_writer *w, double v);         /* shortest exact repr; integers without ".0" */
+/* Shortest text that reads back as v; integral values without ".0"; NaN and
+ * infinities (which JSON cannot express) are written as null. */
+void json_write_number(json_writer *w, double v);
 
 #endif

@@ -63,6 +63,7 @@ typedef struct ct_model_config {
     double router_aux_loss_coef;
     double swiglu_limit;              /* gpt_oss (7.0) */
     char torch_dtype[16];             /* as written ("bfloat16" if absent) */
+    double initializer_range;         /* std of random init (0.02 if absent) */
 } ct_model_config;
 
 /* Reads DIR/config.json (or a path to a config.json file). */
@@ -74,16 +75,31 @@ const char *model_arch_name(ct_arch a);
 
 /* RoPE inverse frequencies for rotary dim d = head_dim * partial_rotary_factor:
  * writes d/2 values and the cos/sin multiplier (1.0 except yarn). Computed in
- * double, rounded to float, exactly as FORMATS.md gives each scaling type. */
+ * double, rounded to float, exactly as FORMATS.md gives each scaling type.
+ * dynamic (NTK) equals default up to max_position_embeddings, where HF starts
+ * to grow theta; ctune uses the default frequencies at every length. */
 int model_rope_dim(const ct_model_config *mc);
 void model_rope_inv_freq(const ct_model_config *mc, float *inv_freq, float *attention_scaling);
+
+/* What a tensor is, so init can fill it and counts can classify it. */
+typedef enum {
+    CT_TENSOR_EMBEDDING,  /* embed_tokens: a lookup, not a matmul */
+    CT_TENSOR_LM_HEAD,    /* lm_head (absent when tied) */
+    CT_TENSOR_LINEAR,     /* matmul weights: projections, routers, experts */
+    CT_TENSOR_NORM,       /* RMSNorm weights (init 1.0) */
+    CT_TENSOR_BIAS,       /* additive biases */
+    CT_TENSOR_SINKS,      /* gpt_oss attention sink logits (init 0) */
+} ct_tensor_kind;
 
 /* Every tensor a checkpoint of this model holds (HF names, bf16 shapes). */
 typedef struct ct_tensor_spec {
     char name[160];
     int ndim;
     int64_t shape[4];
+    ct_tensor_kind kind;
+    bool expert;          /* routed-expert weights: a token uses K/E of them */
 } ct_tensor_spec;
+size_t model_tensor_numel(const ct_tensor_spec *t);
 /* Returns a malloc'd array the caller frees; *n receives its length. */
 ct_tensor_spec *model_tensor_specs(const ct_model_config *mc, size_t *n);
 
@@ -95,7 +111,8 @@ typedef struct ct_param_counts {
 ct_param_counts model_param_counts(const ct_model_config *mc);
 
 /* Checks that a reader holds every tensor of the spec with its dtype BF16 (or
- * F32/F16, converted on load) and shape. */
+ * F32/F16, converted on load) and shape. Extra tensors are ignored (HF ignores
+ * them too). Errors name the tensor and its file (or the folder if missing). */
 int model_check_weights(const ct_model_config *mc, const st_reader *r, ct_error *err);
 
 #endif

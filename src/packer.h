@@ -60,15 +60,26 @@ typedef struct ct_data_pos {
 typedef struct ct_packer ct_packer;
 
 /* The dataset must outlive the packer. Fails (CT_ERR_INPUT) on an empty dataset
- * or options that cannot work. */
+ * or options that cannot work: tokens_per_micro_batch, max_length or
+ * shuffle_window < 1, or max_length > tokens_per_micro_batch with packing on.
+ * With packing off a document is cut to min(max_length, tokens_per_micro_batch)
+ * so that it fits its micro-batch (counted as truncation). */
 ct_packer *packer_new(const ct_dataset *ds, const ct_packer_options *opt, ct_error *err);
 void packer_free(ct_packer *p);
 /* Fills b (allocated with capacity >= tokens_per_micro_batch) with the next
  * micro-batch; rolls over into the next epoch when one ends. */
 void packer_next(ct_packer *p, ct_batch *b);
 ct_data_pos packer_position(const ct_packer *p);
+/* CT_OK if pos names a micro-batch of this dataset and options; otherwise
+ * CT_ERR_INPUT (a checkpoint from a run with other data). Check before seeking to
+ * a position read from a file. */
+int packer_check_position(ct_packer *p, ct_data_pos pos, ct_error *err);
+/* Moves the stream to pos (asserts that packer_check_position accepts it). */
 void packer_seek(ct_packer *p, ct_data_pos pos);
-/* Micro-batches in one epoch (computed by packing it; cached). */
+/* Micro-batches in epoch 0 (computed by packing it; cached). Later epochs shuffle
+ * differently, so their count can differ by a few bins; packer_epoch_stats gives
+ * any epoch's exactly. Neither call touches the stream, so either may be made
+ * (from one thread) while a loader runs. */
 size_t packer_batches_per_epoch(ct_packer *p);
 
 typedef struct ct_packer_stats {
@@ -79,7 +90,9 @@ typedef struct ct_packer_stats {
 ct_packer_stats packer_epoch_stats(ct_packer *p, uint64_t epoch);
 
 /* A loader thread that runs the packer ahead of the trainer through a ring of
- * `depth` batches, so a step never waits for packing. */
+ * `depth` batches, so a step never waits for packing. While it runs, only the
+ * thread may call packer_next/packer_seek. Batches are released in the order
+ * received; at most `depth` are held by the caller and the thread together. */
 typedef struct ct_loader ct_loader;
 ct_loader *loader_start(ct_packer *p, int depth);
 /* Blocks until the next batch is ready; the pointer stays valid until loader_release. */
@@ -87,6 +100,9 @@ const ct_batch *loader_next(ct_loader *l);
 void loader_release(ct_loader *l, const ct_batch *b);
 /* Position of the next batch the caller will receive (not of the thread's read-ahead). */
 ct_data_pos loader_position(const ct_loader *l);
+/* Joins the thread (also when it waits on a full ring) and frees the ring: batches
+ * not yet released become invalid. The packer is left at loader_position, so it
+ * continues where the caller stopped, as if there had been no read-ahead. */
 void loader_stop(ct_loader *l);
 
 #endif

@@ -42,7 +42,10 @@ typedef struct st_reader st_reader;
 
 /* Opens PATH: a .safetensors file, or a folder holding model.safetensors or
  * model.safetensors.index.json (+ the shards it names; every tensor must be in
- * the shard weight_map says). Returns NULL and fills err on failure. */
+ * the shard weight_map says). Returns NULL and fills err on failure. When a
+ * folder holds both, model.safetensors wins (as in transformers). Shard names
+ * must be plain file names (no '/', no ".."); each shard is opened once, and
+ * weight_map must list exactly the tensors the shards hold. */
 st_reader *st_open(const char *path, ct_error *err);
 void st_close(st_reader *r);
 size_t st_count(const st_reader *r);
@@ -64,7 +67,10 @@ int st_writer_add(st_writer *w, const char *name, ct_dtype dtype, int ndim,
 /* Writes one file atomically (tmp + fsync + rename) with {"format":"pt"}. */
 int st_writer_save(st_writer *w, const char *path, ct_error *err);
 /* Writes DIR/model.safetensors, or when the total exceeds max_shard_bytes,
- * DIR/model-0000i-of-0000n.safetensors + model.safetensors.index.json. */
+ * DIR/model-0000i-of-0000n.safetensors + model.safetensors.index.json (written
+ * last; tensors split greedily in name order, one larger than the limit alone in
+ * its shard). Creates DIR; removes the file of the other layout left by an
+ * earlier save, which would otherwise shadow or contradict this one. */
 int st_writer_save_sharded(st_writer *w, const char *dir, size_t max_shard_bytes, ct_error *err);
 void st_writer_free(st_writer *w);
 

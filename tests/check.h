@@ -31,7 +31,7 @@ static char check_skip_reason[256];
     } } while (0)
 
 /* CHECK and leave the test at once (for preconditions later checks rely on). */
-#define REQUIRE(cond, ...) do { CHECK(cond, __VA_ARGS__); if (!(cond)) return; } while (0)
+#define REQUIRE(cond, ...) do { int check_ok_ = (cond) ? 1 : 0; CHECK(check_ok_, __VA_ARGS__); if (!check_ok_) return; } while (0)
 
 #define SKIP(...) do { snprintf(check_skip_reason, sizeof check_skip_reason, __VA_ARGS__); \
     check_cur_skipped = 1; return; } while (0)

@@ -8,7 +8,10 @@ ROOT=$PWD
 run_test() {
     local name=$1
     T=$(mktemp -d)
-    if (cd "$T" && set -e && "$name") >"$T.log" 2>&1; then
+    # Not inside an `if`: bash ignores set -e in a condition, and every command of
+    # a test must count.
+    (cd "$T" || exit 1; set -e; "$name") >"$T.log" 2>&1
+    if [ $? -eq 0 ]; then
         echo "ok   $name"; _passed=$((_passed + 1))
     else
         echo "FAIL $name:"; sed 's/^/     /' "$T.log" | tail -n 20; _failed=$((_failed + 1))

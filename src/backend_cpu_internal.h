@@ -1,0 +1,28 @@
+/* backend_cpu_internal.h — what the files of the CPU reference backend share
+ * (backend_cpu.c, backend_cpu_gemm.c, backend_cpu_attention.c). Not a public
+ * contract: the model only sees struct ct_backend (backend.h). */
+#ifndef CT_BACKEND_CPU_INTERNAL_H
+#define CT_BACKEND_CPU_INTERNAL_H
+
+#include "backend.h"
+
+/* C (M,N) = alpha * op(A) @ op(B) + beta * C, row-major with row strides.
+ * op(A) is (M,K): A[i*lda + k], or A[k*lda + i] when trans_a.
+ * op(B) is (K,N): B[k*ldb + j], or B[j*ldb + k] when trans_b.
+ * beta is 0 (C is overwritten and never read, so it may hold garbage) or 1.
+ * Each element of C is summed by one thread in a fixed order, so results do not
+ * depend on the number of OpenMP threads. */
+void cpu_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha,
+               const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+void cpu_attention_fwd(ct_backend *be, void *out, int ldo, float *lse,
+                       const void *q, int ldq, const void *k, int ldk, const void *v, int ldv,
+                       const int32_t *cu_seqlens, int n_docs, int max_seqlen,
+                       int T, int nq, int nkv, int D, float scale, int window, const float *sinks);
+void cpu_attention_bwd(ct_backend *be, void *dq, int lddq, void *dk, int lddk, void *dv, int lddv,
+                       const void *dout, int lddo, const void *out, int ldo, const float *lse,
+                       const void *q, int ldq, const void *k, int ldk, const void *v, int ldv,
+                       const int32_t *cu_seqlens, int n_docs, int max_seqlen,
+                       int T, int nq, int nkv, int D, float scale, int window, const float *sinks);
+
+#endif

@@ -1,0 +1,145 @@
+/* inspect_model.c — `ctune inspect MODEL_DIR`: what the config describes, what
+ * it costs (parameters, FLOP-relevant N, a training memory estimate), and whether
+ * the safetensors in the folder match it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "model_config.h"
+#include "safetensors.h"
+
+#define EST_LORA_RANK 16
+#define EST_TOKENS 16384 /* tokens per micro-batch */
+
+static const char *rope_name(ct_rope_type t)
+{
+    switch (t) {
+    case CT_ROPE_DEFAULT: return "default";
+    case CT_ROPE_LINEAR: return "linear";
+    case CT_ROPE_DYNAMIC: return "dynamic (= default at trained lengths)";
+    case CT_ROPE_LLAMA3: return "llama3";
+    case CT_ROPE_YARN: return "yarn";
+    }
+    return "?";
+}
+
+static double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+
+/* 836.7K, 596.0M, 8.03B: counts span six orders of magnitude across models. */
+static const char *human(char *buf, size_t cap, double n)
+{
+    if (n >= 1e9) snprintf(buf, cap, "%.2fB", n * 1e-9);
+    else if (n >= 1e6) snprintf(buf, cap, "%.1fM", n * 1e-6);
+    else snprintf(buf, cap, "%.1fK", n * 1e-3);
+    return buf;
+}
+
+/* Training memory estimate for LoRA r16 on every linear weight (lm_head excluded),
+ * frozen bf16 weights, checkpointing at layer boundaries, T tokens per micro-batch:
+ *   weights     = 2 B x total parameters
+ *   LoRA        = 16 B x R x sum(d_in + d_out) over adapted matrices, experts one by one
+ *                 (fp32 weight, gradient, Adam m and v)
+ *   checkpoints = 2 B x T x H x L (each layer's bf16 input, kept for recompute)
+ *   one layer   = 2 x 2 B x T x (4H + 2Q + 2KV + 3 I_act): the recomputed layer's bf16
+ *                 activations and their gradients; I_act = I, or K x I_moe when sparse
+ *   logits      = 4 B x T x V (fp32, gradient written in place)
+ * Allocator slack, workspaces and attention scratch are left out: a floor. */
+static void print_memory_estimate(const ct_model_config *mc, const ct_param_counts *pc)
+{
+    size_t n;
+    ct_tensor_spec *specs = model_tensor_specs(mc, &n);
+    double lora = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ct_tensor_spec *s = &specs[i];
+        if (s->kind != CT_TENSOR_LINEAR) continue;
+        /* [out, in] or, for fused experts, [E, in, out]: one matrix per leading index */
+        double a = (double)s->shape[s->ndim - 2], b = (double)s->shape[s->ndim - 1];
+        lora += (double)model_tensor_numel(s) / (a * b) * EST_LORA_RANK * (a + b);
+    }
+    free(specs);
+    double T = EST_TOKENS, H = mc->hidden_size, L = mc->num_hidden_layers;
+    double Q = (double)mc->num_attention_heads * mc->head_dim, KV = (double)mc->num_key_value_heads * mc->head_dim;
+    double i_act = 0; /* the widest layer decides */
+    for (int l = 0; l < mc->num_hidden_layers; l++) {
+        double w = mc->layer_sparse[l] ? (double)mc->num_experts_per_tok * mc->moe_intermediate_size : mc->intermediate_size;
+        if (w > i_act) i_act = w;
+    }
+    double weights = 2.0 * (double)pc->total, lora_b = 16.0 * lora;
+    double ckpt = 2.0 * T * H * L, layer = 4.0 * T * (4 * H + 2 * Q + 2 * KV + 3 * i_act);
+    double logits = 4.0 * T * mc->vocab_size;
+    char b[32];
+    printf("  memory (est.)   %.3g GiB for LoRA r%d all-linear, %d tokens/micro-batch, checkpointing:\n",
+           gib(weights + lora_b + ckpt + layer + logits), EST_LORA_RANK, EST_TOKENS);
+    printf("                  weights %.3g + LoRA/Adam %.3g (%s params) + checkpoints %.3g"
+           " + one layer %.3g + logits %.3g GiB\n",
+           gib(weights), gib(lora_b), human(b, sizeof b, lora), gib(ckpt), gib(layer), gib(logits));
+}
+
+static int check_weights(const char *dir, const ct_model_config *mc, ct_error *err)
+{
+    size_t len = strlen(dir) + 40;
+    char *single = ct_malloc(len), *index = ct_malloc(len);
+    snprintf(single, len, "%s/model.safetensors", dir);
+    snprintf(index, len, "%s/model.safetensors.index.json", dir);
+    bool any = access(single, F_OK) == 0 || access(index, F_OK) == 0;
+    free(single);
+    free(index);
+    if (!any) {
+        printf("weights: none (config only)\n");
+        return CT_OK;
+    }
+    st_reader *r = st_open(dir, err);
+    if (!r) return err ? err->code : CT_ERR_INPUT;
+    int rc = model_check_weights(mc, r, err);
+    if (rc == CT_OK) {
+        size_t bytes = 0;
+        for (size_t i = 0; i < st_count(r); i++) bytes += st_at(r, i)->nbytes;
+        printf("weights: ok (%zu tensors, %.3g GB)\n", st_count(r), 1e-9 * (double)bytes);
+    }
+    st_close(r);
+    return rc;
+}
+
+int inspect_model(const char *dir, ct_error *err)
+{
+    ct_model_config mc;
+    int rc = model_config_load(&mc, dir, err);
+    if (rc) return rc;
+    const ct_rope_config *rp = &mc.rope;
+    printf("model: %s\n", dir);
+    printf("  architecture    %s (%s), %s\n", mc.model_type, mc.architectures[0] ? mc.architectures : "-", mc.torch_dtype);
+    printf("  layers          %d\n", mc.num_hidden_layers);
+    printf("  hidden          %d\n", mc.hidden_size);
+    printf("  heads           %d q / %d kv x head_dim %d (GQA %d:1)%s%s%s\n", mc.num_attention_heads,
+           mc.num_key_value_heads, mc.head_dim, mc.num_attention_heads / mc.num_key_value_heads,
+           mc.qk_norm ? ", q/k norm" : "", mc.attention_bias ? (mc.o_proj_bias ? ", q/k/v/o bias" : ", q/k/v bias") : "",
+           mc.attention_sinks ? ", sinks" : "");
+    printf("  intermediate    %d\n", mc.intermediate_size);
+    if (mc.num_experts > 0) {
+        int sparse = 0;
+        for (int l = 0; l < mc.num_hidden_layers; l++) sparse += mc.layer_sparse[l];
+        printf("  experts         %d, top-%d, expert intermediate %d, %d of %d layers sparse\n", mc.num_experts,
+               mc.num_experts_per_tok, mc.moe_intermediate_size, sparse, mc.num_hidden_layers);
+    } else {
+        printf("  experts         none (dense)\n");
+    }
+    printf("  vocab           %d (%s embeddings)\n", mc.vocab_size, mc.tie_word_embeddings ? "tied" : "untied");
+    printf("  rope            %s, theta %g, rotary dim %d", rope_name(rp->type), rp->theta, model_rope_dim(&mc));
+    if (rp->type != CT_ROPE_DEFAULT) printf(", factor %g", rp->factor);
+    if (rp->type == CT_ROPE_LLAMA3 || rp->type == CT_ROPE_YARN)
+        printf(", original max positions %d", rp->original_max_position_embeddings);
+    printf("\n");
+    if (mc.sliding_window > 0) {
+        int sliding = 0;
+        for (int l = 0; l < mc.num_hidden_layers; l++) sliding += mc.layer_sliding[l];
+        printf("  sliding window  %d on %d of %d layers\n", mc.sliding_window, sliding, mc.num_hidden_layers);
+    }
+    ct_param_counts pc = model_param_counts(&mc);
+    char b1[32], b2[32], b3[32];
+    printf("  parameters      total %s, embedding %s, per-token active (N) %s\n", human(b1, sizeof b1, (double)pc.total),
+           human(b2, sizeof b2, (double)pc.embedding), human(b3, sizeof b3, (double)pc.per_token_active));
+    print_memory_estimate(&mc, &pc);
+    return check_weights(dir, &mc, err);
+}

@@ -1,0 +1,31 @@
+/* log.h — what a run reports: OUTPUT_DIR/metrics.jsonl (one JSON object per
+ * logged step or eval), and a progress display on stderr (one updating line on
+ * a terminal, plain lines otherwise). */
+#ifndef CT_LOG_H
+#define CT_LOG_H
+
+#include <stdio.h>
+#include "common.h"
+
+typedef struct ct_log {
+    FILE *metrics;
+    bool tty;
+    bool line_open;   /* a progress line is on screen without its newline */
+} ct_log;
+
+typedef struct ct_train_record {
+    int step, total_steps;
+    double loss, lr, grad_norm;
+    double tokens;          /* tokens trained so far */
+    double tokens_per_second;
+    double elapsed;         /* seconds */
+} ct_train_record;
+
+int log_open(ct_log *lg, const char *output_dir, ct_error *err);
+void log_train(ct_log *lg, const ct_train_record *r);
+void log_eval(ct_log *lg, int step, double eval_loss, int eval_tokens);
+/* A message on its own line (ends any progress line first). */
+void log_note(ct_log *lg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void log_close(ct_log *lg);
+
+#endif

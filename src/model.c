@@ -1,0 +1,174 @@
+/* model.c — loads a dense HF checkpoint onto a backend with fused q|k|v and
+ * gate|up weights (see model.h). The graph itself lives in graph.c. */
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const module_names[CT_MOD_COUNT] = {
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+const char *model_module_name(ct_module mod) { return module_names[mod]; }
+
+const char *model_module_parent(ct_module mod) { return mod <= CT_MOD_O ? "self_attn" : "mlp"; }
+
+void model_module_shape(const ct_model_config *c, ct_module mod, int *in, int *out)
+{
+    int H = c->hidden_size, I = c->intermediate_size;
+    int Q = c->num_attention_heads * c->head_dim, KV = c->num_key_value_heads * c->head_dim;
+    switch (mod) {
+    case CT_MOD_Q:    *in = H; *out = Q;  break;
+    case CT_MOD_K:
+    case CT_MOD_V:    *in = H; *out = KV; break;
+    case CT_MOD_O:    *in = Q; *out = H;  break;
+    case CT_MOD_GATE:
+    case CT_MOD_UP:   *in = H; *out = I;  break;
+    default:          *in = I; *out = H;  break;
+    }
+}
+
+typedef struct loader {
+    ct_backend *be;
+    const st_reader *r;
+    size_t bytes;           /* backend bytes allocated so far */
+    ct_error *err;
+} loader;
+
+static void *alloc_weight(loader *ld, size_t n)
+{
+    size_t bytes = n * ld->be->weight_bytes;
+    void *p = ld->be->alloc(ld->be, bytes);
+    if (!p) {
+        CT_FAIL_RUNTIME(ld->err, "out of %s memory loading weights (%zu bytes more after %zu)",
+                        ld->be->name, bytes, ld->bytes);
+        return NULL;
+    }
+    ld->bytes += bytes;
+    return p;
+}
+
+/* Uploads tensor NAME into dst at element offset `at`; shape was checked already. */
+static int put(loader *ld, void *dst, size_t at, const char *name)
+{
+    const st_tensor *t = st_find(ld->r, name);
+    if (!t) return CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
+    ld->be->upload_weight(ld->be, (char *)dst + at * ld->be->weight_bytes, t->data, t->dtype, t->numel);
+    return CT_OK;
+}
+
+/* Allocates and fills a weight that is one tensor on disk. */
+static void *load_one(loader *ld, const char *name, size_t n)
+{
+    void *p = alloc_weight(ld, n);
+    if (p && put(ld, p, 0, name) != CT_OK) return NULL;
+    return p;
+}
+
+static int load_layer(loader *ld, const ct_model_config *c, int l, ct_layer_weights *w)
+{
+    size_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    size_t Q = c->num_attention_heads * D, KV = c->num_key_value_heads * D;
+    char n[256];
+#define NAME(fmt) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), n)
+    if (!(w->attn_norm = load_one(ld, NAME("input_layernorm.weight"), H))) return ld->err->code;
+    if (!(w->mlp_norm = load_one(ld, NAME("post_attention_layernorm.weight"), H))) return ld->err->code;
+    if (!(w->wqkv = alloc_weight(ld, (Q + 2 * KV) * H))) return ld->err->code;
+    if (put(ld, w->wqkv, 0, NAME("self_attn.q_proj.weight")) ||
+        put(ld, w->wqkv, Q * H, NAME("self_attn.k_proj.weight")) ||
+        put(ld, w->wqkv, (Q + KV) * H, NAME("self_attn.v_proj.weight")))
+        return ld->err->code;
+    if (c->attention_bias) {
+        if (!(w->bqkv = alloc_weight(ld, Q + 2 * KV))) return ld->err->code;
+        if (put(ld, w->bqkv, 0, NAME("self_attn.q_proj.bias")) ||
+            put(ld, w->bqkv, Q, NAME("self_attn.k_proj.bias")) ||
+            put(ld, w->bqkv, Q + KV, NAME("self_attn.v_proj.bias")))
+            return ld->err->code;
+    }
+    if (c->qk_norm) {
+        if (!(w->q_norm = load_one(ld, NAME("self_attn.q_norm.weight"), D))) return ld->err->code;
+        if (!(w->k_norm = load_one(ld, NAME("self_attn.k_norm.weight"), D))) return ld->err->code;
+    }
+    if (!(w->wo = load_one(ld, NAME("self_attn.o_proj.weight"), H * Q))) return ld->err->code;
+    if (c->o_proj_bias && !(w->bo = load_one(ld, NAME("self_attn.o_proj.bias"), H))) return ld->err->code;
+    if (!(w->wgu = alloc_weight(ld, 2 * I * H))) return ld->err->code;
+    if (put(ld, w->wgu, 0, NAME("mlp.gate_proj.weight")) || put(ld, w->wgu, I * H, NAME("mlp.up_proj.weight")))
+        return ld->err->code;
+    if (!(w->wdown = load_one(ld, NAME("mlp.down_proj.weight"), H * I))) return ld->err->code;
+    if (c->mlp_bias) {
+        if (!(w->bgu = alloc_weight(ld, 2 * I))) return ld->err->code;
+        if (put(ld, w->bgu, 0, NAME("mlp.gate_proj.bias")) || put(ld, w->bgu, I, NAME("mlp.up_proj.bias")))
+            return ld->err->code;
+        if (!(w->bdown = load_one(ld, NAME("mlp.down_proj.bias"), H))) return ld->err->code;
+    }
+#undef NAME
+    return CT_OK;
+}
+
+int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
+{
+    memset(m, 0, sizeof *m);
+    m->be = be;
+    int rc = model_config_load(&m->cfg, dir, err);
+    if (rc) return rc;
+    const ct_model_config *c = &m->cfg;
+    if (c->num_experts > 0)
+        return CT_FAIL_INPUT(err, "%s: model_type '%s' is a mixture of experts; this build trains dense models "
+                             "only (llama, mistral, qwen2, qwen3)", dir, c->model_type);
+    st_reader *r = st_open(dir, err);
+    if (!r) return err->code;
+    rc = model_check_weights(c, r, err);
+    if (rc) {
+        st_close(r);
+        return rc;
+    }
+    loader ld = {.be = be, .r = r, .err = err};
+    size_t V = c->vocab_size, H = c->hidden_size;
+    m->layers = ct_calloc(c->num_hidden_layers, sizeof *m->layers);
+    rc = CT_OK;
+    if (!(m->embed = load_one(&ld, "model.embed_tokens.weight", V * H)) ||
+        !(m->final_norm = load_one(&ld, "model.norm.weight", H)))
+        rc = err->code;
+    if (!rc) {
+        if (c->tie_word_embeddings) m->lm_head = m->embed;
+        else if (!(m->lm_head = load_one(&ld, "lm_head.weight", V * H))) rc = err->code;
+    }
+    for (int l = 0; !rc && l < c->num_hidden_layers; l++) rc = load_layer(&ld, c, l, &m->layers[l]);
+    st_close(r);
+    if (rc) {
+        model_free(m);
+        return rc;
+    }
+    m->rot_dim = model_rope_dim(c);
+    float *inv = ct_malloc(sizeof(float) * (size_t)(m->rot_dim / 2));
+    model_rope_inv_freq(c, inv, &m->attn_scaling);
+    m->inv_freq = be->alloc(be, sizeof(float) * (size_t)(m->rot_dim / 2));
+    if (!m->inv_freq) {
+        free(inv);
+        model_free(m);
+        return CT_FAIL_RUNTIME(err, "out of %s memory", be->name);
+    }
+    be->upload(be, m->inv_freq, inv, sizeof(float) * (size_t)(m->rot_dim / 2));
+    free(inv);
+    m->weight_bytes = ld.bytes;
+    return CT_OK;
+}
+
+void model_free(ct_model *m)
+{
+    ct_backend *be = m->be;
+    if (!be) return;
+    if (m->layers) {
+        for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+            void **w = (void **)&m->layers[l];
+            for (size_t i = 0; i < sizeof(ct_layer_weights) / sizeof(void *); i++)
+                if (w[i]) be->free(be, w[i]);
+        }
+        free(m->layers);
+    }
+    if (m->lm_head && m->lm_head != m->embed) be->free(be, m->lm_head);
+    if (m->embed) be->free(be, m->embed);
+    if (m->final_norm) be->free(be, m->final_norm);
+    if (m->inv_freq) be->free(be, m->inv_freq);
+    memset(m, 0, sizeof *m);
+}

@@ -1,0 +1,82 @@
+# init.test.sh — `ctune init` writes a loadable random model; `ctune inspect`
+# checks it. Run by tests/run_tests.sh with $CTUNE set.
+. tests/lib.sh
+TINY=$ROOT/configs/models/tiny/config.json
+
+init_tiny_writes_config_and_weights() {
+    "$CTUNE" init --config "$TINY" --out m >log.txt
+    test -f m/config.json && test -f m/model.safetensors
+    cmp m/config.json "$TINY"              # byte copy: HF reads exactly the input
+    grep -q "836736 parameters" log.txt
+}
+
+inspect_reports_weights_ok() {
+    "$CTUNE" init --config "$TINY" --out m >/dev/null
+    "$CTUNE" inspect m >out.txt
+    grep -q "weights: ok (38 tensors" out.txt
+    grep -q "architecture    llama" out.txt
+}
+
+same_seed_gives_identical_bytes() {
+    "$CTUNE" init --config "$TINY" --out a --seed 7 >/dev/null
+    "$CTUNE" init --config "$TINY" --out b --seed 7 >/dev/null
+    cmp a/model.safetensors b/model.safetensors
+}
+
+different_seed_gives_different_bytes() {
+    "$CTUNE" init --config "$TINY" --out a --seed 1 >/dev/null
+    "$CTUNE" init --config "$TINY" --out b --seed 2 >/dev/null
+    ! cmp -s a/model.safetensors b/model.safetensors
+}
+
+config_folder_is_accepted_as_config() {
+    "$CTUNE" init --config "$ROOT/configs/models/tiny-moe" --out m >/dev/null
+    "$CTUNE" inspect m | grep -q "weights: ok"
+}
+
+missing_config_exits_2() {
+    expect_exit 2 "$CTUNE" init --config does-not-exist.json --out m
+    grep -q "does-not-exist.json" err.txt
+}
+
+missing_out_is_a_usage_error() {
+    expect_exit 2 "$CTUNE" init --config "$TINY"
+    grep -q "usage:" err.txt
+}
+
+unsupported_model_type_exits_2_with_message() {
+    sed 's/"llama"/"bert"/' "$TINY" >bert.json
+    expect_exit 2 "$CTUNE" init --config bert.json --out m
+    grep -q "model_type 'bert' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, gpt_oss)" err.txt
+    test ! -e m/config.json
+}
+
+existing_model_is_not_overwritten() {
+    "$CTUNE" init --config "$TINY" --out m --seed 1 >/dev/null
+    cp m/model.safetensors before.safetensors
+    expect_exit 2 "$CTUNE" init --config "$TINY" --out m --seed 2
+    grep -q "refusing to overwrite" err.txt
+    cmp m/model.safetensors before.safetensors
+}
+
+small_shard_limit_writes_index_and_same_tensors() {
+    "$CTUNE" init --config "$TINY" --out one >/dev/null
+    "$CTUNE" init --config "$TINY" --out many --max-shard-bytes 200000 >/dev/null
+    test -f many/model.safetensors.index.json
+    test ! -e many/model.safetensors
+    test "$(ls many/model-0000*-of-*.safetensors | wc -l)" -gt 1
+    grep -q '"total_size":1673472' many/model.safetensors.index.json
+    "$CTUNE" inspect many | grep -q "weights: ok (38 tensors"
+}
+
+run_test init_tiny_writes_config_and_weights
+run_test inspect_reports_weights_ok
+run_test same_seed_gives_identical_bytes
+run_test different_seed_gives_different_bytes
+run_test config_folder_is_accepted_as_config
+run_test missing_config_exits_2
+run_test missing_out_is_a_usage_error
+run_test unsupported_model_type_exits_2_with_message
+run_test existing_model_is_not_overwritten
+run_test small_shard_limit_writes_index_and_same_tensors
+summary

@@ -1,0 +1,527 @@
+/* test_backend_cuda.c — every op of the CUDA backend against the CPU reference.
+ *
+ * Each test draws fresh random inputs, rounds them to bf16 (so both backends see
+ * identical values: the CPU gets the rounded fp32, the GPU the bf16), runs the op
+ * on both, and compares with relative error. NaN never passes (check_rel_err).
+ *
+ * Tolerances. The GPU stores activations in bf16 (8 significant bits: a rounding
+ * error of up to 2^-9 = 0.2% per element) and feeds tensor cores bf16 operands,
+ * so products that round an intermediate (LoRA's u and g, attention's P and dS,
+ * cross-entropy's dlogits) carry errors on the scale of the sums they enter, not
+ * of each element. Each comparison therefore names a floor: errors are divided
+ * by max(|want_i|, floor * max|want|).
+ *   copies (embedding, copy_2d)                      exact
+ *   elementwise (rmsnorm fwd, rope, swiglu, add)     1e-2, floor 1e-2
+ *   GEMM-based (linear, LoRA, rmsnorm bwd)           2e-2, floor 1e-2
+ *   attention out / dq, dk, dv                       2e-2 / 4e-2, floor 5e-2
+ *   fp32 results (lse, loss, optimizer)              1e-3 .. 1e-5
+ * Without a GPU every test reports "skip NAME: skipped: no GPU". */
+#include "backend.h"
+#include "check.h"
+
+#include <math.h>
+#include <stdint.h>
+
+static ct_backend *cpu, *gpu;
+static ct_rng rng;
+
+#define NEED_GPU() do { if (!gpu) SKIP("skipped: no GPU"); } while (0)
+
+typedef struct { void *c, *g; } pair; /* the same tensor on the CPU and the GPU */
+
+/* n bf16-representable values uniform in [-a, a] (caller frees). */
+static float *rnd(size_t n, float a)
+{
+    float *x = ct_malloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++)
+        x[i] = ct_bf16_to_f32(ct_f32_to_bf16(a * (2.0f * (float)ct_rng_uniform(&rng) - 1.0f)));
+    return x;
+}
+
+static pair put_act(const float *h, size_t n)
+{
+    pair p = {cpu->alloc(cpu, n * cpu->act_bytes), gpu->alloc(gpu, n * gpu->act_bytes)};
+    cpu->act_from_f32(cpu, p.c, h, n);
+    gpu->act_from_f32(gpu, p.g, h, n);
+    return p;
+}
+
+static pair put_weight(const float *h, size_t n)
+{
+    pair p = {cpu->alloc(cpu, n * cpu->weight_bytes), gpu->alloc(gpu, n * gpu->weight_bytes)};
+    cpu->upload_weight(cpu, p.c, h, CT_DTYPE_F32, n);
+    gpu->upload_weight(gpu, p.g, h, CT_DTYPE_F32, n);
+    return p;
+}
+
+static pair put_raw(const void *h, size_t bytes) /* fp32 or int32 */
+{
+    pair p = {cpu->alloc(cpu, bytes), gpu->alloc(gpu, bytes)};
+    cpu->upload(cpu, p.c, h, bytes);
+    gpu->upload(gpu, p.g, h, bytes);
+    return p;
+}
+
+static void drop(pair p)
+{
+    cpu->free(cpu, p.c);
+    gpu->free(gpu, p.g);
+}
+
+/* Max over i of |got - want| / max(|want_i|, floor * max|want|). */
+static double err_floor(const float *got, const float *want, size_t n, double floor)
+{
+    double maxw = 0, worst = 0;
+    for (size_t i = 0; i < n; i++) if (fabs(want[i]) > maxw) maxw = fabs(want[i]);
+    for (size_t i = 0; i < n; i++) {
+        double e = check_rel_err(got[i], want[i], floor * maxw);
+        if (!(e <= worst)) worst = e;
+    }
+    return worst;
+}
+
+/* Error of an act tensor: rows x cols at stride ld (elements). */
+static double act_err(pair p, size_t rows, size_t cols, size_t ld, double floor)
+{
+    size_t n = (rows - 1) * ld + cols;
+    float *c = ct_malloc(n * sizeof(float)), *g = ct_malloc(n * sizeof(float));
+    float *cs = ct_malloc(rows * cols * sizeof(float)), *gs = ct_malloc(rows * cols * sizeof(float));
+    cpu->act_to_f32(cpu, c, p.c, n);
+    gpu->act_to_f32(gpu, g, p.g, n);
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < cols; j++) {
+            cs[r * cols + j] = c[r * ld + j];
+            gs[r * cols + j] = g[r * ld + j];
+        }
+    double e = err_floor(gs, cs, rows * cols, floor);
+    free(c); free(g); free(cs); free(gs);
+    return e;
+}
+
+static double f32_err(pair p, size_t n, double floor)
+{
+    float *c = ct_malloc(n * sizeof(float) + 4), *g = ct_malloc(n * sizeof(float) + 4);
+    cpu->download(cpu, c, p.c, n * sizeof(float));
+    gpu->download(gpu, g, p.g, n * sizeof(float));
+    double e = err_floor(g, c, n, floor);
+    free(c); free(g);
+    return e;
+}
+
+TEST(embedding_copies_rows_exactly)
+{
+    NEED_GPU();
+    int T = 37, H = 64, V = 50;
+    int32_t ids[37];
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)ct_rng_below(&rng, V);
+    float *tab = rnd((size_t)V * H, 1.0f);
+    pair w = put_weight(tab, (size_t)V * H), id = put_raw(ids, sizeof ids);
+    pair out = put_act(tab, (size_t)T * H); /* any contents: overwritten */
+    cpu->embedding(cpu, out.c, id.c, w.c, T, H);
+    gpu->embedding(gpu, out.g, id.g, w.g, T, H);
+    double e = act_err(out, T, H, H, 1e-3);
+    CHECK(e == 0, "embedding differs: rel err %g", e);
+    drop(w); drop(id); drop(out); free(tab);
+}
+
+TEST(rmsnorm_fwd_matches_cpu_on_strided_head_groups)
+{
+    NEED_GPU();
+    int T = 33, nh = 3, D = 128, ldx = nh * D + 16, ldy = nh * D;
+    float *x = rnd((size_t)T * ldx, 2.0f), *w = rnd(D, 1.5f);
+    pair px = put_act(x, (size_t)T * ldx), pw = put_weight(w, D), py = put_act(x, (size_t)T * ldy);
+    pair rs = put_raw(x, (size_t)T * nh * sizeof(float));
+    cpu->rmsnorm_fwd(cpu, py.c, ldy, rs.c, px.c, ldx, pw.c, T, nh, D, 1e-6f);
+    gpu->rmsnorm_fwd(gpu, py.g, ldy, rs.g, px.g, ldx, pw.g, T, nh, D, 1e-6f);
+    double ey = act_err(py, T, nh * D, ldy, 1e-2), er = f32_err(rs, (size_t)T * nh, 1e-3);
+    CHECK(ey < 1e-2, "y rel err %g", ey);
+    CHECK(er < 1e-3, "rstd rel err %g", er);
+    drop(px); drop(pw); drop(py); drop(rs); free(x); free(w);
+}
+
+static void rmsnorm_bwd_case(int accumulate)
+{
+    int T = 29, nh = 2, D = 64, ld = nh * D;
+    float *x = rnd((size_t)T * ld, 2.0f), *w = rnd(D, 1.5f), *dy = rnd((size_t)T * ld, 1.0f);
+    float *dx0 = rnd((size_t)T * ld, 1.0f);
+    pair px = put_act(x, (size_t)T * ld), pw = put_weight(w, D), pdy = put_act(dy, (size_t)T * ld);
+    pair pdx = put_act(dx0, (size_t)T * ld), rs = put_raw(x, (size_t)T * nh * sizeof(float));
+    cpu->rmsnorm_fwd(cpu, pdy.c, ld, rs.c, px.c, ld, pw.c, T, nh, D, 1e-5f); /* rstd only */
+    float *r = ct_malloc((size_t)T * nh * sizeof(float));
+    cpu->download(cpu, r, rs.c, (size_t)T * nh * sizeof(float));
+    gpu->upload(gpu, rs.g, r, (size_t)T * nh * sizeof(float));
+    cpu->act_from_f32(cpu, pdy.c, dy, (size_t)T * ld);
+    cpu->rmsnorm_bwd(cpu, pdx.c, ld, pdy.c, ld, px.c, ld, rs.c, pw.c, T, nh, D, accumulate);
+    gpu->rmsnorm_bwd(gpu, pdx.g, ld, pdy.g, ld, px.g, ld, rs.g, pw.g, T, nh, D, accumulate);
+    double e = act_err(pdx, T, ld, ld, 1e-2);
+    CHECK(e < 2e-2, "dx rel err %g (accumulate %d)", e, accumulate);
+    drop(px); drop(pw); drop(pdy); drop(pdx); drop(rs);
+    free(x); free(w); free(dy); free(dx0); free(r);
+}
+
+TEST(rmsnorm_bwd_matches_cpu_overwrite_and_accumulate)
+{
+    NEED_GPU();
+    rmsnorm_bwd_case(0);
+    rmsnorm_bwd_case(1);
+}
+
+TEST(linear_fwd_with_bias_accumulates_into_a_slice)
+{
+    NEED_GPU();
+    int T = 100, in = 256, out = 192, ldx = in + 64, ldy = out + 32;
+    float *x = rnd((size_t)T * ldx, 1.0f), *W = rnd((size_t)out * in, 0.1f), *b = rnd(out, 0.5f);
+    float *y0 = rnd((size_t)T * ldy, 1.0f);
+    pair px = put_act(x, (size_t)T * ldx), pW = put_weight(W, (size_t)out * in), pb = put_weight(b, out);
+    pair py = put_act(y0, (size_t)T * ldy);
+    cpu->linear_fwd(cpu, py.c, ldy, px.c, ldx, pW.c, pb.c, T, in, out, 1);
+    gpu->linear_fwd(gpu, py.g, ldy, px.g, ldx, pW.g, pb.g, T, in, out, 1);
+    double e = act_err(py, T, out, ldy, 1e-2);
+    CHECK(e < 2e-2, "accumulate+bias rel err %g", e);
+    cpu->linear_fwd(cpu, py.c, ldy, px.c, ldx, pW.c, NULL, T, in, out, 0);
+    gpu->linear_fwd(gpu, py.g, ldy, px.g, ldx, pW.g, NULL, T, in, out, 0);
+    e = act_err(py, T, out, ldy, 1e-2);
+    CHECK(e < 2e-2, "overwrite rel err %g", e);
+    drop(px); drop(pW); drop(pb); drop(py); free(x); free(W); free(b); free(y0);
+}
+
+TEST(linear_bwd_input_matches_cpu)
+{
+    NEED_GPU();
+    int T = 70, in = 128, out = 320, lddy = out + 8;
+    float *dy = rnd((size_t)T * lddy, 1.0f), *W = rnd((size_t)out * in, 0.1f), *dx0 = rnd((size_t)T * in, 1.0f);
+    pair pdy = put_act(dy, (size_t)T * lddy), pW = put_weight(W, (size_t)out * in), pdx = put_act(dx0, (size_t)T * in);
+    for (int acc = 0; acc <= 1; acc++) {
+        cpu->linear_bwd_input(cpu, pdx.c, in, pdy.c, lddy, pW.c, T, in, out, acc);
+        gpu->linear_bwd_input(gpu, pdx.g, in, pdy.g, lddy, pW.g, T, in, out, acc);
+        double e = act_err(pdx, T, in, in, 1e-2);
+        CHECK(e < 2e-2, "dx rel err %g (accumulate %d)", e, acc);
+    }
+    drop(pdy); drop(pW); drop(pdx); free(dy); free(W); free(dx0);
+}
+
+/* LoRA on a column slice of x, with and without dropout: a wrong mask (a port of
+ * ct_hash64 that is not bit-exact) would make errors of order 1. */
+static void lora_case(float p, int with_dx)
+{
+    int T = 64, in = 256, out = 128, R = 16, ldx = in + 32, ldy = out + 64;
+    float scale = 2.0f;
+    uint64_t seed = 0x1234abcdull;
+    float *x = rnd((size_t)T * ldx, 1.0f), *A = rnd((size_t)R * in, 0.1f), *B = rnd((size_t)out * R, 0.1f);
+    float *y0 = rnd((size_t)T * ldy, 0.05f), *dy = rnd((size_t)T * ldy, 1.0f);
+    float *dA0 = rnd((size_t)R * in, 0.5f), *dB0 = rnd((size_t)out * R, 0.5f);
+    pair px = put_act(x, (size_t)T * ldx), pA = put_raw(A, (size_t)R * in * 4), pB = put_raw(B, (size_t)out * R * 4);
+    pair py = put_act(y0, (size_t)T * ldy), pdy = put_act(dy, (size_t)T * ldy);
+    pair pdA = put_raw(dA0, (size_t)R * in * 4), pdB = put_raw(dB0, (size_t)out * R * 4);
+    pair pdx = put_act(x, (size_t)T * ldx);
+
+    cpu->lora_fwd(cpu, py.c, ldy, px.c, ldx, pA.c, pB.c, T, in, out, R, scale, p, seed);
+    gpu->lora_fwd(gpu, py.g, ldy, px.g, ldx, pA.g, pB.g, T, in, out, R, scale, p, seed);
+    double e = act_err(py, T, out, ldy, 1e-2);
+    CHECK(e < 2e-2, "fwd y rel err %g (p %g)", e, p);
+
+    cpu->lora_bwd(cpu, with_dx ? pdx.c : NULL, ldx, pdA.c, pdB.c, pdy.c, ldy, px.c, ldx, pA.c, pB.c,
+                  T, in, out, R, scale, p, seed);
+    gpu->lora_bwd(gpu, with_dx ? pdx.g : NULL, ldx, pdA.g, pdB.g, pdy.g, ldy, px.g, ldx, pA.g, pB.g,
+                  T, in, out, R, scale, p, seed);
+    double ea = f32_err(pdA, (size_t)R * in, 1e-2), eb = f32_err(pdB, (size_t)out * R, 1e-2);
+    CHECK(ea < 2e-2, "dA rel err %g (p %g)", ea, p);
+    CHECK(eb < 2e-2, "dB rel err %g (p %g)", eb, p);
+    double ex = act_err(pdx, T, in, ldx, 1e-2);
+    CHECK(ex < 2e-2, "dx rel err %g (p %g, dx %s)", ex, p, with_dx ? "given" : "NULL: must be untouched");
+    drop(px); drop(pA); drop(pB); drop(py); drop(pdy); drop(pdA); drop(pdB); drop(pdx);
+    free(x); free(A); free(B); free(y0); free(dy); free(dA0); free(dB0);
+}
+
+TEST(lora_fwd_bwd_match_cpu_without_dropout)
+{
+    NEED_GPU();
+    lora_case(0.0f, 1);
+}
+
+TEST(lora_dropout_mask_is_bit_identical_to_cpu)
+{
+    NEED_GPU();
+    lora_case(0.3f, 1);
+    lora_case(0.5f, 0);
+}
+
+TEST(rope_matches_cpu_forward_and_inverse_on_partial_dims)
+{
+    NEED_GPU();
+    int T = 40, nh = 4, D = 64, rot = 32, ldx = nh * D + 64;
+    float *x = rnd((size_t)T * ldx, 1.0f), inv_freq[16];
+    int32_t pos[40];
+    for (int i = 0; i < rot / 2; i++) inv_freq[i] = powf(10000.0f, -2.0f * i / rot);
+    for (int t = 0; t < T; t++) pos[t] = (int32_t)ct_rng_below(&rng, 200000);
+    pair px = put_act(x, (size_t)T * ldx), pp = put_raw(pos, sizeof pos), pf = put_raw(inv_freq, sizeof inv_freq);
+    for (int inv = 0; inv <= 1; inv++) {
+        cpu->rope(cpu, px.c, ldx, pp.c, pf.c, T, nh, D, rot, 1.1f, inv);
+        gpu->rope(gpu, px.g, ldx, pp.g, pf.g, T, nh, D, rot, 1.1f, inv);
+        double e = act_err(px, T, nh * D, ldx, 1e-2);
+        CHECK(e < 1e-2, "rel err %g (inverse %d)", e, inv);
+    }
+    drop(px); drop(pp); drop(pf); free(x);
+}
+
+/* One attention case: documents of the given lengths packed back to back, then
+ * `pad` tokens that belong to no document; q, k, v are slices of one fused qkv. */
+static void attention_case(const int *lens, int n_docs, int pad, int nq, int nkv, int D, int window,
+                           int with_sinks)
+{
+    int32_t cu[16];
+    int max_seqlen = 0;
+    cu[0] = 0;
+    for (int d = 0; d < n_docs; d++) {
+        cu[d + 1] = cu[d] + lens[d];
+        if (lens[d] > max_seqlen) max_seqlen = lens[d];
+    }
+    int T = cu[n_docs] + pad, ldqkv = (nq + 2 * nkv) * D, ldo = nq * D, ldkv = nkv * D;
+    float scale = 1.0f / sqrtf((float)D), sinks[64];
+    for (int h = 0; h < nq; h++) sinks[h] = 2.0f * (float)ct_rng_uniform(&rng) - 0.5f;
+    float *qkv = rnd((size_t)T * ldqkv, 2.0f), *dout = rnd((size_t)T * ldo, 1.0f);
+    pair pqkv = put_act(qkv, (size_t)T * ldqkv), pcu = put_raw(cu, sizeof(int32_t) * (n_docs + 1));
+    pair ps = put_raw(sinks, sizeof sinks);
+    pair po = put_act(dout, (size_t)T * ldo), plse = put_raw(dout, (size_t)T * nq * sizeof(float));
+    const float *sc = with_sinks ? ps.c : NULL, *sg = with_sinks ? ps.g : NULL;
+    size_t qo = 0, ko = (size_t)nq * D, vo = ko + (size_t)nkv * D;
+    char *qc = pqkv.c, *qg = pqkv.g;
+    size_t eb = cpu->act_bytes, gb = gpu->act_bytes;
+
+    cpu->attention_fwd(cpu, po.c, ldo, plse.c, qc + qo * eb, ldqkv, qc + ko * eb, ldqkv, qc + vo * eb, ldqkv,
+                       pcu.c, n_docs, max_seqlen, T, nq, nkv, D, scale, window, sc);
+    gpu->attention_fwd(gpu, po.g, ldo, plse.g, qg + qo * gb, ldqkv, qg + ko * gb, ldqkv, qg + vo * gb, ldqkv,
+                       pcu.g, n_docs, max_seqlen, T, nq, nkv, D, scale, window, sg);
+    double eo = act_err(po, T, ldo, ldo, 5e-2), el = f32_err(plse, (size_t)T * nq, 1e-2);
+    CHECK(eo < 2e-2, "out rel err %g", eo);
+    CHECK(el < 1e-3, "lse rel err %g", el);
+
+    /* Backward from identical inputs: the CPU's out (rounded to bf16) and lse. */
+    float *o = ct_malloc((size_t)T * ldo * sizeof(float)), *lse = ct_malloc((size_t)T * nq * sizeof(float));
+    cpu->act_to_f32(cpu, o, po.c, (size_t)T * ldo);
+    for (size_t i = 0; i < (size_t)T * ldo; i++) o[i] = ct_bf16_to_f32(ct_f32_to_bf16(o[i]));
+    cpu->download(cpu, lse, plse.c, (size_t)T * nq * sizeof(float));
+    pair pout = put_act(o, (size_t)T * ldo);
+    gpu->upload(gpu, plse.g, lse, (size_t)T * nq * sizeof(float));
+    pair pdo = put_act(dout, (size_t)T * ldo), pd = put_act(qkv, (size_t)T * ldqkv); /* dq | dk | dv */
+    char *dc = pd.c, *dg = pd.g;
+    cpu->attention_bwd(cpu, dc + qo * eb, ldqkv, dc + ko * eb, ldqkv, dc + vo * eb, ldqkv, pdo.c, ldo, pout.c, ldo,
+                       plse.c, qc + qo * eb, ldqkv, qc + ko * eb, ldqkv, qc + vo * eb, ldqkv, pcu.c, n_docs,
+                       max_seqlen, T, nq, nkv, D, scale, window, sc);
+    gpu->attention_bwd(gpu, dg + qo * gb, ldqkv, dg + ko * gb, ldqkv, dg + vo * gb, ldqkv, pdo.g, ldo, pout.g, ldo,
+                       plse.g, qg + qo * gb, ldqkv, qg + ko * gb, ldqkv, qg + vo * gb, ldqkv, pcu.g, n_docs,
+                       max_seqlen, T, nq, nkv, D, scale, window, sg);
+    /* Compare dq, dk, dv one slice at a time: their scales differ. */
+    const char *names[3] = {"dq", "dk", "dv"};
+    size_t offs[3] = {qo, ko, vo}, widths[3] = {(size_t)nq * D, (size_t)ldkv, (size_t)ldkv};
+    for (int s = 0; s < 3; s++) {
+        pair slice = {dc + offs[s] * eb, dg + offs[s] * gb};
+        double e = act_err(slice, T, widths[s], ldqkv, 5e-2);
+        CHECK(e < 4e-2, "%s rel err %g", names[s], e);
+    }
+    drop(pqkv); drop(pcu); drop(ps); drop(po); drop(plse); drop(pout); drop(pdo); drop(pd);
+    free(qkv); free(dout); free(o); free(lse);
+}
+
+TEST(attention_one_token_and_odd_documents_mha_d64)
+{
+    NEED_GPU();
+    int lens[] = {1, 127, 5, 64, 65, 1};
+    attention_case(lens, 6, 3, 4, 4, 64, 0, 0);
+}
+
+TEST(attention_gqa4_d128_with_sinks)
+{
+    NEED_GPU();
+    int lens[] = {127, 1, 200};
+    attention_case(lens, 3, 0, 8, 2, 128, 0, 1);
+}
+
+TEST(attention_gqa8_d128_4097_token_document)
+{
+    NEED_GPU();
+    int lens[] = {4097, 1};
+    attention_case(lens, 2, 5, 8, 1, 128, 0, 0);
+}
+
+TEST(attention_sliding_window_with_sinks_gqa4_d64)
+{
+    NEED_GPU();
+    int lens[] = {300, 1, 129, 4097};
+    attention_case(lens, 4, 0, 4, 1, 64, 50, 1);
+}
+
+TEST(attention_window_longer_than_document_d32)
+{
+    NEED_GPU();
+    int lens[] = {1, 33, 100};
+    attention_case(lens, 3, 2, 4, 2, 32, 128, 0);
+}
+
+TEST(attention_bwd_is_bit_reproducible)
+{
+    NEED_GPU();
+    int T = 700, nq = 4, nkv = 2, D = 64, ld = (nq + 2 * nkv) * D;
+    int32_t cu[3] = {0, 300, 700};
+    float *qkv = rnd((size_t)T * ld, 2.0f), *dout = rnd((size_t)T * nq * D, 1.0f);
+    void *pq = gpu->alloc(gpu, (size_t)T * ld * 2), *po = gpu->alloc(gpu, (size_t)T * nq * D * 2);
+    void *pdo = gpu->alloc(gpu, (size_t)T * nq * D * 2), *pcu = gpu->alloc(gpu, sizeof cu);
+    void *plse = gpu->alloc(gpu, (size_t)T * nq * 4), *pd = gpu->alloc(gpu, (size_t)T * ld * 2);
+    gpu->act_from_f32(gpu, pq, qkv, (size_t)T * ld);
+    gpu->act_from_f32(gpu, pdo, dout, (size_t)T * nq * D);
+    gpu->upload(gpu, pcu, cu, sizeof cu);
+    char *q = pq, *d = pd;
+    gpu->attention_fwd(gpu, po, nq * D, plse, q, ld, q + nq * D * 2, ld, q + (nq + nkv) * D * 2, ld, pcu, 2, 400,
+                       T, nq, nkv, D, 0.125f, 0, NULL);
+    uint16_t *a = ct_malloc((size_t)T * ld * 2), *b = ct_malloc((size_t)T * ld * 2);
+    for (int run = 0; run < 2; run++) {
+        gpu->attention_bwd(gpu, d, ld, d + nq * D * 2, ld, d + (nq + nkv) * D * 2, ld, pdo, nq * D, po, nq * D,
+                           plse, q, ld, q + nq * D * 2, ld, q + (nq + nkv) * D * 2, ld, pcu, 2, 400, T, nq, nkv,
+                           D, 0.125f, 0, NULL);
+        gpu->download(gpu, run ? b : a, d, (size_t)T * ld * 2);
+    }
+    CHECK(memcmp(a, b, (size_t)T * ld * 2) == 0, "two identical backward passes differ");
+    gpu->free(gpu, pq); gpu->free(gpu, po); gpu->free(gpu, pdo); gpu->free(gpu, pcu);
+    gpu->free(gpu, plse); gpu->free(gpu, pd);
+    free(qkv); free(dout); free(a); free(b);
+}
+
+TEST(swiglu_fwd_bwd_match_cpu)
+{
+    NEED_GPU();
+    int T = 20, I = 128;
+    float *gu = rnd((size_t)T * 2 * I, 4.0f), *dh = rnd((size_t)T * I, 1.0f);
+    pair pgu = put_act(gu, (size_t)T * 2 * I), pdh = put_act(dh, (size_t)T * I);
+    pair ph = put_act(dh, (size_t)T * I), pdgu = put_act(gu, (size_t)T * 2 * I);
+    cpu->swiglu_fwd(cpu, ph.c, pgu.c, T, I);
+    gpu->swiglu_fwd(gpu, ph.g, pgu.g, T, I);
+    double e = act_err(ph, T, I, I, 1e-2);
+    CHECK(e < 1e-2, "h rel err %g", e);
+    cpu->swiglu_bwd(cpu, pdgu.c, pdh.c, pgu.c, T, I);
+    gpu->swiglu_bwd(gpu, pdgu.g, pdh.g, pgu.g, T, I);
+    e = act_err(pdgu, T, 2 * I, 2 * I, 1e-2);
+    CHECK(e < 1e-2, "dgu rel err %g", e);
+    drop(pgu); drop(pdh); drop(ph); drop(pdgu); free(gu); free(dh);
+}
+
+TEST(add_and_copy_2d_match_cpu)
+{
+    NEED_GPU();
+    size_t n = 1003; /* a tail that is not a multiple of 8 */
+    float *x = rnd(n, 1.0f), *y = rnd(n, 1.0f);
+    pair px = put_act(x, n), py = put_act(y, n);
+    cpu->add(cpu, py.c, px.c, n);
+    gpu->add(gpu, py.g, px.g, n);
+    double e = act_err(py, 1, n, n, 1e-2);
+    CHECK(e < 1e-2, "add rel err %g", e);
+    int rows = 17, cols = 64, lds = 128, ldd = 96;
+    float *s = rnd((size_t)rows * lds, 1.0f), *d = rnd((size_t)rows * ldd, 1.0f);
+    pair ps = put_act(s, (size_t)rows * lds), pd = put_act(d, (size_t)rows * ldd);
+    cpu->copy_2d(cpu, pd.c, ldd, ps.c, lds, rows, cols);
+    gpu->copy_2d(gpu, pd.g, ldd, ps.g, lds, rows, cols);
+    e = act_err(pd, rows, ldd, ldd, 1e-3); /* the columns past cols must be untouched too */
+    CHECK(e == 0, "copy_2d rel err %g", e);
+    drop(px); drop(py); drop(ps); drop(pd); free(x); free(y); free(s); free(d);
+}
+
+/* n target rows scattered over T; rows without a target keep their dx. */
+static void cross_entropy_case(int T, int n, int H, int V)
+{
+    int32_t *rows = ct_malloc((size_t)n * 4), *tg = ct_malloc((size_t)n * 4);
+    for (int i = 0; i < n; i++) { /* increasing, distinct rows */
+        rows[i] = (int32_t)((int64_t)i * T / n);
+        tg[i] = (int32_t)ct_rng_below(&rng, V);
+    }
+    float *x = rnd((size_t)T * H, 1.0f), *W = rnd((size_t)V * H, 0.5f), *dx0 = rnd((size_t)T * H, 1.0f);
+    float loss0 = 1.5f;
+    pair px = put_act(x, (size_t)T * H), pW = put_weight(W, (size_t)V * H), pdx = put_act(dx0, (size_t)T * H);
+    pair pr = put_raw(rows, (size_t)n * 4), pt = put_raw(tg, (size_t)n * 4), pl = put_raw(&loss0, 4);
+    cpu->cross_entropy(cpu, pl.c, pdx.c, px.c, pW.c, pr.c, pt.c, n, H, V, 1.0f / n);
+    gpu->cross_entropy(gpu, pl.g, pdx.g, px.g, pW.g, pr.g, pt.g, n, H, V, 1.0f / n);
+    double el = f32_err(pl, 1, 0), ed = act_err(pdx, T, H, H, 1e-2);
+    CHECK(el < 1e-3, "loss rel err %g (V %d)", el, V);
+    CHECK(ed < 2e-2, "dx rel err %g (V %d)", ed, V);
+    cpu->cross_entropy(cpu, pl.c, NULL, px.c, pW.c, pr.c, pt.c, n, H, V, 1.0f);
+    gpu->cross_entropy(gpu, pl.g, NULL, px.g, pW.g, pr.g, pt.g, n, H, V, 1.0f);
+    el = f32_err(pl, 1, 0);
+    CHECK(el < 1e-3, "loss without dx rel err %g (V %d)", el, V);
+    drop(px); drop(pW); drop(pdx); drop(pr); drop(pt); drop(pl);
+    free(rows); free(tg); free(x); free(W); free(dx0);
+}
+
+TEST(cross_entropy_matches_cpu_in_one_chunk)
+{
+    NEED_GPU();
+    cross_entropy_case(150, 100, 64, 1000);
+}
+
+TEST(cross_entropy_matches_cpu_over_several_chunks)
+{
+    NEED_GPU();
+    cross_entropy_case(600, 500, 64, 151936); /* ~384 rows per chunk at this vocab */
+}
+
+TEST(sum_squares_adds_to_out)
+{
+    NEED_GPU();
+    size_t n = 1000007;
+    float *g = rnd(n, 1.0f), two = 2.0f;
+    pair pg = put_raw(g, n * 4), po = put_raw(&two, 4);
+    cpu->sum_squares(cpu, po.c, pg.c, n);
+    gpu->sum_squares(gpu, po.g, pg.g, n);
+    double e = f32_err(po, 1, 0);
+    CHECK(e < 1e-5, "rel err %g", e);
+    drop(pg); drop(po); free(g);
+}
+
+TEST(adamw_matches_cpu_with_and_without_clipping)
+{
+    NEED_GPU();
+    size_t n = 10000;
+    float norm_sq = 4.0f;
+    for (int clip = 0; clip <= 1; clip++) {
+        float *p = rnd(n, 1.0f), *g = rnd(n, 1.0f), *m = rnd(n, 0.1f), *v = rnd(n, 0.1f);
+        for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+        pair pp = put_raw(p, n * 4), pg = put_raw(g, n * 4), pm = put_raw(m, n * 4), pv = put_raw(v, n * 4);
+        pair pn = put_raw(&norm_sq, 4);
+        float max_norm = clip ? 1.0f : 0.0f;
+        cpu->adamw(cpu, pp.c, pg.c, pm.c, pv.c, n, pn.c, max_norm, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 3);
+        gpu->adamw(gpu, pp.g, pg.g, pm.g, pv.g, n, pn.g, max_norm, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 3);
+        double ep = f32_err(pp, n, 1e-3), em = f32_err(pm, n, 1e-3), ev = f32_err(pv, n, 1e-3);
+        CHECK(ep < 1e-5 && em < 1e-5 && ev < 1e-5, "p %g m %g v %g (clip %d)", ep, em, ev, clip);
+        drop(pp); drop(pg); drop(pm); drop(pv); drop(pn);
+        free(p); free(g); free(m); free(v);
+    }
+}
+
+int main(void)
+{
+    ct_error err = {0};
+    cpu = backend_cpu_new();
+    gpu = backend_cuda_new(&err);
+    if (!gpu) printf("# CUDA backend unavailable: %s\n", err.msg);
+    ct_rng_seed(&rng, 20261129);
+    RUN(embedding_copies_rows_exactly);
+    RUN(rmsnorm_fwd_matches_cpu_on_strided_head_groups);
+    RUN(rmsnorm_bwd_matches_cpu_overwrite_and_accumulate);
+    RUN(linear_fwd_with_bias_accumulates_into_a_slice);
+    RUN(linear_bwd_input_matches_cpu);
+    RUN(lora_fwd_bwd_match_cpu_without_dropout);
+    RUN(lora_dropout_mask_is_bit_identical_to_cpu);
+    RUN(rope_matches_cpu_forward_and_inverse_on_partial_dims);
+    RUN(attention_one_token_and_odd_documents_mha_d64);
+    RUN(attention_gqa4_d128_with_sinks);
+    RUN(attention_gqa8_d128_4097_token_document);
+    RUN(attention_sliding_window_with_sinks_gqa4_d64);
+    RUN(attention_window_longer_than_document_d32);
+    RUN(attention_bwd_is_bit_reproducible);
+    RUN(swiglu_fwd_bwd_match_cpu);
+    RUN(add_and_copy_2d_match_cpu);
+    RUN(cross_entropy_matches_cpu_in_one_chunk);
+    RUN(cross_entropy_matches_cpu_over_several_chunks);
+    RUN(sum_squares_adds_to_out);
+    RUN(adamw_matches_cpu_with_and_without_clipping);
+    if (gpu) gpu->destroy(gpu);
+    cpu->destroy(cpu);
+    return check_summary();
+}

@@ -1,0 +1,466 @@
+/* test_model_config.c — config.json parsing, RoPE frequencies, HF tensor specs,
+ * parameter counts and checkpoint checking (src/model_config.h). */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "model_config.h"
+
+static int parse_text(ct_model_config *mc, const char *text, ct_error *err)
+{
+    return model_config_parse(mc, text, strlen(text), "test.json", err);
+}
+
+static const ct_tensor_spec *find_spec(const ct_tensor_spec *s, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(s[i].name, name)) return &s[i];
+    return NULL;
+}
+
+static bool spec_is(const ct_tensor_spec *s, int ndim, int64_t a, int64_t b, int64_t c)
+{
+    const int64_t want[3] = {a, b, c};
+    if (!s || s->ndim != ndim) return false;
+    for (int i = 0; i < ndim; i++)
+        if (s->shape[i] != want[i]) return false;
+    return true;
+}
+
+#define LLAMA_BASE "\"model_type\":\"llama\",\"vocab_size\":1000,\"hidden_size\":256,\"intermediate_size\":512," \
+                   "\"num_hidden_layers\":2,\"num_attention_heads\":8"
+
+TEST(shipped_tiny_config_parses)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/tiny", &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.arch == CT_ARCH_LLAMA, "arch %d", mc.arch);
+    CHECK(!strcmp(mc.architectures, "LlamaForCausalLM"), "%s", mc.architectures);
+    CHECK(mc.vocab_size == 384 && mc.hidden_size == 128 && mc.intermediate_size == 384, "sizes");
+    CHECK(mc.num_hidden_layers == 4 && mc.num_attention_heads == 4 && mc.num_key_value_heads == 2, "heads");
+    CHECK(mc.head_dim == 32, "head_dim %d", mc.head_dim);
+    CHECK(mc.tie_word_embeddings, "tied");
+    CHECK(mc.rms_norm_eps == 1e-5 && mc.rope.theta == 10000.0, "eps %g theta %g", mc.rms_norm_eps, mc.rope.theta);
+    CHECK(!mc.attention_bias && !mc.o_proj_bias && !mc.qk_norm && mc.num_experts == 0, "flags");
+    CHECK(!strcmp(mc.torch_dtype, "bfloat16"), "%s", mc.torch_dtype);
+}
+
+TEST(shipped_qwen3_0_6b_config_parses)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/qwen3-0.6b/config.json", &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.arch == CT_ARCH_QWEN3 && mc.qk_norm, "qwen3 with qk norm");
+    CHECK(mc.vocab_size == 151936 && mc.hidden_size == 1024 && mc.intermediate_size == 3072, "sizes");
+    CHECK(mc.num_hidden_layers == 28 && mc.num_attention_heads == 16 && mc.num_key_value_heads == 8, "heads");
+    CHECK(mc.head_dim == 128 && mc.tie_word_embeddings && mc.rope.theta == 1e6, "head_dim %d", mc.head_dim);
+    CHECK(mc.sliding_window == 0 && !mc.layer_sliding[27], "use_sliding_window false means no window");
+    CHECK(mc.max_position_embeddings == 40960, "%d", mc.max_position_embeddings);
+}
+
+TEST(shipped_llama3_1_8b_config_parses)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/llama3.1-8b", &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.head_dim == 128 && mc.num_key_value_heads == 8 && !mc.tie_word_embeddings, "shape");
+    CHECK(mc.rope.type == CT_ROPE_LLAMA3 && mc.rope.factor == 8 && mc.rope.low_freq_factor == 1 &&
+          mc.rope.high_freq_factor == 4 && mc.rope.original_max_position_embeddings == 8192, "llama3 rope");
+    CHECK(mc.rope.theta == 500000.0, "theta %g", mc.rope.theta);
+}
+
+TEST(shipped_qwen3_30b_a3b_config_parses)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/qwen3-30b-a3b", &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.arch == CT_ARCH_QWEN3_MOE && mc.num_experts == 128 && mc.num_experts_per_tok == 8, "experts");
+    CHECK(mc.moe_intermediate_size == 768 && mc.norm_topk_prob, "moe I %d", mc.moe_intermediate_size);
+    CHECK(mc.layer_sparse[0] && mc.layer_sparse[47], "every layer sparse");
+    CHECK(mc.num_key_value_heads == 4 && mc.head_dim == 128, "heads");
+}
+
+TEST(shipped_gpt_oss_20b_config_parses)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/gpt-oss-20b", &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.arch == CT_ARCH_GPT_OSS && mc.num_experts == 32 && mc.num_experts_per_tok == 4, "experts");
+    CHECK(mc.attention_bias && mc.o_proj_bias && mc.attention_sinks, "biases and sinks");
+    CHECK(mc.sliding_window == 128 && mc.layer_sliding[0] && !mc.layer_sliding[1] && mc.layer_sliding[22], "layers");
+    CHECK(mc.swiglu_limit == 7.0 && mc.rms_norm_eps == 1e-5, "limit %g", mc.swiglu_limit);
+    CHECK(mc.rope.type == CT_ROPE_YARN && mc.rope.factor == 32 && !mc.rope.truncate &&
+          mc.rope.original_max_position_embeddings == 4096, "yarn");
+}
+
+TEST(shipped_tiny_variants_parse)
+{
+    ct_model_config q, m;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&q, "configs/models/tiny-qwen3", &err) == CT_OK, "%s", err.msg);
+    CHECK(q.num_attention_heads == 8 && q.num_key_value_heads == 2 && q.head_dim == 32 && !q.tie_word_embeddings, "qwen3");
+    REQUIRE(model_config_load(&m, "configs/models/tiny-moe", &err) == CT_OK, "%s", err.msg);
+    CHECK(m.num_experts == 8 && m.num_experts_per_tok == 2 && m.moe_intermediate_size == 64 && m.norm_topk_prob, "moe");
+    CHECK(m.vocab_size == 384 && m.head_dim == 32, "vocab %d", m.vocab_size);
+}
+
+TEST(absent_head_dim_and_kv_heads_take_family_defaults)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(parse_text(&mc, "{" LLAMA_BASE "}", &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.head_dim == 32 && mc.num_key_value_heads == 8, "llama: hd %d kv %d", mc.head_dim, mc.num_key_value_heads);
+    CHECK(mc.rms_norm_eps == 1e-6 && mc.rope.theta == 10000, "eps %g theta %g", mc.rms_norm_eps, mc.rope.theta);
+    CHECK(mc.initializer_range == 0.02, "init %g", mc.initializer_range);
+    REQUIRE(parse_text(&mc, "{\"model_type\":\"qwen3\",\"vocab_size\":10,\"hidden_size\":64,\"intermediate_size\":8,"
+                            "\"num_hidden_layers\":1,\"num_attention_heads\":2}", &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.head_dim == 128, "qwen3 head_dim defaults to 128, got %d", mc.head_dim);
+}
+
+TEST(unsupported_model_type_lists_supported)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    int rc = parse_text(&mc, "{\"model_type\":\"bert\",\"vocab_size\":10}", &err);
+    CHECK(rc == CT_ERR_INPUT, "rc %d", rc);
+    CHECK(strstr(err.msg, "test.json: model_type 'bert' is not supported (supported: llama, mistral, qwen2, "
+                          "qwen3, qwen3_moe, mixtral, gpt_oss)") != NULL, "%s", err.msg);
+}
+
+TEST(invalid_configs_name_file_and_key)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    CHECK(parse_text(&mc, "{\"model_type\":\"llama\",\"vocab_size\":10}", &err) == CT_ERR_INPUT &&
+          strstr(err.msg, "test.json") && strstr(err.msg, "hidden_size"), "%s", err.msg);
+    CHECK(parse_text(&mc, "{" LLAMA_BASE ",\"num_key_value_heads\":3}", &err) == CT_ERR_INPUT &&
+          strstr(err.msg, "num_key_value_heads"), "%s", err.msg);
+    CHECK(parse_text(&mc, "{" LLAMA_BASE ",\"hidden_act\":\"gelu\"}", &err) == CT_ERR_INPUT &&
+          strstr(err.msg, "hidden_act"), "%s", err.msg);
+    CHECK(parse_text(&mc, "{" LLAMA_BASE ",\"head_dim\":33}", &err) == CT_ERR_INPUT && strstr(err.msg, "head_dim"),
+          "%s", err.msg);
+    CHECK(parse_text(&mc, "{" LLAMA_BASE ",\"vocab_size\":0}", &err) == CT_ERR_INPUT && strstr(err.msg, "vocab_size"),
+          "%s", err.msg);
+    CHECK(parse_text(&mc, "{\"model_type\":\"llama\",\"vocab_size\":10,\"hidden_size\":64,\"intermediate_size\":8,"
+                          "\"num_hidden_layers\":600,\"num_attention_heads\":2}", &err) == CT_ERR_INPUT &&
+          strstr(err.msg, "num_hidden_layers"), "%s", err.msg);
+    CHECK(parse_text(&mc, "{" LLAMA_BASE ",\"rope_scaling\":{\"rope_type\":\"longrope\",\"factor\":2}}", &err) ==
+          CT_ERR_INPUT && strstr(err.msg, "'longrope' is not supported (supported: default, linear, dynamic, llama3, yarn)"),
+          "%s", err.msg);
+    CHECK(parse_text(&mc, "{" LLAMA_BASE ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8}}", &err) ==
+          CT_ERR_INPUT && strstr(err.msg, "low_freq_factor"), "%s", err.msg);
+    CHECK(parse_text(&mc, "{" LLAMA_BASE ",\"hidden_size\":\"big\"}", &err) == CT_ERR_INPUT, "wrong type accepted");
+}
+
+TEST(sliding_window_follows_each_family)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    const char *m = "{\"model_type\":\"mistral\",\"vocab_size\":10,\"hidden_size\":64,\"intermediate_size\":8,"
+                    "\"num_hidden_layers\":2,\"num_attention_heads\":2%s}";
+    char buf[512];
+    snprintf(buf, sizeof buf, m, "");
+    REQUIRE(parse_text(&mc, buf, &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.sliding_window == 4096 && mc.layer_sliding[1], "mistral default window %d", mc.sliding_window);
+    snprintf(buf, sizeof buf, m, ",\"sliding_window\":null");
+    REQUIRE(parse_text(&mc, buf, &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.sliding_window == 0 && !mc.layer_sliding[0], "null window means none");
+    REQUIRE(parse_text(&mc, "{\"model_type\":\"qwen2\",\"vocab_size\":10,\"hidden_size\":64,\"intermediate_size\":8,"
+                            "\"num_hidden_layers\":4,\"num_attention_heads\":2,\"use_sliding_window\":true,"
+                            "\"sliding_window\":256,\"max_window_layers\":2}", &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.sliding_window == 256 && !mc.layer_sliding[1] && mc.layer_sliding[2], "qwen2 layers >= max_window_layers");
+}
+
+TEST(qwen3_moe_sparse_layers_follow_step_and_mlp_only_layers)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(parse_text(&mc, "{\"model_type\":\"qwen3_moe\",\"vocab_size\":10,\"hidden_size\":64,\"intermediate_size\":32,"
+                            "\"num_hidden_layers\":4,\"num_attention_heads\":2,\"head_dim\":32,\"num_experts\":4,"
+                            "\"num_experts_per_tok\":2,\"moe_intermediate_size\":16,\"decoder_sparse_step\":2,"
+                            "\"mlp_only_layers\":[3]}", &err) == CT_OK, "%s", err.msg);
+    CHECK(!mc.layer_sparse[0] && mc.layer_sparse[1] && !mc.layer_sparse[2] && !mc.layer_sparse[3], "sparse layers");
+    CHECK(!mc.norm_topk_prob, "qwen3_moe norm_topk_prob defaults to false");
+}
+
+TEST(rope_default_and_linear_frequencies)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    float inv[64], scale;
+    REQUIRE(model_config_load(&mc, "configs/models/tiny", &err) == CT_OK, "%s", err.msg);
+    REQUIRE(model_rope_dim(&mc) == 32, "dim %d", model_rope_dim(&mc));
+    model_rope_inv_freq(&mc, inv, &scale);
+    CHECK(inv[0] == 1.0f && scale == 1.0f, "inv0 %g scale %g", inv[0], scale);
+    CHECK(check_rel_err(inv[1], 0.5623413251903491, 0) < 1e-6, "10000^(-2/32) got %.9g", inv[1]); /* 10^(-1/4) */
+    REQUIRE(parse_text(&mc, "{" LLAMA_BASE ",\"rope_scaling\":{\"type\":\"linear\",\"factor\":4}}", &err) == CT_OK,
+            "%s", err.msg);
+    model_rope_inv_freq(&mc, inv, &scale);
+    CHECK(check_rel_err(inv[1], 0.5623413251903491 / 4, 0) < 1e-6, "linear divides by factor: %.9g", inv[1]);
+    REQUIRE(parse_text(&mc, "{" LLAMA_BASE ",\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":4}}", &err) == CT_OK,
+            "%s", err.msg);
+    model_rope_inv_freq(&mc, inv, &scale);
+    CHECK(check_rel_err(inv[1], 0.5623413251903491, 0) < 1e-6, "dynamic equals default: %.9g", inv[1]);
+}
+
+TEST(rope_llama3_bands_match_hand_computed_values)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    float inv[64], scale;
+    REQUIRE(model_config_load(&mc, "configs/models/llama3.1-8b", &err) == CT_OK, "%s", err.msg);
+    model_rope_inv_freq(&mc, inv, &scale);
+    /* high band (wavelen 2pi < 8192/4): unchanged */
+    CHECK(inv[0] == 1.0f && scale == 1.0f, "inv0 %g", inv[0]);
+    /* mid band, i=32: inv = 500000^-0.5 = 1.41421356e-3, wavelen 4442.88,
+     * s = (8192/4442.88 - 1)/3 = 0.281286, (1-s)*inv/8 + s*inv = 5.24846e-4 */
+    CHECK(check_rel_err(inv[32], 5.248461609929547e-4, 0) < 1e-5, "mid band %.9g", inv[32]);
+    /* low band, i=63: wavelen 2.56e6 > 8192: 500000^(-63/64)/8 = 3.06893e-7 */
+    CHECK(check_rel_err(inv[63], 3.068925988914511e-7, 0) < 1e-5, "low band %.9g", inv[63]);
+}
+
+TEST(rope_yarn_is_finite_with_derived_attention_factor)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    float inv[32], scale;
+    REQUIRE(model_config_load(&mc, "configs/models/gpt-oss-20b", &err) == CT_OK, "%s", err.msg);
+    REQUIRE(model_rope_dim(&mc) == 64, "dim %d", model_rope_dim(&mc));
+    model_rope_inv_freq(&mc, inv, &scale);
+    CHECK(check_rel_err(scale, 0.1 * log(32.0) + 1.0, 0) < 1e-6, "attention factor %.9g", scale);
+    for (int i = 0; i < 32; i++) {
+        CHECK(isfinite(inv[i]) && inv[i] > 0, "inv[%d] = %g", i, inv[i]);
+        if (i) CHECK(inv[i] < inv[i - 1], "not decreasing at %d", i);
+    }
+    CHECK(inv[0] == 1.0f, "fastest frequency is extrapolated: %g", inv[0]);
+    CHECK(check_rel_err(inv[31], 3.0235114281192144e-07, 0) < 1e-5, "slowest is interpolated (/32): %.9g", inv[31]);
+}
+
+TEST(rope_parameters_v5_read_like_legacy)
+{
+    ct_model_config a, b;
+    ct_error err = {0};
+    float ia[64], ib[64], sa, sb;
+    REQUIRE(model_config_load(&a, "configs/models/llama3.1-8b", &err) == CT_OK, "%s", err.msg);
+    REQUIRE(parse_text(&b, "{\"model_type\":\"llama\",\"vocab_size\":128256,\"hidden_size\":4096,\"intermediate_size\":14336,"
+                           "\"num_hidden_layers\":32,\"num_attention_heads\":32,\"num_key_value_heads\":8,"
+                           "\"max_position_embeddings\":131072,\"rope_parameters\":{\"rope_type\":\"llama3\","
+                           "\"rope_theta\":500000.0,\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                           "\"original_max_position_embeddings\":8192}}", &err) == CT_OK, "%s", err.msg);
+    CHECK(b.rope.type == CT_ROPE_LLAMA3 && b.rope.theta == 500000.0, "type %d theta %g", b.rope.type, b.rope.theta);
+    model_rope_inv_freq(&a, ia, &sa);
+    model_rope_inv_freq(&b, ib, &sb);
+    CHECK(memcmp(ia, ib, sizeof ia) == 0 && sa == sb, "v5 frequencies differ from legacy");
+}
+
+TEST(tensor_specs_tiny_llama_tied_has_no_lm_head)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/tiny", &err) == CT_OK, "%s", err.msg);
+    size_t n;
+    ct_tensor_spec *s = model_tensor_specs(&mc, &n);
+    CHECK(n == 1 + 4 * 9 + 1, "count %zu", n);
+    CHECK(spec_is(find_spec(s, n, "model.embed_tokens.weight"), 2, 384, 128, 0), "embed");
+    CHECK(spec_is(find_spec(s, n, "model.layers.3.self_attn.k_proj.weight"), 2, 64, 128, 0), "k_proj");
+    CHECK(spec_is(find_spec(s, n, "model.layers.0.self_attn.o_proj.weight"), 2, 128, 128, 0), "o_proj");
+    CHECK(spec_is(find_spec(s, n, "model.layers.1.mlp.down_proj.weight"), 2, 128, 384, 0), "down");
+    CHECK(spec_is(find_spec(s, n, "model.norm.weight"), 1, 128, 0, 0), "norm");
+    CHECK(find_spec(s, n, "lm_head.weight") == NULL, "tied model has no lm_head");
+    CHECK(find_spec(s, n, "model.layers.0.self_attn.q_proj.bias") == NULL, "no bias");
+    free(s);
+}
+
+TEST(tensor_specs_qwen2_has_qkv_biases_only)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(parse_text(&mc, "{\"model_type\":\"qwen2\",\"vocab_size\":10,\"hidden_size\":64,\"intermediate_size\":8,"
+                            "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"num_key_value_heads\":2}", &err) == CT_OK,
+            "%s", err.msg);
+    size_t n;
+    ct_tensor_spec *s = model_tensor_specs(&mc, &n);
+    CHECK(spec_is(find_spec(s, n, "model.layers.0.self_attn.q_proj.bias"), 1, 64, 0, 0), "q bias");
+    CHECK(spec_is(find_spec(s, n, "model.layers.0.self_attn.v_proj.bias"), 1, 32, 0, 0), "v bias");
+    CHECK(find_spec(s, n, "model.layers.0.self_attn.o_proj.bias") == NULL, "qwen2 o_proj has no bias");
+    CHECK(spec_is(find_spec(s, n, "lm_head.weight"), 2, 10, 64, 0), "untied lm_head");
+    free(s);
+}
+
+TEST(tensor_specs_qwen3_has_qk_norms)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/tiny-qwen3", &err) == CT_OK, "%s", err.msg);
+    size_t n;
+    ct_tensor_spec *s = model_tensor_specs(&mc, &n);
+    const ct_tensor_spec *qn = find_spec(s, n, "model.layers.1.self_attn.q_norm.weight");
+    CHECK(spec_is(qn, 1, 32, 0, 0) && qn->kind == CT_TENSOR_NORM, "q_norm");
+    CHECK(spec_is(find_spec(s, n, "model.layers.1.self_attn.k_norm.weight"), 1, 32, 0, 0), "k_norm");
+    CHECK(spec_is(find_spec(s, n, "model.layers.0.self_attn.q_proj.weight"), 2, 256, 128, 0), "q_proj 8x32");
+    CHECK(n == 1 + 2 * 11 + 2, "count %zu", n);
+    free(s);
+}
+
+TEST(tensor_specs_qwen3_moe_has_router_and_experts)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/tiny-moe", &err) == CT_OK, "%s", err.msg);
+    size_t n;
+    ct_tensor_spec *s = model_tensor_specs(&mc, &n);
+    CHECK(spec_is(find_spec(s, n, "model.layers.0.mlp.gate.weight"), 2, 8, 128, 0), "router");
+    const ct_tensor_spec *d = find_spec(s, n, "model.layers.1.mlp.experts.7.down_proj.weight");
+    CHECK(spec_is(d, 2, 128, 64, 0) && d->expert, "expert down");
+    CHECK(spec_is(find_spec(s, n, "model.layers.1.mlp.experts.0.up_proj.weight"), 2, 64, 128, 0), "expert up");
+    CHECK(find_spec(s, n, "model.layers.0.mlp.gate_proj.weight") == NULL, "no dense MLP in a sparse layer");
+    CHECK(n == 1 + 2 * (8 + 1 + 8 * 3) + 2, "count %zu", n);
+    free(s);
+}
+
+TEST(tensor_specs_mixtral_uses_block_sparse_moe_names)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(parse_text(&mc, "{\"model_type\":\"mixtral\",\"vocab_size\":10,\"hidden_size\":64,\"intermediate_size\":96,"
+                            "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"num_local_experts\":4}", &err) == CT_OK,
+            "%s", err.msg);
+    size_t n;
+    ct_tensor_spec *s = model_tensor_specs(&mc, &n);
+    CHECK(spec_is(find_spec(s, n, "model.layers.0.block_sparse_moe.gate.weight"), 2, 4, 64, 0), "gate");
+    CHECK(spec_is(find_spec(s, n, "model.layers.0.block_sparse_moe.experts.3.w1.weight"), 2, 96, 64, 0), "w1");
+    CHECK(spec_is(find_spec(s, n, "model.layers.0.block_sparse_moe.experts.3.w2.weight"), 2, 64, 96, 0), "w2");
+    CHECK(mc.num_experts_per_tok == 2 && mc.norm_topk_prob, "mixtral defaults");
+    free(s);
+}
+
+TEST(tensor_specs_gpt_oss_bf16_layout)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/gpt-oss-20b", &err) == CT_OK, "%s", err.msg);
+    size_t n;
+    ct_tensor_spec *s = model_tensor_specs(&mc, &n);
+    const char *p = "model.layers.5.";
+    char name[160];
+#define AT(suffix) (snprintf(name, sizeof name, "%s%s", p, suffix), find_spec(s, n, name))
+    CHECK(spec_is(AT("self_attn.sinks"), 1, 64, 0, 0), "sinks");
+    CHECK(spec_is(AT("self_attn.q_proj.weight"), 2, 4096, 2880, 0), "q_proj");
+    CHECK(spec_is(AT("self_attn.o_proj.bias"), 1, 2880, 0, 0), "o bias");
+    CHECK(spec_is(AT("mlp.router.weight"), 2, 32, 2880, 0), "router");
+    CHECK(spec_is(AT("mlp.router.bias"), 1, 32, 0, 0), "router bias");
+    CHECK(spec_is(AT("mlp.experts.gate_up_proj"), 3, 32, 2880, 5760), "gate_up");
+    CHECK(spec_is(AT("mlp.experts.gate_up_proj_bias"), 2, 32, 5760, 0), "gate_up bias");
+    CHECK(spec_is(AT("mlp.experts.down_proj"), 3, 32, 2880, 2880), "down");
+    CHECK(spec_is(AT("mlp.experts.down_proj_bias"), 2, 32, 2880, 0), "down bias");
+#undef AT
+    CHECK(spec_is(find_spec(s, n, "lm_head.weight"), 2, 201088, 2880, 0), "lm_head");
+    free(s);
+}
+
+TEST(param_counts_qwen3_0_6b_follow_config_math)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/qwen3-0.6b", &err) == CT_OK, "%s", err.msg);
+    ct_param_counts c = model_param_counts(&mc);
+    size_t V = 151936, H = 1024, I = 3072, L = 28, Q = 16 * 128, KV = 8 * 128, D = 128;
+    size_t matmul = L * (2 * Q * H + 2 * KV * H + 3 * H * I);
+    CHECK(c.total == V * H + matmul + L * (2 * H + 2 * D) + H, "total %zu", c.total);
+    CHECK(c.total > 590000000 && c.total < 600000000, "total %zu not ~0.6B", c.total);
+    CHECK(c.embedding == V * H, "embedding %zu", c.embedding);
+    CHECK(c.per_token_active == matmul + V * H, "N %zu (LM head counts though tied)", c.per_token_active);
+}
+
+TEST(param_counts_moe_count_active_experts_only)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/qwen3-30b-a3b", &err) == CT_OK, "%s", err.msg);
+    ct_param_counts c = model_param_counts(&mc);
+    size_t H = 2048, L = 48, V = 151936;
+    size_t attn = 2 * 4096 * H + 2 * 512 * H, router = 128 * H, experts8 = 8 * 3 * H * 768;
+    CHECK(c.per_token_active == L * (attn + router + experts8) + V * H, "N %zu", c.per_token_active);
+    CHECK(c.total > 30000000000ull && c.total < 31000000000ull, "total %zu not ~30.5B", c.total);
+    REQUIRE(model_config_load(&mc, "configs/models/gpt-oss-20b", &err) == CT_OK, "%s", err.msg);
+    c = model_param_counts(&mc);
+    CHECK(c.total > 20500000000ull && c.total < 21500000000ull, "gpt-oss total %zu not ~20.9B", c.total);
+}
+
+/* Writes a tiny checkpoint from the spec, with one tensor optionally reshaped. */
+static int write_tiny(const char *path, const ct_model_config *mc, const char *skip, const char *reshape, ct_error *err)
+{
+    size_t n;
+    ct_tensor_spec *s = model_tensor_specs(mc, &n);
+    st_writer *w = st_writer_new();
+    int rc = CT_OK;
+    for (size_t i = 0; i < n && rc == CT_OK; i++) {
+        if (skip && !strcmp(s[i].name, skip)) continue;
+        int64_t shape[4];
+        memcpy(shape, s[i].shape, sizeof shape);
+        if (reshape && !strcmp(s[i].name, reshape)) shape[0] += 1;
+        size_t numel = 1;
+        for (int d = 0; d < s[i].ndim; d++) numel *= (size_t)shape[d];
+        uint16_t *data = calloc(numel, 2);
+        rc = st_writer_add(w, s[i].name, CT_DTYPE_BF16, s[i].ndim, shape, data, err);
+        free(data);
+    }
+    if (rc == CT_OK) rc = st_writer_save(w, path, err);
+    st_writer_free(w);
+    free(s);
+    return rc;
+}
+
+TEST(check_weights_accepts_spec_and_names_bad_tensor)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/tiny", &err) == CT_OK, "%s", err.msg);
+    char path[] = "/tmp/ct_test_mc_XXXXXX";
+    int fd = mkstemp(path);
+    REQUIRE(fd >= 0, "mkstemp");
+    close(fd);
+    const char *bad = "model.layers.2.mlp.up_proj.weight";
+    for (int mode = 0; mode < 3; mode++) {
+        REQUIRE(write_tiny(path, &mc, mode == 1 ? bad : NULL, mode == 2 ? bad : NULL, &err) == CT_OK, "%s", err.msg);
+        st_reader *r = st_open(path, &err);
+        REQUIRE(r, "%s", err.msg);
+        int rc = model_check_weights(&mc, r, &err);
+        if (mode == 0) CHECK(rc == CT_OK, "%s", err.msg);
+        else CHECK(rc == CT_ERR_INPUT && strstr(err.msg, bad), "mode %d: %s", mode, err.msg);
+        if (mode == 2) CHECK(strstr(err.msg, "[385, 128]") && strstr(err.msg, path), "%s", err.msg);
+        st_close(r);
+    }
+    unlink(path);
+}
+
+int main(void)
+{
+    RUN(shipped_tiny_config_parses);
+    RUN(shipped_qwen3_0_6b_config_parses);
+    RUN(shipped_llama3_1_8b_config_parses);
+    RUN(shipped_qwen3_30b_a3b_config_parses);
+    RUN(shipped_gpt_oss_20b_config_parses);
+    RUN(shipped_tiny_variants_parse);
+    RUN(absent_head_dim_and_kv_heads_take_family_defaults);
+    RUN(unsupported_model_type_lists_supported);
+    RUN(invalid_configs_name_file_and_key);
+    RUN(sliding_window_follows_each_family);
+    RUN(qwen3_moe_sparse_layers_follow_step_and_mlp_only_layers);
+    RUN(rope_default_and_linear_frequencies);
+    RUN(rope_llama3_bands_match_hand_computed_values);
+    RUN(rope_yarn_is_finite_with_derived_attention_factor);
+    RUN(rope_parameters_v5_read_like_legacy);
+    RUN(tensor_specs_tiny_llama_tied_has_no_lm_head);
+    RUN(tensor_specs_qwen2_has_qkv_biases_only);
+    RUN(tensor_specs_qwen3_has_qk_norms);
+    RUN(tensor_specs_qwen3_moe_has_router_and_experts);
+    RUN(tensor_specs_mixtral_uses_block_sparse_moe_names);
+    RUN(tensor_specs_gpt_oss_bf16_layout);
+    RUN(param_counts_qwen3_0_6b_follow_config_math);
+    RUN(param_counts_moe_count_active_experts_only);
+    RUN(check_weights_accepts_spec_and_names_bad_tensor);
+    return check_summary();
+}

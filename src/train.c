@@ -30,6 +30,7 @@ typedef struct run {
     float *norm_sq;           /* backend fp32 scalar */
     int total_steps;
     ct_trainer_state state;
+    FILE *trace;              /* CTUNE_TRACE: the documents of every step, for HF parity runs */
 } run;
 
 ct_backend *train_backend(const ct_config *cfg, ct_error *err)
@@ -60,6 +61,7 @@ static void run_free(run *r)
     if (r->train_ds.shards) dataset_close(&r->train_ds);
     if (r->eval_ds.shards) dataset_close(&r->eval_ds);
     log_close(&r->log);
+    if (r->trace) fclose(r->trace);
     if (r->be) r->be->destroy(r->be);
 }
 
@@ -168,6 +170,38 @@ static int resume_if_asked(run *r, ct_error *err)
     return CT_OK;
 }
 
+/* CTUNE_TRACE=DIR (a debugging aid for scripts/hf_parity.py): writes the adapter
+ * as it is before step 1 to DIR/initial_adapter and, per optimizer step, the
+ * documents of each micro-batch as [global doc id, tokens used] to DIR/batches.jsonl. */
+static int trace_open(run *r, ct_error *err)
+{
+    const char *dir = getenv("CTUNE_TRACE");
+    if (!dir || !*dir) return CT_OK;
+    char path[CT_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/initial_adapter", dir);
+    int rc = ct_mkdirs(dir, err);
+    if (!rc && r->state.step == 0) rc = lora_save_peft(&r->lora, &r->model, path, r->cfg->model, err);
+    if (rc) return rc;
+    snprintf(path, sizeof path, "%s/batches.jsonl", dir);
+    if (!(r->trace = fopen(path, "a"))) return CT_FAIL_RUNTIME(err, "%s: cannot open for writing", path);
+    return CT_OK;
+}
+
+static void trace_step(run *r, int step, const ct_batch *const *batches, int n)
+{
+    fprintf(r->trace, "{\"step\": %d, \"micro_batches\": [", step);
+    for (int i = 0; i < n; i++) {
+        const ct_batch *b = batches[i];
+        fprintf(r->trace, "%s[", i ? ", " : "");
+        for (int d = 0; d < b->n_docs; d++)
+            fprintf(r->trace, "%s[%lld, %d]", d ? ", " : "", (long long)b->doc_ids[d],
+                    b->cu_seqlens[d + 1] - b->cu_seqlens[d]);
+        fprintf(r->trace, "]");
+    }
+    fprintf(r->trace, "]}\n");
+    fflush(r->trace);
+}
+
 static int train_loop(run *r, ct_error *err)
 {
     const ct_config *cfg = r->cfg;
@@ -187,6 +221,7 @@ static int train_loop(run *r, ct_error *err)
             targets += batches[i]->n_targets;
             tokens += batches[i]->n_tokens;
         }
+        if (r->trace) trace_step(r, step, batches, ga);
         be->zero(be, r->lora.grads, r->lora.n_params * sizeof(float));
         float grad_scale = targets > 0 ? 1.0f / (float)targets : 0.0f;
         for (int i = 0; i < ga; i++) {
@@ -261,6 +296,7 @@ int train_run(const ct_config *cfg, ct_error *err)
                  "%zu documents truncated to %d tokens",
                  s.docs, s.tokens, s.batches, 100.0 * s.efficiency, s.truncated_docs, cfg->data.max_length);
         rc = resume_if_asked(&r, err);
+        if (!rc) rc = trace_open(&r, err);
     }
     if (!rc) {
         r.loader = loader_start(r.packer, 2 * cfg->training.gradient_accumulation_steps + 2);

@@ -1,0 +1,165 @@
+/* ct_cuda.cuh — what the CUDA backend's files share: the backend context, the
+ * checked-call macros, the scratch arena, the GEMM entry point, bf16 vector
+ * helpers, the device port of ct_hash64, and each file's table functions (so
+ * backend_cuda.cu can fill struct ct_backend).
+ *
+ * Error policy: ops return void (backend.h), so a failed CUDA/cuBLAS call inside
+ * one is fatal: it prints file:line, the call, the reason and a HINT, then exits
+ * with CT_ERR_RUNTIME, as ct_malloc does for host memory. */
+#ifndef CT_CUDA_CUH
+#define CT_CUDA_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+[[noreturn]] void ct_cuda_fatal(const char *file, int line, const char *call, const char *reason);
+
+#define CUDA_CHECK(call) do { cudaError_t e_ = (call); \
+    if (e_ != cudaSuccess) ct_cuda_fatal(__FILE__, __LINE__, #call, cudaGetErrorString(e_)); } while (0)
+#define CUBLAS_CHECK(call) do { cublasStatus_t s_ = (call); \
+    if (s_ != CUBLAS_STATUS_SUCCESS) ct_cuda_fatal(__FILE__, __LINE__, #call, cublasGetStatusString(s_)); } while (0)
+/* After every kernel launch: catches bad launch configurations at once. */
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+struct gemm_plan;
+
+struct cuda_ctx {
+    cudaStream_t stream;        /* the one compute stream every op is ordered on */
+    cublasLtHandle_t lt;
+    void *workspace;            /* cuBLASLt workspace, allocated once */
+    size_t workspace_bytes;
+    gemm_plan *plans;           /* cached matmul descriptors + algorithms, one per shape */
+    int n_plans, cap_plans;
+    void *scratch;              /* op scratch, grown stream-ordered (see cuda_scratch) */
+    size_t scratch_bytes;
+    double *partials;           /* (SUMSQ_BLOCKS) sum_squares partial sums, fixed size */
+    int num_sms;
+};
+
+static inline cuda_ctx *ctx_of(ct_backend *be) { return (cuda_ctx *)be->ctx; }
+
+/* Scratch valid for the calling op only (the next op may reuse it). Grows with
+ * cudaFreeAsync/cudaMallocAsync on the compute stream, so growing neither waits
+ * nor races queued work; it happens only when a larger size than ever before is
+ * asked for, i.e. in the first step (run one step before capturing a graph). */
+void *cuda_scratch(cuda_ctx *c, size_t bytes);
+
+/* Carves consecutive 256-byte-aligned pieces out of a scratch block. */
+struct scratch_carver {
+    char *base;
+    size_t used;
+};
+static inline size_t scratch_round(size_t b) { return (b + 255) & ~(size_t)255; }
+static inline void *scratch_take(scratch_carver *s, size_t bytes)
+{
+    void *p = s->base + s->used;
+    s->used += scratch_round(bytes);
+    return p;
+}
+
+/* Row-major C (M,N) = alpha * op(A) @ op(B) + beta * C (+ bias (N) when non-NULL,
+ * bf16, added to every row). op(A) is (M,K): A is stored (M,K) with row stride
+ * lda, or (K,M) when ta. op(B) is (K,N): B is stored (K,N), or (N,K) when tb.
+ * Types: A and B CUDA_R_16BF; C CUDA_R_16BF or CUDA_R_32F; fp32 accumulation. */
+void gemm(cuda_ctx *c, void *C, cudaDataType_t ctype, int ldc,
+          const void *A, int lda, bool ta, const void *B, int ldb, bool tb,
+          int M, int N, int K, float alpha, float beta, const bf16 *bias);
+void gemm_plans_free(cuda_ctx *c);
+
+/* ---- device helpers ---- */
+
+/* Bit-exact port of ct_hash64 / ct_hash_uniform (common.c): dropout masks must be
+ * identical on both backends. */
+__device__ __forceinline__ float ct_hash_uniform_dev(uint64_t seed, uint64_t index)
+{
+    uint64_t z = (seed ^ (index * 0xd1b54a32d192ed03ull)) + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+
+/* 8 bf16 <-> 8 floats through one 16-byte access. */
+__device__ __forceinline__ void load8(float f[8], const bf16 *p)
+{
+    uint4 u = *(const uint4 *)p;
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __bfloat1622float2(h[i]);
+        f[2 * i] = v.x;
+        f[2 * i + 1] = v.y;
+    }
+}
+__device__ __forceinline__ void store8(bf16 *p, const float f[8])
+{
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    *(uint4 *)p = u;
+}
+
+static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+static inline unsigned grid_for(size_t n, unsigned block) { return (unsigned)((n + block - 1) / block); }
+
+/* ---- table functions, by file ---- */
+
+/* norm_rope.cu */
+void cuda_embedding(ct_backend *be, void *out, const int32_t *ids, const void *table, int T, int H);
+void cuda_rmsnorm_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
+                      const void *w, int T, int nh, int D, float eps);
+void cuda_rmsnorm_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x,
+                      int ldx, const float *rstd, const void *w, int T, int nh, int D, int accumulate);
+void cuda_rope(ct_backend *be, void *x, int ldx, const int32_t *pos, const float *inv_freq,
+               int T, int nh, int D, int rot_dim, float attn_scaling, int inverse);
+void cuda_swiglu_fwd(ct_backend *be, void *h, const void *gu, int T, int I);
+void cuda_swiglu_bwd(ct_backend *be, void *dgu, const void *dh, const void *gu, int T, int I);
+void cuda_add(ct_backend *be, void *y, const void *x, size_t n);
+void cuda_copy_2d(ct_backend *be, void *dst, int lddst, const void *src, int ldsrc, int rows, int cols);
+
+/* lora.cu (+ the plain linear layers, which are one gemm each) */
+void cuda_linear_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const void *W,
+                     const void *bias, int T, int in, int out, int accumulate);
+void cuda_linear_bwd_input(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
+                           const void *W, int T, int in, int out, int accumulate);
+void cuda_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const float *A,
+                   const float *B, int T, int in, int out, int R, float scale, float dropout_p,
+                   uint64_t dropout_seed);
+void cuda_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, float *dB, const void *dy,
+                   int lddy, const void *x, int ldx, const float *A, const float *B, int T, int in,
+                   int out, int R, float scale, float dropout_p, uint64_t dropout_seed);
+
+/* attention.cu */
+void attention_init(void);
+void cuda_attention_fwd(ct_backend *be, void *out, int ldo, float *lse, const void *q, int ldq,
+                        const void *k, int ldk, const void *v, int ldv, const int32_t *cu_seqlens,
+                        int n_docs, int max_seqlen, int T, int nq, int nkv, int D, float scale,
+                        int window, const float *sinks);
+void cuda_attention_bwd(ct_backend *be, void *dq, int lddq, void *dk, int lddk, void *dv, int lddv,
+                        const void *dout, int lddo, const void *out, int ldo, const float *lse,
+                        const void *q, int ldq, const void *k, int ldk, const void *v, int ldv,
+                        const int32_t *cu_seqlens, int n_docs, int max_seqlen, int T, int nq,
+                        int nkv, int D, float scale, int window, const float *sinks);
+
+/* loss.cu */
+void cuda_cross_entropy(ct_backend *be, float *loss_sum, void *dx, const void *x, const void *W,
+                        const int32_t *rows, const int32_t *targets, int n, int H, int V,
+                        float grad_scale);
+
+/* optim.cu */
+#define SUMSQ_BLOCKS 512
+void cuda_sum_squares(ct_backend *be, float *out, const float *g, size_t n);
+void cuda_adamw(ct_backend *be, float *p, const float *grad, float *m, float *v, size_t n,
+                const float *norm_sq, float max_norm, float lr, float b1, float b2, float eps,
+                float wd, int step);
+
+#endif

@@ -1,0 +1,155 @@
+/* gemm.cu — every matrix product of the backend goes through gemm(): cuBLASLt,
+ * bf16 inputs, fp32 accumulation, bf16 or fp32 output, optional bias epilogue.
+ *
+ * Row-major on a column-major library: a row-major (M,N) matrix with row stride
+ * ld is the column-major (N,M) matrix with leading dimension ld, so
+ * C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T: cuBLASLt's "A" is our B
+ * and its "B" is our A, with m = N, n = M.
+ *
+ * Plans: the matmul descriptor, the three layouts and the heuristic's algorithm
+ * are built once per (shape, strides, types, transposes, epilogue, pointer
+ * alignment) and reused (STYLE.md). Pointer alignment is part of the key because
+ * column slices of fused tensors (q inside qkv) need not be 256-byte aligned, and
+ * cuBLASLt otherwise assumes they are. Lookup is a linear scan over key hashes: a
+ * model has a few dozen shapes per T, and the scan costs far less than a launch. Destroying a plan
+ * while queued matmuls use it is safe: cuBLASLt copies what it needs at launch. */
+#include "ct_cuda.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_PLANS 2048
+
+struct gemm_key {
+    int M, N, K, lda, ldb, ldc;
+    int ta, tb, ctype, bias;
+    int align_a, align_b, align_c;
+};
+
+struct gemm_plan {
+    uint64_t hash;   /* of key: the scan compares this first */
+    gemm_key key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc; /* cuBLASLt's A (our B), B (our A), C = D */
+    cublasLtMatmulAlgo_t algo;
+};
+
+/* Largest power of two (up to 256) dividing the address. */
+static int alignment_of(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    int al = 256;
+    while (al > 1 && (a % (uintptr_t)al) != 0) al /= 2;
+    return al;
+}
+
+static void plan_build(cuda_ctx *c, gemm_plan *p)
+{
+    const gemm_key *k = &p->key;
+    cudaDataType_t ct = (cudaDataType_t)k->ctype;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opa = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt A = our B */
+    cublasOperation_t opb = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt B = our A */
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (k->bias) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        cudaDataType_t bt = CUDA_R_16BF;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    /* Stored shapes in column-major terms (rows, cols) = (row-major cols, rows). */
+    if (k->tb) CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, k->K, k->N, k->ldb));
+    else       CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, k->N, k->K, k->ldb));
+    if (k->ta) CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, k->M, k->K, k->lda));
+    else       CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, k->K, k->M, k->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, ct, k->N, k->M, k->ldc));
+
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = c->workspace_bytes;
+    uint32_t al_a = (uint32_t)k->align_b, al_b = (uint32_t)k->align_a, al_c = (uint32_t)k->align_c;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1,
+                                                &res, &found));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    CT_ASSERT(found > 0, "cuBLASLt has no algorithm for M=%d N=%d K=%d lda=%d ldb=%d ldc=%d ta=%d "
+              "tb=%d out=%s bias=%d (alignments %d/%d/%d)", k->M, k->N, k->K, k->lda, k->ldb, k->ldc,
+              k->ta, k->tb, ct == CUDA_R_32F ? "f32" : "bf16", k->bias, k->align_a, k->align_b, k->align_c);
+    p->algo = res.algo;
+}
+
+/* FNV-1a over the key's bytes. */
+static uint64_t key_hash(const gemm_key *key)
+{
+    const unsigned char *b = (const unsigned char *)key;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof *key; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+static gemm_plan *plan_get(cuda_ctx *c, const gemm_key *key)
+{
+    uint64_t h = key_hash(key);
+    for (int i = 0; i < c->n_plans; i++)
+        if (c->plans[i].hash == h && memcmp(&c->plans[i].key, key, sizeof *key) == 0) return &c->plans[i];
+    /* A run whose T changes every micro-batch would add plans forever: start over. */
+    if (c->n_plans == MAX_PLANS) gemm_plans_free(c);
+    if (c->n_plans == c->cap_plans) {
+        c->cap_plans = c->cap_plans ? 2 * c->cap_plans : 64;
+        c->plans = (gemm_plan *)ct_realloc(c->plans, (size_t)c->cap_plans * sizeof *c->plans);
+    }
+    gemm_plan *p = &c->plans[c->n_plans];
+    memset(p, 0, sizeof *p);
+    p->hash = h;
+    p->key = *key;
+    plan_build(c, p);
+    c->n_plans++;
+    return p;
+}
+
+// ---- launchers ----
+
+void gemm(cuda_ctx *c, void *C, cudaDataType_t ctype, int ldc,
+          const void *A, int lda, bool ta, const void *B, int ldb, bool tb,
+          int M, int N, int K, float alpha, float beta, const bf16 *bias)
+{
+    CT_ASSERT(M >= 0 && N >= 0 && K > 0, "gemm: bad sizes M=%d N=%d K=%d", M, N, K);
+    CT_ASSERT(ctype == CUDA_R_16BF || ctype == CUDA_R_32F, "gemm: output type %d", (int)ctype);
+    CT_ASSERT(ldc >= N && lda >= (ta ? M : K) && ldb >= (tb ? K : N),
+              "gemm: strides lda=%d ldb=%d ldc=%d too small for M=%d N=%d K=%d", lda, ldb, ldc, M, N, K);
+    if (M == 0 || N == 0) return;
+    gemm_key key;
+    memset(&key, 0, sizeof key); /* padding-free, but memcmp must never see garbage */
+    key.M = M; key.N = N; key.K = K;
+    key.lda = lda; key.ldb = ldb; key.ldc = ldc;
+    key.ta = ta; key.tb = tb; key.ctype = (int)ctype; key.bias = bias != NULL;
+    key.align_a = alignment_of(A);
+    key.align_b = alignment_of(B);
+    key.align_c = alignment_of(C);
+    gemm_plan *p = plan_get(c, &key);
+    if (bias)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    CUBLAS_CHECK(cublasLtMatmul(c->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
+                                &p->algo, c->workspace, c->workspace_bytes, c->stream));
+}
+
+void gemm_plans_free(cuda_ctx *c)
+{
+    for (int i = 0; i < c->n_plans; i++) {
+        gemm_plan *p = &c->plans[i];
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->la));
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->lb));
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->lc));
+        CUBLAS_CHECK(cublasLtMatmulDescDestroy(p->desc));
+    }
+    free(c->plans);
+    c->plans = NULL;
+    c->n_plans = c->cap_plans = 0;
+}

@@ -1,0 +1,286 @@
+/* norm_rope.cu — the memory-bound ops: embedding, RMSNorm fwd/bwd, RoPE, SwiGLU
+ * fwd/bwd, add, copy_2d. All bf16 in and out, fp32 math.
+ *
+ * Layouts (row-major, strides in elements): embedding out (T,H), table (V,H);
+ * RMSNorm rows (t, h) of D elements at x + t*ldx + h*D; RoPE x (T, nh, D) with
+ * token stride ldx; SwiGLU gu (T, 2I) = [gate | up], h (T, I).
+ *
+ * Every access is 16 bytes (8 bf16) per thread, coalesced across the warp, so
+ * the row widths (H, D, I, cols) and strides must be multiples of 8 and the
+ * pointers 16-byte aligned; the launchers assert it (true of every model shape
+ * ctune supports: head_dim 64/128, hidden and intermediate sizes multiples of 64).
+ * RMSNorm uses one warp per row: rows are short (D <= 8192 elements, 1-32
+ * accesses per lane), so a warp suffices and no block-level sync is needed. */
+#include "ct_cuda.cuh"
+
+#define WARPS_PER_BLOCK 8
+
+static void check_vec8(const char *op, const void *p, int ld, int width)
+{
+    CT_ASSERT(aligned16(p) && ld % 8 == 0 && width % 8 == 0,
+              "%s: width %d and stride %d must be multiples of 8 and the pointer 16-byte aligned",
+              op, width, ld);
+}
+
+// ---- kernels ----
+
+__global__ void embedding_kernel(bf16 *out, const int32_t *ids, const bf16 *table, int T, int H)
+{
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (idx >= (size_t)T * H) return;
+    size_t t = idx / H, i = idx % H;
+    *(uint4 *)(out + idx) = *(const uint4 *)(table + (size_t)ids[t] * H + i);
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* One warp per (t, h) row. y may alias x: each lane rereads exactly the 8-element
+ * chunks it later overwrites, so no lane reads another's output. */
+__global__ void rmsnorm_fwd_kernel(bf16 *y, int ldy, float *rstd, const bf16 *x, int ldx,
+                                   const bf16 *w, int T, int nh, int D, float eps)
+{
+    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (size_t)T * nh) return;
+    size_t t = row / nh, h = row % nh;
+    const bf16 *xr = x + t * ldx + h * D;
+    bf16 *yr = y + t * ldy + h * D;
+    float ss = 0.0f;
+    for (int i = lane * 8; i < D; i += 256) {
+        float f[8];
+        load8(f, xr + i);
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+    }
+    ss = warp_sum(ss);
+    float r = 1.0f / sqrtf(ss / (float)D + eps);
+    if (rstd && lane == 0) rstd[row] = r;
+    for (int i = lane * 8; i < D; i += 256) {
+        float f[8], wf[8];
+        load8(f, xr + i);
+        load8(wf, w + i);
+#pragma unroll
+        for (int j = 0; j < 8; j++) f[j] = f[j] * r * wf[j];
+        store8(yr + i, f);
+    }
+}
+
+/* dx_j = r w_j dy_j - x_j r^3 / D * sum_i dy_i w_i x_i. */
+__global__ void rmsnorm_bwd_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy, const bf16 *x,
+                                   int ldx, const float *rstd, const bf16 *w, int T, int nh, int D,
+                                   int accumulate)
+{
+    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (size_t)T * nh) return;
+    size_t t = row / nh, h = row % nh;
+    const bf16 *xr = x + t * ldx + h * D, *dyr = dy + t * lddy + h * D;
+    bf16 *dxr = dx + t * lddx + h * D;
+    float dot = 0.0f;
+    for (int i = lane * 8; i < D; i += 256) {
+        float xf[8], gf[8], wf[8];
+        load8(xf, xr + i);
+        load8(gf, dyr + i);
+        load8(wf, w + i);
+#pragma unroll
+        for (int j = 0; j < 8; j++) dot += gf[j] * wf[j] * xf[j];
+    }
+    dot = warp_sum(dot);
+    float r = rstd[row];
+    float cx = dot * r * r * r / (float)D;
+    for (int i = lane * 8; i < D; i += 256) {
+        float xf[8], gf[8], wf[8], o[8];
+        load8(xf, xr + i);
+        load8(gf, dyr + i);
+        load8(wf, w + i);
+        if (accumulate) load8(o, dxr + i);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float g = r * wf[j] * gf[j] - cx * xf[j];
+            o[j] = accumulate ? o[j] + g : g;
+        }
+        store8(dxr + i, o);
+    }
+}
+
+/* One thread per (t, i < rot_dim/2), looping over heads: the angle and its
+ * sin/cos are computed once per token and frequency. The angle is rounded to fp32
+ * (pos * inv_freq in fp32, as HF and the CPU backend do); sincosf is the accurate
+ * version (no fast-math), so large angles reduce correctly. */
+__global__ void rope_kernel(bf16 *x, int ldx, const int32_t *pos, const float *inv_freq, int T,
+                            int nh, int D, int half, float attn_scaling, float sign)
+{
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)T * half) return;
+    size_t t = idx / half;
+    int i = (int)(idx % half);
+    float angle = (float)pos[t] * inv_freq[i];
+    float s, c;
+    sincosf(angle, &s, &c);
+    c *= attn_scaling;
+    s *= sign * attn_scaling;
+    for (int h = 0; h < nh; h++) {
+        bf16 *xr = x + t * ldx + (size_t)h * D;
+        float a = __bfloat162float(xr[i]), b = __bfloat162float(xr[i + half]);
+        xr[i] = __float2bfloat16_rn(a * c - b * s);
+        xr[i + half] = __float2bfloat16_rn(b * c + a * s);
+    }
+}
+
+__global__ void swiglu_fwd_kernel(bf16 *h, const bf16 *gu, int T, int I)
+{
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (idx >= (size_t)T * I) return;
+    size_t t = idx / I, i = idx % I;
+    float g[8], u[8];
+    load8(g, gu + t * 2 * I + i);
+    load8(u, gu + t * 2 * I + I + i);
+#pragma unroll
+    for (int j = 0; j < 8; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    store8(h + idx, g);
+}
+
+/* d silu(g)/dg = sig(g) (1 + g (1 - sig(g))). */
+__global__ void swiglu_bwd_kernel(bf16 *dgu, const bf16 *dh, const bf16 *gu, int T, int I)
+{
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (idx >= (size_t)T * I) return;
+    size_t t = idx / I, i = idx % I;
+    float g[8], u[8], d[8], dg[8], du[8];
+    load8(g, gu + t * 2 * I + i);
+    load8(u, gu + t * 2 * I + I + i);
+    load8(d, dh + idx);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float sig = 1.0f / (1.0f + expf(-g[j]));
+        dg[j] = d[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
+        du[j] = d[j] * g[j] * sig;
+    }
+    store8(dgu + t * 2 * I + i, dg);
+    store8(dgu + t * 2 * I + I + i, du);
+}
+
+__global__ void add_kernel(bf16 *y, const bf16 *x, size_t n)
+{
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (idx + 8 <= n) {
+        float a[8], b[8];
+        load8(a, y + idx);
+        load8(b, x + idx);
+#pragma unroll
+        for (int j = 0; j < 8; j++) a[j] += b[j];
+        store8(y + idx, a);
+    } else {
+        for (size_t i = idx; i < n; i++)
+            y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + __bfloat162float(x[i]));
+    }
+}
+
+__global__ void copy_2d_kernel(bf16 *dst, int lddst, const bf16 *src, int ldsrc, int rows, int cols)
+{
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (idx >= (size_t)rows * cols) return;
+    size_t r = idx / cols, i = idx % cols;
+    *(uint4 *)(dst + r * lddst + i) = *(const uint4 *)(src + r * ldsrc + i);
+}
+
+// ---- launchers ----
+
+void cuda_embedding(ct_backend *be, void *out, const int32_t *ids, const void *table, int T, int H)
+{
+    check_vec8("embedding", out, H, H);
+    check_vec8("embedding", table, H, H);
+    size_t n8 = (size_t)T * H / 8;
+    if (n8 == 0) return;
+    embedding_kernel<<<grid_for(n8, 256), 256, 0, ctx_of(be)->stream>>>(
+        (bf16 *)out, ids, (const bf16 *)table, T, H);
+    LAUNCH_CHECK();
+}
+
+void cuda_rmsnorm_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
+                      const void *w, int T, int nh, int D, float eps)
+{
+    check_vec8("rmsnorm_fwd", y, ldy, D);
+    check_vec8("rmsnorm_fwd", x, ldx, D);
+    check_vec8("rmsnorm_fwd", w, D, D);
+    size_t rows = (size_t)T * nh;
+    if (rows == 0) return;
+    rmsnorm_fwd_kernel<<<grid_for(rows, WARPS_PER_BLOCK), WARPS_PER_BLOCK * 32, 0, ctx_of(be)->stream>>>(
+        (bf16 *)y, ldy, rstd, (const bf16 *)x, ldx, (const bf16 *)w, T, nh, D, eps);
+    LAUNCH_CHECK();
+}
+
+void cuda_rmsnorm_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x,
+                      int ldx, const float *rstd, const void *w, int T, int nh, int D, int accumulate)
+{
+    check_vec8("rmsnorm_bwd", dx, lddx, D);
+    check_vec8("rmsnorm_bwd", dy, lddy, D);
+    check_vec8("rmsnorm_bwd", x, ldx, D);
+    check_vec8("rmsnorm_bwd", w, D, D);
+    size_t rows = (size_t)T * nh;
+    if (rows == 0) return;
+    rmsnorm_bwd_kernel<<<grid_for(rows, WARPS_PER_BLOCK), WARPS_PER_BLOCK * 32, 0, ctx_of(be)->stream>>>(
+        (bf16 *)dx, lddx, (const bf16 *)dy, lddy, (const bf16 *)x, ldx, rstd, (const bf16 *)w,
+        T, nh, D, accumulate);
+    LAUNCH_CHECK();
+}
+
+void cuda_rope(ct_backend *be, void *x, int ldx, const int32_t *pos, const float *inv_freq,
+               int T, int nh, int D, int rot_dim, float attn_scaling, int inverse)
+{
+    CT_ASSERT(rot_dim % 2 == 0 && rot_dim <= D, "rope: rot_dim %d must be even and <= D %d", rot_dim, D);
+    int half = rot_dim / 2;
+    size_t n = (size_t)T * half;
+    if (n == 0) return;
+    /* The transpose of [[c, -s], [s, c]] is the same matrix with -s. */
+    rope_kernel<<<grid_for(n, 256), 256, 0, ctx_of(be)->stream>>>(
+        (bf16 *)x, ldx, pos, inv_freq, T, nh, D, half, attn_scaling, inverse ? -1.0f : 1.0f);
+    LAUNCH_CHECK();
+}
+
+void cuda_swiglu_fwd(ct_backend *be, void *h, const void *gu, int T, int I)
+{
+    check_vec8("swiglu_fwd", h, I, I);
+    check_vec8("swiglu_fwd", gu, 2 * I, I);
+    size_t n8 = (size_t)T * I / 8;
+    if (n8 == 0) return;
+    swiglu_fwd_kernel<<<grid_for(n8, 256), 256, 0, ctx_of(be)->stream>>>(
+        (bf16 *)h, (const bf16 *)gu, T, I);
+    LAUNCH_CHECK();
+}
+
+void cuda_swiglu_bwd(ct_backend *be, void *dgu, const void *dh, const void *gu, int T, int I)
+{
+    check_vec8("swiglu_bwd", dgu, 2 * I, I);
+    check_vec8("swiglu_bwd", dh, I, I);
+    check_vec8("swiglu_bwd", gu, 2 * I, I);
+    size_t n8 = (size_t)T * I / 8;
+    if (n8 == 0) return;
+    swiglu_bwd_kernel<<<grid_for(n8, 256), 256, 0, ctx_of(be)->stream>>>(
+        (bf16 *)dgu, (const bf16 *)dh, (const bf16 *)gu, T, I);
+    LAUNCH_CHECK();
+}
+
+void cuda_add(ct_backend *be, void *y, const void *x, size_t n)
+{
+    CT_ASSERT(aligned16(y) && aligned16(x), "add: pointers must be 16-byte aligned");
+    if (n == 0) return;
+    add_kernel<<<grid_for((n + 7) / 8, 256), 256, 0, ctx_of(be)->stream>>>((bf16 *)y, (const bf16 *)x, n);
+    LAUNCH_CHECK();
+}
+
+void cuda_copy_2d(ct_backend *be, void *dst, int lddst, const void *src, int ldsrc, int rows, int cols)
+{
+    check_vec8("copy_2d", dst, lddst, cols);
+    check_vec8("copy_2d", src, ldsrc, cols);
+    size_t n8 = (size_t)rows * cols / 8;
+    if (n8 == 0) return;
+    copy_2d_kernel<<<grid_for(n8, 256), 256, 0, ctx_of(be)->stream>>>(
+        (bf16 *)dst, lddst, (const bf16 *)src, ldsrc, rows, cols);
+    LAUNCH_CHECK();
+}

@@ -43,7 +43,7 @@ else
 endif
 ALL_OBJS := $(C_OBJS) $(CU_OBJS)
 
-.PHONY: all test demo bench clean deps
+.PHONY: all tests test demo bench clean deps
 all: $(BUILD)/deps.ok $(BUILD)/ctune
 
 # Missing build dependencies are installed when we are root, else named exactly.
@@ -72,7 +72,9 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libctune.a tests/check.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libctune.a $(LDLIBS)
 
-test: all $(TEST_BINS)
+tests: all $(TEST_BINS)
+
+test: tests
 	@bash tests/run_tests.sh $(BUILD)
 
 demo: all

@@ -64,6 +64,7 @@ static void cuda_free(ct_backend *be, void *p)
 {
     if (!p) return;
     /* Queued work may still read p. */
+    be->host_syncs++;
     CUDA_CHECK(cudaStreamSynchronize(ctx_of(be)->stream));
     CUDA_CHECK(cudaFree(p));
 }
@@ -82,6 +83,7 @@ static void cuda_download(ct_backend *be, void *host_dst, const void *src, size_
 {
     cuda_ctx *c = ctx_of(be);
     CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    be->host_syncs++;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
@@ -133,6 +135,7 @@ static void cuda_act_to_f32(ct_backend *be, float *host_dst, const void *src, si
     cuda_ctx *c = ctx_of(be);
     uint16_t *buf = (uint16_t *)ct_malloc(n * 2 + 2);
     CUDA_CHECK(cudaMemcpyAsync(buf, src, n * 2, cudaMemcpyDeviceToHost, c->stream));
+    be->host_syncs++;
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     for (size_t i = 0; i < n; i++) host_dst[i] = ct_bf16_to_f32(buf[i]);
     free(buf);
@@ -140,6 +143,7 @@ static void cuda_act_to_f32(ct_backend *be, float *host_dst, const void *src, si
 
 static void cuda_sync(ct_backend *be)
 {
+    be->host_syncs++;
     CUDA_CHECK(cudaStreamSynchronize(ctx_of(be)->stream));
 }
 

@@ -1,35 +1,63 @@
 #!/usr/bin/env bash
-# GPU checks in one go (for the device machine): CUDA kernels against the CPU
-# backend, the tiny model trained on CUDA vs CPU, and a first throughput figure
-# on the qwen3-0.6b shape. Logs go to $OUT (default /tmp/gpu_check).
+# GPU checks in one go (run on the device machine from the repo root, after
+# `make tests` here and carrying build/). Sections (env GPU_SECTIONS, default all):
+#   kernels   CUDA kernels against the CPU backend (tests/test_backend_cuda)
+#   fixtures  HF + PEFT expected loss/gradients for tests/fixtures (fp32 CPU), then
+#             tests/test_hf_parity against them
+#   parity50  50 training steps, ctune on CUDA (bf16) vs HF + PEFT replaying the
+#             same batches (bf16), tiny and qwen3-0.6b shapes: max relative loss diff
+#   bench     scripts/bench.sh (ctune vs HF + PEFT, qwen3-0.6b shape)
+# Logs and results go to $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 B=${BUILD:-build}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+SECTIONS=${GPU_SECTIONS:-"kernels fixtures parity50 bench"}
+has() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
-echo "== CUDA kernels vs CPU"
-timeout 300 "$B/tests/test_backend_cuda" >"$OUT/cuda_tests.log" 2>&1
-grep -E "^(FAIL|     |#summary)" "$OUT/cuda_tests.log" | head -40
+if has kernels; then
+    echo "== kernels"
+    timeout 300 "$B/tests/test_backend_cuda" >"$OUT/cuda_tests.log" 2>&1
+    grep -E "^(FAIL|     |#summary)" "$OUT/cuda_tests.log" | cut -c1-220 | head -30
+fi
 
-echo "== tiny model: 8 steps on CPU and on CUDA"
-W=/tmp/gc; rm -rf $W; mkdir -p $W
-"$B/ctune" init --config configs/models/tiny/config.json --out $W/tiny --seed 0 >/dev/null
-for dev in cpu cuda; do
-    "$B/ctune" train configs/tiny.yaml --set model=$W/tiny --set output_dir=$W/run-$dev --set device=$dev \
-        --set training.max_steps=8 --set training.warmup_steps=2 --set training.logging_steps=1 \
-        --set training.eval_steps=8 --set training.resume_from_checkpoint=false >"$OUT/tiny-$dev.log" 2>&1
-    echo "$dev rc=$?"
-done
-paste <(grep -o '"loss": [0-9.]*' $W/run-cpu/metrics.jsonl) <(grep -o '"loss": [0-9.]*' $W/run-cuda/metrics.jsonl)
-tail -n 3 "$OUT/tiny-cuda.log"
+if has fixtures; then
+    echo "== HF fixtures"
+    bash scripts/parity_fixtures.sh hf >"$OUT/fixtures.log" 2>&1 || tail -n 5 "$OUT/fixtures.log"
+    for n in llama qwen3; do cp tests/fixtures/parity_$n/expected.safetensors "$OUT/expected_$n.safetensors"; done
+    grep -i "loss" "$OUT/fixtures.log" | head -4
+    "$B/tests/test_hf_parity" 2>&1 | cut -c1-200 | tail -n 8
+fi
 
-if [ "${SKIP_BENCH:-0}" = 0 ]; then
-    echo "== qwen3-0.6b shape, 16k tokens/step"
-    "$B/ctune" init --config configs/models/qwen3-0.6b/config.json --out models/qwen3-0.6b --seed 0 >/dev/null
-    python3 scripts/make_bench_data.py --vocab 151936 --tokens 1200000 --out $W/bench.jsonl
-    "$B/ctune" prepare --in $W/bench.jsonl --out data/bench-qwen3 --vocab-size 151936 >/dev/null
-    timeout 300 "$B/ctune" train configs/qwen3-0.6b.yaml --set training.max_steps=15 --set output_dir=$W/q3 \
-        >"$OUT/qwen3.log" 2>&1
-    echo "rc=$?"; tail -n 6 "$OUT/qwen3.log"
+# parity50 NAME MODEL_CONFIG RUN_CONFIG TRAIN_SHARD VOCAB TOKENS_PER_MICRO_BATCH LR
+parity50() {
+    local name=$1 mcfg=$2 rcfg=$3 shard=$4 tpmb=$5 lr=$6 W=/tmp/p50-$1
+    rm -rf $W; mkdir -p $W
+    "$B/ctune" init --config "$mcfg" --out $W/model --seed 5 >/dev/null
+    CTUNE_TRACE=$W "$B/ctune" train "$rcfg" --set model=$W/model --set output_dir=$W/run --set device=cuda \
+        --set "data.train_files=[$shard]" --set "data.eval_files=[]" --set data.tokens_per_micro_batch=$tpmb \
+        --set training.max_steps=50 --set training.warmup_steps=5 --set training.logging_steps=1 \
+        --set training.learning_rate=$lr --set training.lr_scheduler_type=cosine --set training.eval_steps=0 \
+        --set training.save_steps=0 --set training.resume_from_checkpoint=false >"$OUT/p50-$name-ctune.log" 2>&1 \
+        || { echo "ctune failed"; tail -n 5 "$OUT/p50-$name-ctune.log"; return; }
+    timeout 400 python3 scripts/hf_parity.py train --model $W/model --adapter $W/initial_adapter --shards "$shard" \
+        --trace $W/batches.jsonl --metrics $W/run/metrics.jsonl --lr $lr --scheduler cosine --warmup 5 --steps 50 \
+        --device cuda --dtype bfloat16 --out "$OUT/parity50-$name.json" >"$OUT/p50-$name-hf.log" 2>&1
+    tail -n 4 "$OUT/p50-$name-hf.log"
+}
+
+if has parity50; then
+    echo "== 50-step parity, tiny"
+    parity50 tiny configs/models/tiny/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3
+    echo "== 50-step parity, qwen3-0.6b shape"
+    python3 scripts/make_bench_data.py --vocab 151936 --tokens 400000 --out /tmp/p50q.jsonl --seed 1
+    "$B/ctune" prepare --in /tmp/p50q.jsonl --out /tmp/p50q --vocab-size 151936 >/dev/null
+    parity50 qwen3 configs/models/qwen3-0.6b/config.json configs/qwen3-0.6b.yaml /tmp/p50q/train.shard 4096 2e-4
+fi
+
+if has bench; then
+    echo "== bench"
+    OUT=$OUT/bench bash scripts/bench.sh
+    cp "$OUT/bench/bench.jsonl" "$OUT/bench.jsonl" 2>/dev/null
 fi

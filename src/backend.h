@@ -30,6 +30,7 @@ struct ct_backend {
     size_t act_bytes;
     size_t weight_bytes;
     void *ctx;                 /* implementation state */
+    uint64_t host_syncs;       /* times the host waited for the device (download, sync, free) */
 
     /* ---- memory ---- */
     void *(*alloc)(ct_backend *be, size_t bytes);  /* zero-filled; NULL when out of memory */

@@ -214,8 +214,11 @@ static int train_loop(run *r, ct_error *err)
     float *loss_sum = graph_loss_sum(r->graph);
     be->zero(be, loss_sum, sizeof(float));
     int rc = CT_OK;
+    uint64_t step_syncs = 0; /* host waits inside steps, not counting logging reads */
+    int steps_run = 0;
     for (int step = (int)r->state.step + 1; step <= r->total_steps && !rc; step++) {
         long long targets = 0, tokens = 0;
+        uint64_t syncs0 = be->host_syncs;
         for (int i = 0; i < ga; i++) {
             batches[i] = loader_next(r->loader);
             targets += batches[i]->n_targets;
@@ -231,6 +234,8 @@ static int train_loop(run *r, ct_error *err)
         }
         double lr = optim_lr(t, step, r->total_steps);
         optim_step(be, &r->lora, t, r->norm_sq, lr, step);
+        step_syncs += be->host_syncs - syncs0;
+        steps_run++;
         r->state.step = step;
         r->state.tokens_seen += (double)tokens;
         window_targets += (double)targets;
@@ -265,6 +270,9 @@ static int train_loop(run *r, ct_error *err)
     }
     free(batches);
     if (rc) return rc;
+    if (steps_run > 0)
+        log_note(&r->log, "host syncs per step: %.2f (the loss is read back on logging steps only)",
+                 (double)step_syncs / steps_run);
     if (r->state.step > 0) rc = save_checkpoint(r, err);
     if (rc) return rc;
     char final[CT_PATH_MAX + 16];

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# make bench: ctune vs HF transformers + PEFT on the same random-weight model
+# and the same shards (PERF.md protocol), on the GPU machine. For each shape:
+# ctune (median tokens/s over the steps after warm-up, from metrics.jsonl) and
+# the HF baselines; peak VRAM is the most the GPU reported in use while each ran
+# (nvidia-smi, sampled every 100 ms; includes the CUDA context).
+#   SHAPES="qwen3-0.6b llama3.1-8b" STEPS=30 WARMUP=5 bash scripts/bench.sh
+# Writes $OUT/bench.jsonl (one line per run) and prints a table.
+set -u
+OUT=${OUT:-runs/bench}
+B=${BUILD:-build}
+SHAPES=${SHAPES:-qwen3-0.6b}
+STEPS=${STEPS:-30}
+WARMUP=${WARMUP:-5}
+HF_MODES=${HF_MODES:-"packed packed-ckpt"}
+mkdir -p "$OUT"
+: >"$OUT/bench.jsonl"
+
+peak_start() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/mem.log" 2>/dev/null & MEMPID=$!; }
+peak_stop() { kill $MEMPID 2>/dev/null; wait $MEMPID 2>/dev/null; sort -n "$OUT/mem.log" | tail -n 1 | awk '{printf "%.2f", $1/1024}'; }
+
+for shape in $SHAPES; do
+    model=models/$shape
+    vocab=$(python3 -c "import json; print(json.load(open('configs/models/$shape/config.json'))['vocab_size'])")
+    [ -f "$model/config.json" ] || "$B/ctune" init --config "configs/models/$shape/config.json" --out "$model" --seed 0 >/dev/null
+    data=data/bench-$shape
+    if [ ! -f "$data/train.shard" ]; then
+        python3 scripts/make_bench_data.py --vocab "$vocab" --tokens $((16384 * (STEPS + 10))) --out "$OUT/$shape.jsonl"
+        "$B/ctune" prepare --in "$OUT/$shape.jsonl" --out "$data" --vocab-size "$vocab" >/dev/null
+    fi
+    run=$OUT/ctune-$shape
+    rm -rf "$run"
+    peak_start
+    "$B/ctune" train configs/qwen3-0.6b.yaml --set model="$model" --set output_dir="$run" \
+        --set "data.train_files=[$data/train.shard]" --set training.max_steps="$STEPS" \
+        --set training.warmup_steps=2 --set training.logging_steps=1 >"$OUT/ctune-$shape.log" 2>&1
+    rc=$?
+    peak=$(peak_stop)
+    python3 - "$run/metrics.jsonl" "$WARMUP" "$shape" "$peak" "$rc" "$OUT/ctune-$shape.log" >>"$OUT/bench.jsonl" <<'PY'
+import json, statistics, sys, re
+path, warm, shape, peak, rc, log = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
+try:
+    rows = [json.loads(l) for l in open(path) if '"loss"' in l]
+except OSError:
+    rows = []
+tps = [r["tokens_per_second"] for r in rows if r["step"] > warm]
+syncs = re.findall(r"host syncs per step: ([0-9.]+)", open(log).read())
+print(json.dumps({"shape": shape, "system": "ctune", "rc": int(rc),
+                  "tokens_per_s": round(statistics.median(tps), 1) if tps else None,
+                  "steps_timed": len(tps), "peak_gib_smi": float(peak or 0),
+                  "host_syncs_per_step": float(syncs[0]) if syncs else None}))
+PY
+    for mode in $HF_MODES; do
+        args="--mode ${mode%-ckpt}"
+        [ "${mode%-ckpt}" != "$mode" ] && args="$args --checkpointing"
+        peak_start
+        timeout 900 python3 scripts/hf_bench.py --model "$model" --shards "$data/train.shard" --steps "$STEPS" \
+            --warmup "$WARMUP" $args >"$OUT/hf-$shape-$mode.log" 2>&1
+        rc=$?
+        peak=$(peak_stop)
+        line=$(grep '^{' "$OUT/hf-$shape-$mode.log" | tail -n 1)
+        [ -n "$line" ] || line="{\"system\": \"hf+peft $mode\", \"rc\": $rc, \"error\": \"$(tail -n 1 "$OUT/hf-$shape-$mode.log" | tr -d '"\\' | cut -c1-120)\"}"
+        python3 -c "import json,sys; d=json.loads(sys.argv[1]); d.update(shape=sys.argv[2], peak_gib_smi=float(sys.argv[3] or 0)); print(json.dumps(d))" \
+            "$line" "$shape" "$peak" >>"$OUT/bench.jsonl"
+    done
+done
+python3 - "$OUT/bench.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"{'shape':<14} {'system':<28} {'tok/s':>10} {'peak GiB':>9} {'syncs/step':>10}")
+for r in rows:
+    print(f"{r['shape']:<14} {r['system']:<28} {str(r.get('tokens_per_s')):>10} {r.get('peak_gib_smi', 0):>9} "
+          f"{str(r.get('host_syncs_per_step', '')):>10}")
+PY

@@ -1,0 +1,441 @@
+#!/usr/bin/env python3
+"""hf_parity.py - the HF transformers + PEFT reference that judges ctune.
+
+Needs torch, transformers, peft and safetensors (no network). Two modes:
+
+  grads: loss and LoRA gradients of one batch, for the committed CPU fixtures
+    python3 scripts/hf_parity.py grads --model DIR --adapter DIR --docs DOCS.jsonl \\
+        --out EXPECTED.safetensors [--device cpu|cuda] [--dtype float32|bfloat16]
+  DOCS.jsonl: one {"input_ids": [...], "labels": [...]} per line (labels -100 =
+  ignored, else the token; "loss_mask" 0/1 instead of labels, or neither = all).
+  Each document runs alone (batch 1, positions 0..T-1); the target of position t
+  is labels[t+1]; loss = sum of per-target CE over all documents / all targets.
+  Writes "loss" (F32 [1]) and every LoRA gradient under its PEFT saved name
+  (base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight), fp32.
+
+  train: replays a ctune run step by step and compares the per-step losses
+    python3 scripts/hf_parity.py train --model DIR --adapter INIT_ADAPTER_DIR \\
+        --shards S1 [S2...] --trace BATCHES.jsonl --metrics METRICS.jsonl \\
+        --lr LR --scheduler cosine|linear|constant --warmup W --steps N \\
+        [--weight-decay 0] [--beta1 0.9] [--beta2 0.999] [--eps 1e-8] \\
+        [--max-grad-norm 1.0] [--device cuda] [--dtype bfloat16|float32] \\
+        [--run-steps K] [--out RESULT.json]
+  --shards in the order ctune opened them (global document ids follow it);
+  BATCHES.jsonl is ctune's CTUNE_TRACE output, one line per optimizer step:
+  {"step": k, "micro_batches": [[[doc_id, length], ...], ...]}. --steps N is the
+  run's total steps (it shapes the lr schedule); --run-steps K replays only the
+  first K. Each step: sum of CE over the targets of every document (each alone,
+  its first `length` tokens; target of t = token[t+1] where mask[t+1] == 1) /
+  the step's targets; backward; clip_grad_norm_; torch AdamW; LambdaLR from
+  transformers.optimization. METRICS.jsonl is ctune's metrics (lines with
+  "eval_loss" are skipped); a logged loss averages the steps since the previous
+  logged one, and is compared the same way (use logging_steps: 1 for per-step).
+  Prints a table and the max relative difference |ctune - hf| / |hf|; exits 0
+  whatever the difference (the caller judges), 2 on malformed input.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import struct
+import sys
+import zlib
+from array import array
+
+
+def die(path, msg):
+    print(f"{path}: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+# ---------------------------------------------------------------- input files
+
+def read_jsonl(path):
+    """Yields (line number, object) for every non-blank line; exit 2 on bad JSON."""
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        die(path, f"cannot open: {e.strerror}")
+    with f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                die(path, f"line {n}: bad JSON ({e.msg})")
+            if not isinstance(obj, dict):
+                die(path, f"line {n}: expected a JSON object")
+            yield n, obj
+
+
+def is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def read_docs(path):
+    """DOCS.jsonl -> list of (input_ids, targets) with targets[t] = label of t+1 or -100."""
+    docs = []
+    for n, o in read_jsonl(path):
+        ids = o.get("input_ids")
+        if not isinstance(ids, list) or not ids or not all(is_int(t) and t >= 0 for t in ids):
+            die(path, f"line {n}: input_ids must be a non-empty list of token ids")
+        if "labels" in o:
+            labels = o["labels"]
+            if not isinstance(labels, list) or len(labels) != len(ids) or not all(is_int(t) for t in labels):
+                die(path, f"line {n}: labels must be {len(ids)} integers")
+        elif "loss_mask" in o:
+            m = o["loss_mask"]
+            if not isinstance(m, list) or len(m) != len(ids) or not all(v in (0, 1) for v in m):
+                die(path, f"line {n}: loss_mask must be {len(ids)} values 0/1")
+            labels = [t if v else -100 for t, v in zip(ids, m)]
+        else:
+            labels = list(ids)
+        docs.append((ids, labels[1:] + [-100]))
+    if not docs:
+        die(path, "no documents")
+    return docs
+
+
+def read_shard(path):
+    """A ctune shard (docs/SHARDS.md) -> (offsets, tokens, mask), fully checked."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        die(path, f"cannot open: {e.strerror}")
+    if len(data) < 64:
+        die(path, "not a shard (shorter than the 64-byte header)")
+    magic, ver, tb, D, N, maxid, pcrc = struct.unpack_from("<8sIIQQII", data, 0)
+    (hcrc,) = struct.unpack_from("<I", data, 60)
+    if magic != b"CTSHARD\0":
+        die(path, "not a shard (bad magic)")
+    if ver != 1 or tb != 4:
+        die(path, f"unsupported shard version {ver} / token_bytes {tb}")
+    if zlib.crc32(data[:60]) != hcrc:
+        die(path, "header CRC mismatch")
+    size = 64 + 8 * (D + 1) + 5 * N
+    if D < 1 or len(data) != size + (-size % 8):
+        die(path, f"size {len(data)} does not match {D} documents and {N} tokens")
+    if zlib.crc32(data[64:]) != pcrc:
+        die(path, "payload CRC mismatch")
+    offs, toks = array("Q"), array("I")
+    if offs.itemsize != 8 or toks.itemsize != 4:
+        die(path, "this Python's array sizes do not fit the format")
+    offs.frombytes(data[64:64 + 8 * (D + 1)])
+    toks.frombytes(data[64 + 8 * (D + 1):64 + 8 * (D + 1) + 4 * N])
+    if sys.byteorder == "big":
+        offs.byteswap()
+        toks.byteswap()
+    mask = data[64 + 8 * (D + 1) + 4 * N:size]
+    if offs[0] != 0 or offs[D] != N or any(offs[i] >= offs[i + 1] for i in range(D)):
+        die(path, "bad document offsets")
+    return offs, toks, mask
+
+
+def load_documents(paths):
+    """Global document list over the shards in the given order: (tokens, mask, start, end)."""
+    docs = []
+    for p in paths:
+        offs, toks, mask = read_shard(p)
+        docs += [(toks, mask, offs[d], offs[d + 1]) for d in range(len(offs) - 1)]
+    return docs
+
+
+def read_trace(path, docs):
+    """BATCHES.jsonl -> {step: [(doc_id, length), ...]} (micro-batches flattened)."""
+    steps = {}
+    for n, o in read_jsonl(path):
+        k, mbs = o.get("step"), o.get("micro_batches")
+        if not is_int(k) or k < 1 or not isinstance(mbs, list):
+            die(path, f"line {n}: expected {{\"step\": k >= 1, \"micro_batches\": [...]}}")
+        flat = []
+        for mb in mbs:
+            if not isinstance(mb, list):
+                die(path, f"line {n}: a micro-batch must be a list of [doc_id, length]")
+            for e in mb:
+                if not (isinstance(e, list) and len(e) == 2 and is_int(e[0]) and is_int(e[1])):
+                    die(path, f"line {n}: bad entry {e!r} (expected [doc_id, length])")
+                d, length = e
+                if not 0 <= d < len(docs):
+                    die(path, f"line {n}: document {d} out of range ({len(docs)} documents in the shards)")
+                if not 1 <= length <= docs[d][3] - docs[d][2]:
+                    die(path, f"line {n}: length {length} of document {d} is not in [1, {docs[d][3] - docs[d][2]}]")
+                flat.append((d, length))
+        steps[k] = flat  # a repeated step (a resumed run) replays the same batches: last one wins
+    if not steps:
+        die(path, "no steps")
+    for k in range(1, len(steps) + 1):
+        if k not in steps:
+            die(path, f"step {k} is missing (steps must run 1..K)")
+    return steps
+
+
+def read_metrics(path):
+    """METRICS.jsonl -> {step: record} for training lines (eval lines skipped)."""
+    out = {}
+    for n, o in read_jsonl(path):
+        if "eval_loss" in o or "step" not in o or "loss" not in o:
+            continue
+        if not is_int(o["step"]) or not isinstance(o["loss"], (int, float)):
+            die(path, f"line {n}: step must be an integer and loss a number")
+        out[o["step"]] = o
+    if not out:
+        die(path, "no training lines (with step and loss)")
+    return out
+
+
+# ---------------------------------------------------------------- the model
+
+def load_model(args):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from peft import PeftModel
+    for d in (args.model, args.adapter):
+        if not os.path.isdir(d):
+            die(d, "not a directory")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    try:
+        torch.set_float32_matmul_precision("highest")  # no TF32 in the fp32 reference
+    except Exception:
+        pass
+    try:
+        base = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="eager")
+    except TypeError:  # transformers < 4.56 knows only torch_dtype
+        base = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=dtype, attn_implementation="eager")
+    base.to(dtype)  # exact either way: the checkpoint's bf16 values fit fp32 exactly
+    # autocast_adapter_dtype=True keeps the LoRA weights fp32 on a bf16 base, as ctune does
+    model = PeftModel.from_pretrained(base, args.adapter, is_trainable=True, autocast_adapter_dtype=True)
+    model.to(args.device)
+    model.train()
+    zeroed = 0
+    for m in model.modules():  # train mode, but no dropout anywhere
+        if isinstance(m, torch.nn.Dropout) and m.p != 0:
+            m.p, zeroed = 0.0, zeroed + 1
+        for attr in ("attention_dropout", "dropout"):
+            v = getattr(m, attr, None)
+            if isinstance(v, float) and v != 0:
+                setattr(m, attr, 0.0)
+                zeroed += 1
+    if zeroed:
+        print(f"warning: set {zeroed} non-zero dropout probabilities to 0 (ctune may have used dropout)",
+              file=sys.stderr)
+    params = []  # (saved name, parameter)
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if "lora_" not in name:
+            print(f"warning: trainable non-LoRA parameter {name}", file=sys.stderr)
+        if p.dtype != torch.float32:  # ctune keeps every LoRA weight in fp32
+            p.data = p.data.float()
+        params.append((re.sub(r"\.default(?=\.|$)", "", name), p))
+    if not params:
+        die(args.adapter, "PEFT made no trainable parameters from this adapter")
+    check_names(args.adapter, [n for n, _ in params])
+    return model, params
+
+
+def check_names(adapter_dir, names):
+    """Warns when the trainable parameters and the adapter file's tensors differ."""
+    from safetensors import safe_open
+    path = os.path.join(adapter_dir, "adapter_model.safetensors")
+    try:
+        with safe_open(path, framework="pt") as f:
+            saved = set(f.keys())
+    except Exception as e:  # noqa: BLE001 - only a diagnostic
+        print(f"warning: cannot list {path}: {e}", file=sys.stderr)
+        return
+    for what, ks in (("not in the adapter file", set(names) - saved), ("not loaded as a parameter", saved - set(names))):
+        if ks:
+            print(f"warning: {len(ks)} names {what}, e.g. {sorted(ks)[0]}", file=sys.stderr)
+
+
+def ce_sum(model, ids, targets, device):
+    """Sum of CE over the targets (-100 = none) of one document run alone; None if none."""
+    import torch
+    import torch.nn.functional as F
+    rows = [t for t, y in enumerate(targets) if y != -100]
+    if not rows:
+        return None
+    x = torch.tensor([ids], dtype=torch.long, device=device)
+    pos = torch.arange(len(ids), dtype=torch.long, device=device)[None]
+    logits = model(input_ids=x, position_ids=pos, use_cache=False).logits[0]
+    r = torch.tensor(rows, dtype=torch.long, device=device)
+    y = torch.tensor([targets[t] for t in rows], dtype=torch.long, device=device)
+    return F.cross_entropy(logits[r].float(), y, reduction="sum")
+
+
+def grad_norm(params):
+    sq = sum(float(p.grad.detach().double().pow(2).sum()) for _, p in params if p.grad is not None)
+    return math.sqrt(sq)
+
+
+# ---------------------------------------------------------------- modes
+
+def cmd_grads(args):
+    import torch
+    from safetensors.torch import save_file
+    docs = read_docs(args.docs)
+    total = sum(sum(1 for y in tg if y != -100) for _, tg in docs)
+    if total == 0:
+        die(args.docs, "no targets in any document")
+    model, params = load_model(args)
+    for _, p in params:
+        p.grad = None
+    loss_sum = 0.0
+    for ids, tg in docs:  # per-document backward of ce/total == backward of (sum ce)/total
+        ce = ce_sum(model, ids, tg, args.device)
+        if ce is not None:
+            (ce / total).backward()
+            loss_sum += float(ce.detach().double())
+    loss = loss_sum / total
+    out = {"loss": torch.tensor([loss], dtype=torch.float32)}
+    for name, p in params:
+        g = p.grad if p.grad is not None else torch.zeros_like(p)
+        out[name] = g.detach().float().cpu().contiguous()
+    save_file(out, args.out, metadata={"format": "pt"})
+    print(f"loss {loss:.8f} over {total} targets in {len(docs)} documents; "
+          f"{len(params)} gradient tensors (norm {grad_norm(params):.6g}) -> {args.out}")
+
+
+def doc_inputs(doc, length):
+    """First `length` tokens of a shard document and its targets (next token where masked in)."""
+    toks, mask, a, _ = doc
+    ids = list(toks[a:a + length])
+    tg = [ids[t + 1] if mask[a + t + 1] else -100 for t in range(length - 1)] + [-100]
+    return ids, tg
+
+
+def cmd_train(args):
+    import torch
+    from transformers import optimization as opt
+    docs = load_documents(args.shards)
+    trace = read_trace(args.trace, docs)
+    metrics = read_metrics(args.metrics)
+    n_run = min(len(trace), args.steps, args.run_steps or args.steps)
+    if len(trace) < min(args.steps, args.run_steps or args.steps):
+        print(f"note: the trace holds {len(trace)} steps; replaying those", file=sys.stderr)
+    model, params = load_model(args)
+    plist = [p for _, p in params]
+    optim = torch.optim.AdamW(plist, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
+                              weight_decay=args.weight_decay)
+    if args.scheduler == "cosine":
+        sched = opt.get_cosine_schedule_with_warmup(optim, args.warmup, args.steps)
+    elif args.scheduler == "linear":
+        sched = opt.get_linear_schedule_with_warmup(optim, args.warmup, args.steps)
+    else:
+        sched = opt.get_constant_schedule_with_warmup(optim, args.warmup)
+    hist = {}  # step -> (ce sum, targets, pre-clip grad norm, lr)
+    for step in range(1, n_run + 1):
+        inputs = [doc_inputs(docs[d], length) for d, length in trace[step]]
+        total = sum(sum(1 for y in tg if y != -100) for _, tg in inputs)
+        optim.zero_grad(set_to_none=True)
+        s = 0.0
+        for ids, tg in inputs:
+            ce = ce_sum(model, ids, tg, args.device)
+            if ce is not None:
+                (ce / total).backward()
+                s += float(ce.detach().double())
+        for p in plist:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        norm = grad_norm(params)
+        if args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(plist, args.max_grad_norm)
+        lr = sched.get_last_lr()[0]
+        optim.step()
+        sched.step()
+        hist[step] = (s, total, norm, lr)
+        print(f"step {step:5d}  loss {s / max(total, 1):.6f}  grad_norm {norm:.5g}  lr {lr:.6g}  targets {total}",
+              flush=True)
+    compare(args, metrics, hist, n_run)
+
+
+def rel(a, b):
+    return abs(a - b) / abs(b) if b != 0 else abs(a - b)
+
+
+def compare(args, metrics, hist, n_run):
+    logged = sorted(metrics)
+    rows, prev = [], 0
+    for k in logged:
+        if k > n_run:
+            break
+        window = range(prev + 1, k + 1)  # ctune's logged loss covers the steps since the last log
+        prev = k
+        s, t = sum(hist[j][0] for j in window), sum(hist[j][1] for j in window)
+        m = metrics[k]
+        hf = s / t if t else float("nan")
+        rows.append((k, float(m["loss"]), hf, m.get("grad_norm"), hist[k][2], m.get("lr"), hist[k][3]))
+    if not rows:
+        die(args.metrics, f"no logged step within the {n_run} replayed steps")
+    print(f"\n{'step':>6} {'ctune':>12} {'hf':>12} {'rel diff':>10}   {'gnorm ctune':>11} {'gnorm hf':>11} {'rel':>9}")
+    gn_diffs, lr_bad = [], []
+    for k, c, h, gc, gh, lc, lh in rows:
+        gtxt = ""
+        if isinstance(gc, (int, float)):
+            gn_diffs.append(rel(gc, gh))
+            gtxt = f"   {gc:11.5g} {gh:11.5g} {gn_diffs[-1]:9.2e}"
+        print(f"{k:6d} {c:12.6f} {h:12.6f} {rel(c, h):10.3e}{gtxt}")
+        if isinstance(lc, (int, float)) and rel(lc, lh) > 1e-5:
+            lr_bad.append((k, lc, lh))
+    diffs = [rel(c, h) for _, c, h, *_ in rows]
+    mx = max(diffs)
+    mxg = max(gn_diffs) if gn_diffs else None
+    print(f"max rel diff (loss) {mx:.3e} over {len(rows)} steps" +
+          (f"; max rel diff (grad norm) {mxg:.3e}" if mxg is not None else ""))
+    for k, lc, lh in lr_bad[:3]:
+        print(f"warning: step {k}: ctune lr {lc:.6g} but hf lr {lh:.6g} "
+              "(check --lr/--scheduler/--warmup/--steps)", file=sys.stderr)
+    if args.out:
+        res = {"steps": [r[0] for r in rows], "ctune": [r[1] for r in rows], "hf": [r[2] for r in rows],
+               "max_rel_diff": mx, "ctune_grad_norm": [r[3] for r in rows], "hf_grad_norm": [r[4] for r in rows],
+               "max_rel_diff_grad_norm": mxg,
+               "hf_step_loss": [hist[j][0] / max(hist[j][1], 1) for j in range(1, n_run + 1)]}
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+            f.write("\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = ap.add_subparsers(dest="mode", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model", required=True, help="HF model folder")
+    common.add_argument("--adapter", required=True, help="PEFT adapter folder")
+    common.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g = sub.add_parser("grads", parents=[common])
+    g.add_argument("--docs", required=True)
+    g.add_argument("--out", required=True)
+    g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    t = sub.add_parser("train", parents=[common])
+    t.add_argument("--shards", nargs="+", required=True)
+    t.add_argument("--trace", required=True)
+    t.add_argument("--metrics", required=True)
+    t.add_argument("--lr", type=float, required=True)
+    t.add_argument("--scheduler", choices=["cosine", "linear", "constant"], required=True)
+    t.add_argument("--warmup", type=int, required=True)
+    t.add_argument("--steps", type=int, required=True, help="total steps of the ctune run (lr schedule)")
+    t.add_argument("--run-steps", type=int, default=0, help="replay only the first K steps")
+    t.add_argument("--weight-decay", type=float, default=0.0)
+    t.add_argument("--beta1", type=float, default=0.9)
+    t.add_argument("--beta2", type=float, default=0.999)
+    t.add_argument("--eps", type=float, default=1e-8)
+    t.add_argument("--max-grad-norm", type=float, default=1.0)
+    t.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    t.add_argument("--out", default=None, help="RESULT.json")
+    args = ap.parse_args()
+    if args.mode == "train" and (args.steps < 1 or args.warmup < 0 or args.run_steps < 0):
+        ap.error("--steps must be >= 1, --warmup and --run-steps >= 0")
+    import torch
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    (cmd_grads if args.mode == "grads" else cmd_train)(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

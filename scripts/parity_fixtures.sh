@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# parity_fixtures.sh — how the committed CPU parity fixtures tests/fixtures/NAME/
+# (NAME = parity_llama, parity_qwen3) are made, in two halves:
+#
+#   bash scripts/parity_fixtures.sh local   # here, needs build/ctune (no torch)
+#       model/     random bf16 weights: ctune init --config NAME/config.json --seed 3
+#       docs.jsonl 6 token-id documents (5-40 tokens, ids < 64, a -100 prompt prefix)
+#       data/      ctune prepare of docs.jsonl (train.shard)
+#       adapter/   ctune's adapter after 3 high-lr steps of NAME/train.yaml
+#                  (output_dir NAME/run), so that LoRA B is non-zero; run/ removed
+#
+#   bash scripts/parity_fixtures.sh hf      # on a machine with torch + transformers + peft
+#       expected.safetensors   HF + PEFT loss and LoRA gradients of docs.jsonl at
+#                              model/ + adapter/ (scripts/hf_parity.py grads, fp32 CPU)
+#
+# Each half regenerates its outputs from scratch; commit the results together.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NAMES="parity_llama parity_qwen3"
+PYTHON=${PYTHON:-python3}
+
+# 6 documents, deterministic from SEED (a 64-bit LCG: no dependence on Python's random).
+write_docs() { # SEED OUT
+    "$PYTHON" - "$1" "$2" <<'EOF'
+import json, sys
+state = int(sys.argv[1])
+def rnd(n):  # uniform-ish integer in [0, n)
+    global state
+    state = (state * 6364136223846793005 + 1442695040888963407) % 2**64
+    return (state >> 33) % n
+with open(sys.argv[2], "w") as f:
+    for _ in range(6):
+        length = 5 + rnd(36)                    # 5..40 tokens
+        ids = [rnd(64) for _ in range(length)]  # token ids < 64
+        prompt = 1 + rnd(length // 2)           # 1..length/2 prompt tokens, never predicted
+        labels = [-100] * prompt + ids[prompt:]
+        f.write(json.dumps({"input_ids": ids, "labels": labels}) + "\n")
+EOF
+}
+
+local_half() {
+    [ -x build/ctune ] || { echo "build/ctune is missing: run make first" >&2; exit 2; }
+    seed=11
+    for name in $NAMES; do
+        d=tests/fixtures/$name
+        for f in config.json train.yaml; do
+            [ -f "$d/$f" ] || { echo "$d/$f is missing" >&2; exit 2; }
+        done
+        echo "== $d"
+        rm -rf "$d/model" "$d/data" "$d/adapter" "$d/run" "$d/docs.jsonl"
+        build/ctune init --config "$d/config.json" --out "$d/model" --seed 3
+        write_docs "$seed" "$d/docs.jsonl"
+        seed=$((seed + 1))
+        build/ctune prepare --in "$d/docs.jsonl" --out "$d/data" --vocab-size 64
+        build/ctune train "$d/train.yaml"
+        [ -f "$d/run/final/adapter_model.safetensors" ] || { echo "$d/run/final has no adapter" >&2; exit 1; }
+        cp -r "$d/run/final" "$d/adapter"
+        rm -rf "$d/run"
+    done
+    echo "done; now run 'bash scripts/parity_fixtures.sh hf' where torch, transformers and peft are installed"
+}
+
+hf_half() {
+    for name in $NAMES; do
+        d=tests/fixtures/$name
+        for f in model adapter docs.jsonl; do
+            [ -e "$d/$f" ] || { echo "$d/$f is missing: run the local half first" >&2; exit 2; }
+        done
+        echo "== $d"
+        "$PYTHON" scripts/hf_parity.py grads --model "$d/model" --adapter "$d/adapter" \
+            --docs "$d/docs.jsonl" --out "$d/expected.safetensors" --device cpu
+    done
+}
+
+case "${1:-}" in
+    local) local_half ;;
+    hf) hf_half ;;
+    *) echo "usage: bash scripts/parity_fixtures.sh local|hf" >&2; exit 2 ;;
+esac

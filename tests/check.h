@@ -60,6 +60,35 @@ static inline double check_max_rel_err(const float *got, const float *want, size
     return worst;
 }
 
+/* Normwise relative error ||got - want||_2 / ||want||_2 (in double): the measure
+ * for whole gradient tensors, where a few near-zero entries must not dominate.
+ * NaN or inf anywhere gives inf. */
+static inline double check_l2_rel_err(const float *got, const float *want, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - (double)want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    if (!isfinite(num) || !isfinite(den)) return INFINITY;
+    return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+}
+
+/* Normwise error max|got - want| / max|want|: for bf16 outputs, whose rounding
+ * error is relative to the operands' scale rather than to each element. */
+static inline double check_max_norm_err(const float *got, const float *want, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (!(d <= num)) num = d; /* NaN-proof */
+        if (fabs(want[i]) > den) den = fabs(want[i]);
+    }
+    if (!isfinite(num)) return INFINITY;
+    return den > 0 ? num / den : (num > 0 ? INFINITY : 0.0);
+}
+
 #define RUN(fn) do { \
     check_cur_name = #fn; check_cur_failed = 0; check_cur_skipped = 0; \
     fflush(stdout); fn(); \

@@ -28,6 +28,8 @@ C_SRCS   := $(filter-out src/main.c,$(wildcard src/*.c))
 C_OBJS   := $(C_SRCS:%.c=$(BUILD)/obj/%.o)
 TEST_SRCS := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+BENCH_SRCS := $(wildcard bench/*.c)
+BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
 ifeq ($(CUDA),1)
   CU_SRCS  := $(wildcard cuda/*.cu)
@@ -43,7 +45,7 @@ else
 endif
 ALL_OBJS := $(C_OBJS) $(CU_OBJS)
 
-.PHONY: all tests test demo bench clean deps
+.PHONY: all tests test demo bench bench-bins clean deps
 all: $(BUILD)/deps.ok $(BUILD)/ctune
 
 # Missing build dependencies are installed when we are root, else named exactly.
@@ -80,7 +82,13 @@ test: tests
 demo: all
 	@bash scripts/demo.sh
 
-bench: all
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libctune.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libctune.a $(LDLIBS)
+
+bench-bins: all $(BENCH_BINS)
+
+bench: bench-bins
 	@bash scripts/bench.sh
 
 clean:

@@ -6,7 +6,7 @@
 #   3. compares the eval loss of the base model and of the trained adapter
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ctune=build/ctune
+ctune=${CTUNE:-build/ctune}
 if [ ! -f models/tiny/model.safetensors ]; then
     $ctune init --config configs/models/tiny/config.json --out models/tiny --seed 0
 fi

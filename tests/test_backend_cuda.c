@@ -258,7 +258,7 @@ TEST(rope_matches_cpu_forward_and_inverse_on_partial_dims)
 static void attention_case(const int *lens, int n_docs, int pad, int nq, int nkv, int D, int window,
                            int with_sinks)
 {
-    int32_t cu[16];
+    int32_t *cu = ct_malloc(sizeof(int32_t) * (n_docs + 1));
     int max_seqlen = 0;
     cu[0] = 0;
     for (int d = 0; d < n_docs; d++) {
@@ -309,7 +309,7 @@ static void attention_case(const int *lens, int n_docs, int pad, int nq, int nkv
         CHECK(e < 4e-2, "%s rel err %g", names[s], e);
     }
     drop(pqkv); drop(pcu); drop(ps); drop(po); drop(plse); drop(pout); drop(pdo); drop(pd);
-    free(qkv); free(dout); free(o); free(lse);
+    free(qkv); free(dout); free(o); free(lse); free(cu);
 }
 
 TEST(attention_one_token_and_odd_documents_mha_d64)
@@ -345,6 +345,35 @@ TEST(attention_window_longer_than_document_d32)
     NEED_GPU();
     int lens[] = {1, 33, 100};
     attention_case(lens, 3, 2, 4, 2, 32, 128, 0);
+}
+
+/* Tiles strictly inside the window take the mask-free path; tiles at the window's
+ * lower edge and on the diagonal take the masked one. */
+TEST(attention_window_with_interior_tiles_gqa2_d128)
+{
+    NEED_GPU();
+    int lens[] = {1000, 77};
+    attention_case(lens, 2, 4, 4, 2, 128, 300, 0);
+}
+
+TEST(attention_window_with_interior_tiles_gqa2_d64)
+{
+    NEED_GPU();
+    int lens[] = {70, 1100};
+    attention_case(lens, 2, 0, 4, 2, 64, 257, 1);
+}
+
+/* More than a thousand documents, mostly short, some empty, a few over several
+ * tiles: the work list (one entry per 64-row tile, scanned 1024 documents at a
+ * time) must map every tile to its document. */
+TEST(attention_many_short_documents_gqa2_d128)
+{
+    NEED_GPU();
+    enum { N = 1100 };
+    int lens[N];
+    for (int d = 0; d < N; d++)
+        lens[d] = d % 37 == 5 ? 0 : d % 50 == 7 ? 64 + (int)ct_rng_below(&rng, 200) : 1 + (int)ct_rng_below(&rng, 24);
+    attention_case(lens, N, 9, 2, 1, 128, 0, 1);
 }
 
 TEST(attention_bwd_is_bit_reproducible)
@@ -503,6 +532,9 @@ int main(void)
     RUN(attention_gqa8_d128_4097_token_document);
     RUN(attention_sliding_window_with_sinks_gqa4_d64);
     RUN(attention_window_longer_than_document_d32);
+    RUN(attention_window_with_interior_tiles_gqa2_d128);
+    RUN(attention_window_with_interior_tiles_gqa2_d64);
+    RUN(attention_many_short_documents_gqa2_d128);
     RUN(attention_bwd_is_bit_reproducible);
     RUN(swiglu_fwd_bwd_match_cpu);
     RUN(add_and_copy_2d_match_cpu);

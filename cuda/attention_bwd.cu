@@ -1,0 +1,356 @@
+/* attention_bwd.cu — backward of the varlen causal GQA flash attention: delta,
+ * then dq and dk/dv in two deterministic kernels. The algorithm, layouts, work
+ * list and pipelining are described in attention.cu's header comment. */
+#include "attention.cuh"
+
+// ---- kernels ----
+
+/* delta (nq, T) = rowsum(dout * out) and lse2 (nq, T) = lse * log2 e, head-major,
+ * one warp per (token, head). */
+template <int D>
+__global__ void attn_delta_kernel(float *delta, float *lse2, const bf16 *dout, int lddo, const bf16 *out,
+                                  int ldo, const float *lse, int T, int nq)
+{
+    size_t w = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (w >= (size_t)T * nq) return;
+    size_t t = w / nq, h = w % nq;
+    float acc = 0.0f;
+    for (int i = lane * 8; i < D; i += 256) {
+        float a[8], b[8];
+        load8(a, dout + t * lddo + h * D + i);
+        load8(b, out + t * ldo + h * D + i);
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc += a[j] * b[j];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) {
+        delta[h * T + t] = acc;
+        lse2[h * T + t] = lse[w] * LOG2E;
+    }
+}
+
+/* dq for one 64-query tile: dS = P (dP - delta), dq = scale * dS K. */
+template <int D>
+__global__ void __launch_bounds__(THREADS)
+attn_bwd_dq_kernel(bf16 *dq, int lddq, const bf16 *dout, int lddo, const float *lse2,
+                   const float *delta, const bf16 *q, int ldq, const bf16 *k, int ldk,
+                   const bf16 *v, int ldv, const int4 *tiles, int T, int nq, int group,
+                   float scale, float scale_log2, int window)
+{
+    constexpr int TS = TILE * Cfg<D>::ROW;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *Qs = (bf16 *)smem_raw, *dOs = Qs + TS, *Ks = dOs + TS, *Vs = Ks + 2 * TS; /* K, V: two stages */
+    const int h = blockIdx.x % nq, kvh = h / group;
+    const int4 tl = tiles[blockIdx.x / nq];
+    const int start = tl.x, len = tl.y;
+    if (len == 0) return;
+    const int q0 = ((len + TILE - 1) / TILE - 1 - tl.z) * TILE;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    const int kmin = window > 0 ? max(0, q0 - window + 1) / TILE * TILE : 0;
+    const int kend = min(len, q0 + TILE);
+    const int n = (kend - kmin + TILE - 1) / TILE;
+    const bf16 *kb = k + (size_t)start * ldk + (size_t)kvh * D, *vb = v + (size_t)start * ldv + (size_t)kvh * D;
+    load_tile_async<D, TILE>(Qs, q + (size_t)(start + q0) * ldq + (size_t)h * D, ldq, min(TILE, len - q0));
+    load_tile_async<D, TILE>(dOs, dout + (size_t)(start + q0) * lddo + (size_t)h * D, lddo, min(TILE, len - q0));
+    load_tile_async<D, TILE>(Ks, kb + (size_t)kmin * ldk, ldk, min(TILE, len - kmin));
+    load_tile_async<D, TILE>(Vs, vb + (size_t)kmin * ldv, ldv, min(TILE, len - kmin));
+    cp_async_commit();
+
+    const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
+    float lse2r[2], dl[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        size_t t = (size_t)h * T + start + row[r];
+        lse2r[r] = row[r] < len ? lse2[t] : 0.0f;
+        dl[r] = row[r] < len ? delta[t] : 0.0f;
+    }
+    float acc[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
+    for (int it = 0; it < n; it++) {
+        const int k0 = kmin + it * TILE;
+        const bf16 *Kc = Ks + (it & 1) * TS, *Vc = Vs + (it & 1) * TS;
+        if (it + 1 < n) {
+            const int kn = k0 + TILE;
+            load_tile_async<D, TILE>(Ks + ((it + 1) & 1) * TS, kb + (size_t)kn * ldk, ldk, min(TILE, len - kn));
+            load_tile_async<D, TILE>(Vs + ((it + 1) & 1) * TS, vb + (size_t)kn * ldv, ldv, min(TILE, len - kn));
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads(); /* stage it & 1 (and, at it = 0, Q and dO) has landed */
+
+        float s[TILE / 8][4], dp[TILE / 8][4];
+#pragma unroll
+        for (int i = 0; i < TILE / 8; i++)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t qa[4], da[4];
+            ldsm_a<D>(qa, Qs, warp * 16, kk * 16);
+            ldsm_a<D>(da, dOs, warp * 16, kk * 16);
+#pragma unroll
+            for (int j = 0; j < TILE / 16; j++) {
+                uint32_t b[4];
+                ldsm_bt<D>(b, Kc, j * 16, kk * 16);
+                mma16816(s[2 * j], qa, b[0], b[1]);
+                mma16816(s[2 * j + 1], qa, b[2], b[3]);
+                ldsm_bt<D>(b, Vc, j * 16, kk * 16);
+                mma16816(dp[2 * j], da, b[0], b[1]);
+                mma16816(dp[2 * j + 1], da, b[2], b[3]);
+            }
+        }
+        if (needs_mask(q0, TILE, k0, len, window)) {
+#pragma unroll
+            for (int nt = 0; nt < TILE / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (!visible(row[e / 2], k0 + nt * 8 + 2 * (lane % 4) + (e & 1), len, window))
+                        s[nt][e] = -INFINITY;
+        }
+#pragma unroll
+        for (int nt = 0; nt < TILE / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(s[nt][e] * scale_log2 - lse2r[e / 2]); /* masked: exp2(-inf) = 0 */
+                s[nt][e] = p;
+                dp[nt][e] = p * (dp[nt][e] - dl[e / 2]);
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < TILE / 16; kk++) {
+            uint32_t a[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]), pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
+                             pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                             pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+#pragma unroll
+            for (int j = 0; j < D / 16; j++) {
+                uint32_t b[4];
+                ldsm_b<D>(b, Kc, kk * 16, j * 16);
+                mma16816(acc[2 * j], a, b[0], b[1]);
+                mma16816(acc[2 * j + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads(); /* stage it & 1 is consumed */
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (row[r] >= len) continue;
+        bf16 *drow = dq + ((size_t)start + row[r]) * lddq + (size_t)h * D + 2 * (lane % 4);
+#pragma unroll
+        for (int i = 0; i < D / 8; i++)
+            *(__nv_bfloat162 *)(drow + i * 8) = __floats2bfloat162_rn(acc[i][2 * r] * scale, acc[i][2 * r + 1] * scale);
+    }
+}
+
+/* dk, dv for one 64-key tile of one kv head, summed over its query heads:
+ * dv = P^T dO, dk = scale * dS^T Q, with P^T and dS^T computed key-major. The
+ * (head, query tile) steps run as one sequence so that the two-stage pipeline
+ * crosses head boundaries; the sum order (heads, then queries ascending) is fixed. */
+template <int D>
+__global__ void __launch_bounds__(THREADS)
+attn_bwd_dkdv_kernel(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, int lddo,
+                     const float *lse2, const float *delta, const bf16 *q, int ldq, const bf16 *k,
+                     int ldk, const bf16 *v, int ldv, const int4 *tiles, int T, int nkv, int group,
+                     float scale, float scale_log2, int window)
+{
+    constexpr int ROW = Cfg<D>::ROW, QT = Cfg<D>::QT, QS = QT * ROW;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *Ks = (bf16 *)smem_raw, *Vs = Ks + TILE * ROW;
+    bf16 *Qs = Vs + TILE * ROW, *dOs = Qs + 2 * QS;            /* two stages each */
+    float *lse2_s = (float *)(dOs + 2 * QS), *dl_s = lse2_s + 2 * QT; /* (2, QT) each */
+    const int kvh = blockIdx.x % nkv;
+    const int4 tl = tiles[blockIdx.x / nkv];
+    const int start = tl.x, len = tl.y;
+    if (len == 0) return;
+    const int k0 = tl.z * TILE;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    /* Queries that see some key of this tile: i >= k0 and i < k0 + TILE - 1 + window. */
+    const int qend = window > 0 ? min(len, k0 + TILE - 1 + window) : len;
+    const int nqt = (qend - k0 + QT - 1) / QT, nsteps = nqt * group;
+    auto issue = [&](int step, int stage) {
+        const int h = kvh * group + step / nqt, q0 = k0 + (step % nqt) * QT, valid = min(QT, len - q0);
+        load_tile_async<D, QT>(Qs + stage * QS, q + (size_t)(start + q0) * ldq + (size_t)h * D, ldq, valid);
+        load_tile_async<D, QT>(dOs + stage * QS, dout + (size_t)(start + q0) * lddo + (size_t)h * D, lddo, valid);
+        if (threadIdx.x < 2 * QT) {
+            const int i = threadIdx.x % QT;
+            const bool ok = i < valid;
+            const float *src = (threadIdx.x < QT ? lse2 : delta) + (size_t)h * T + start + q0 + (ok ? i : 0);
+            cp_async4((threadIdx.x < QT ? lse2_s : dl_s) + stage * QT + i, src, ok);
+        }
+    };
+    load_tile_async<D, TILE>(Ks, k + (size_t)(start + k0) * ldk + (size_t)kvh * D, ldk, min(TILE, len - k0));
+    load_tile_async<D, TILE>(Vs, v + (size_t)(start + k0) * ldv + (size_t)kvh * D, ldv, min(TILE, len - k0));
+    issue(0, 0);
+    cp_async_commit();
+
+    const int key[2] = {k0 + warp * 16 + lane / 4, k0 + warp * 16 + lane / 4 + 8};
+    float dka[D / 8][4], dva[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++)
+        dka[i][0] = dka[i][1] = dka[i][2] = dka[i][3] = dva[i][0] = dva[i][1] = dva[i][2] = dva[i][3] = 0.0f;
+
+    for (int step = 0; step < nsteps; step++) {
+        const int stage = step & 1, q0 = k0 + (step % nqt) * QT;
+        if (step + 1 < nsteps) {
+            issue(step + 1, stage ^ 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads(); /* this stage (and, at step 0, K and V) has landed */
+        const bf16 *Qc = Qs + stage * QS, *dOc = dOs + stage * QS;
+        const float *lse2c = lse2_s + stage * QT, *dlc = dl_s + stage * QT;
+
+        float s[QT / 8][4], dp[QT / 8][4];
+#pragma unroll
+        for (int i = 0; i < QT / 8; i++)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t ka[4], va[4];
+            ldsm_a<D>(ka, Ks, warp * 16, kk * 16);
+            ldsm_a<D>(va, Vs, warp * 16, kk * 16);
+#pragma unroll
+            for (int j = 0; j < QT / 16; j++) {
+                uint32_t b[4];
+                ldsm_bt<D>(b, Qc, j * 16, kk * 16);
+                mma16816(s[2 * j], ka, b[0], b[1]);
+                mma16816(s[2 * j + 1], ka, b[2], b[3]);
+                ldsm_bt<D>(b, dOc, j * 16, kk * 16);
+                mma16816(dp[2 * j], va, b[0], b[1]);
+                mma16816(dp[2 * j + 1], va, b[2], b[3]);
+            }
+        }
+        /* s holds S^T (keys x queries): element e of n-tile nt is key key[e/2],
+         * query q0 + nt*8 + 2*(lane%4) + (e&1). Now P^T -> s, dS^T -> dp. */
+        if (needs_mask(q0, QT, k0, len, window)) {
+#pragma unroll
+            for (int nt = 0; nt < QT / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (!visible(q0 + nt * 8 + 2 * (lane % 4) + (e & 1), key[e / 2], len, window))
+                        s[nt][e] = -INFINITY;
+        }
+#pragma unroll
+        for (int nt = 0; nt < QT / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int qi = nt * 8 + 2 * (lane % 4) + (e & 1);
+                float p = exp2f(s[nt][e] * scale_log2 - lse2c[qi]); /* masked: exp2(-inf) = 0 */
+                s[nt][e] = p;
+                dp[nt][e] = p * (dp[nt][e] - dlc[qi]);
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < QT / 16; kk++) {
+            uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            uint32_t da[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]), pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
+                              pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                              pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+#pragma unroll
+            for (int j = 0; j < D / 16; j++) {
+                uint32_t b[4];
+                ldsm_b<D>(b, dOc, kk * 16, j * 16);
+                mma16816(dva[2 * j], pa, b[0], b[1]);
+                mma16816(dva[2 * j + 1], pa, b[2], b[3]);
+                ldsm_b<D>(b, Qc, kk * 16, j * 16);
+                mma16816(dka[2 * j], da, b[0], b[1]);
+                mma16816(dka[2 * j + 1], da, b[2], b[3]);
+            }
+        }
+        __syncthreads(); /* this stage is consumed */
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (key[r] >= len) continue;
+        size_t t = (size_t)start + key[r];
+        bf16 *krow = dk + t * lddk + (size_t)kvh * D + 2 * (lane % 4);
+        bf16 *vrow = dv + t * lddv + (size_t)kvh * D + 2 * (lane % 4);
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) {
+            *(__nv_bfloat162 *)(krow + i * 8) = __floats2bfloat162_rn(dka[i][2 * r] * scale, dka[i][2 * r + 1] * scale);
+            *(__nv_bfloat162 *)(vrow + i * 8) = __floats2bfloat162_rn(dva[i][2 * r], dva[i][2 * r + 1]);
+        }
+    }
+}
+
+// ---- launchers ----
+
+template <int D> static size_t dq_smem() { return (size_t)6 * TILE * Cfg<D>::ROW * 2; }
+template <int D> static size_t dkdv_smem()
+{
+    return (size_t)(2 * TILE + 4 * Cfg<D>::QT) * Cfg<D>::ROW * 2 + 4 * Cfg<D>::QT * sizeof(float);
+}
+
+template <int D> static void attention_bwd_init_d()
+{
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem<D>()));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem<D>()));
+}
+
+void attention_bwd_init(void)
+{
+    attention_bwd_init_d<32>();
+    attention_bwd_init_d<64>();
+    attention_bwd_init_d<128>();
+}
+
+template <int D>
+static void bwd_launch(cudaStream_t st, float *delta, float *lse2, const int4 *tiles, size_t slots,
+                       bf16 *dq, int lddq, bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout,
+                       int lddo, const bf16 *out, int ldo, const float *lse, const bf16 *q, int ldq,
+                       const bf16 *k, int ldk, const bf16 *v, int ldv, int T, int nq, int nkv,
+                       float scale, int window)
+{
+    size_t rows = (size_t)T * nq;
+    attn_delta_kernel<D><<<grid_for(rows, 8), 256, 0, st>>>(delta, lse2, dout, lddo, out, ldo, lse, T, nq);
+    LAUNCH_CHECK();
+    attn_bwd_dq_kernel<D><<<(unsigned)(slots * nq), THREADS, dq_smem<D>(), st>>>(
+        dq, lddq, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, T, nq, nq / nkv, scale,
+        scale * LOG2E, window);
+    LAUNCH_CHECK();
+    attn_bwd_dkdv_kernel<D><<<(unsigned)(slots * nkv), THREADS, dkdv_smem<D>(), st>>>(
+        dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, T, nkv, nq / nkv,
+        scale, scale * LOG2E, window);
+    LAUNCH_CHECK();
+}
+
+void cuda_attention_bwd(ct_backend *be, void *dq, int lddq, void *dk, int lddk, void *dv, int lddv,
+                        const void *dout, int lddo, const void *out, int ldo, const float *lse,
+                        const void *q, int ldq, const void *k, int ldk, const void *v, int ldv,
+                        const int32_t *cu_seqlens, int n_docs, int max_seqlen, int T, int nq,
+                        int nkv, int D, float scale, int window, const float *sinks)
+{
+    const void *ptrs[] = {dq, dk, dv, dout, out, q, k, v};
+    const int lds[] = {lddq, lddk, lddv, lddo, ldo, ldq, ldk, ldv};
+    attn_check_args("attention_bwd", D, nq, nkv, T, n_docs, max_seqlen, ptrs, lds, 8);
+    if (T == 0) return;
+    cuda_ctx *c = ctx_of(be);
+    tail_zero z = {{(bf16 *)dq, (bf16 *)dk, (bf16 *)dv}, {lddq, lddk, lddv}, {nq * D, nkv * D, nkv * D}, NULL, 0};
+    attn_zero_tail(c->stream, z, cu_seqlens, n_docs, T);
+    size_t slots = attn_tile_slots(T, n_docs, max_seqlen);
+    if (slots == 0) return;
+    /* The sinks enter backward only through lse (they have no value rows and are
+     * frozen), so they are not read here. */
+    size_t head_rows = scratch_round((size_t)T * nq * sizeof(float));
+    scratch_carver sc = {(char *)cuda_scratch(c, 2 * head_rows + attn_tiles_bytes(n_docs, slots)), 0};
+    float *delta = (float *)scratch_take(&sc, (size_t)T * nq * sizeof(float));
+    float *lse2 = (float *)scratch_take(&sc, (size_t)T * nq * sizeof(float));
+    const int4 *tiles = attn_build_tiles(c->stream, &sc, cu_seqlens, n_docs, slots);
+    bf16 *a = (bf16 *)dq, *b = (bf16 *)dk, *cc = (bf16 *)dv;
+    const bf16 *go = (const bf16 *)dout, *o = (const bf16 *)out;
+    const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
+    if (D == 32) bwd_launch<32>(c->stream, delta, lse2, tiles, slots, a, lddq, b, lddk, cc, lddv, go, lddo, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, T, nq, nkv, scale, window);
+    else if (D == 64) bwd_launch<64>(c->stream, delta, lse2, tiles, slots, a, lddq, b, lddk, cc, lddv, go, lddo, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, T, nq, nkv, scale, window);
+    else bwd_launch<128>(c->stream, delta, lse2, tiles, slots, a, lddq, b, lddk, cc, lddv, go, lddo, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, T, nq, nkv, scale, window);
+}
+

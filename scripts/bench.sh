@@ -13,6 +13,7 @@ SHAPES=${SHAPES:-qwen3-0.6b}
 STEPS=${STEPS:-30}
 WARMUP=${WARMUP:-5}
 HF_MODES=${HF_MODES:-"packed packed-ckpt"}
+CTUNE_MODES=${CTUNE_MODES:-"ckpt nockpt"}
 mkdir -p "$OUT"
 : >"$OUT/bench.jsonl"
 
@@ -28,28 +29,33 @@ for shape in $SHAPES; do
         python3 scripts/make_bench_data.py --vocab "$vocab" --tokens $((16384 * (STEPS + 10))) --out "$OUT/$shape.jsonl"
         "$B/ctune" prepare --in "$OUT/$shape.jsonl" --out "$data" --vocab-size "$vocab" >/dev/null
     fi
-    run=$OUT/ctune-$shape
+    gflop=$(python3 scripts/flops.py "configs/models/$shape/config.json" "$data/train.shard")
+    for cmode in $CTUNE_MODES; do
+    ck=true; [ "$cmode" = nockpt ] && ck=false
+    run=$OUT/ctune-$shape-$cmode
     rm -rf "$run"
     peak_start
     "$B/ctune" train configs/qwen3-0.6b.yaml --set model="$model" --set output_dir="$run" \
         --set "data.train_files=[$data/train.shard]" --set training.max_steps="$STEPS" \
-        --set training.warmup_steps=2 --set training.logging_steps=1 >"$OUT/ctune-$shape.log" 2>&1
+        --set memory.gradient_checkpointing=$ck \
+        --set training.warmup_steps=2 --set training.logging_steps=1 >"$run.log" 2>&1
     rc=$?
     peak=$(peak_stop)
-    python3 - "$run/metrics.jsonl" "$WARMUP" "$shape" "$peak" "$rc" "$OUT/ctune-$shape.log" >>"$OUT/bench.jsonl" <<'PY'
+    python3 - "$run/metrics.jsonl" "$WARMUP" "$shape" "$peak" "$rc" "$run.log" "$cmode" "$gflop" >>"$OUT/bench.jsonl" <<'PY'
 import json, statistics, sys, re
-path, warm, shape, peak, rc, log = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
+path, warm, shape, peak, rc, log, mode, gflop = sys.argv[1:9]
 try:
     rows = [json.loads(l) for l in open(path) if '"loss"' in l]
 except OSError:
     rows = []
-tps = [r["tokens_per_second"] for r in rows if r["step"] > warm]
+tps = [r["tokens_per_second"] for r in rows if r["step"] > int(warm)]
 syncs = re.findall(r"host syncs per step: ([0-9.]+)", open(log).read())
-print(json.dumps({"shape": shape, "system": "ctune", "rc": int(rc),
+print(json.dumps({"shape": shape, "system": "ctune " + mode, "rc": int(rc),
                   "tokens_per_s": round(statistics.median(tps), 1) if tps else None,
-                  "steps_timed": len(tps), "peak_gib_smi": float(peak or 0),
+                  "steps_timed": len(tps), "peak_gib_smi": float(peak or 0), "gflop_per_token": float(gflop),
                   "host_syncs_per_step": float(syncs[0]) if syncs else None}))
 PY
+    done
     for mode in $HF_MODES; do
         args="--mode ${mode%-ckpt}"
         [ "${mode%-ckpt}" != "$mode" ] && args="$args --checkpointing"
@@ -60,15 +66,20 @@ PY
         peak=$(peak_stop)
         line=$(grep '^{' "$OUT/hf-$shape-$mode.log" | tail -n 1)
         [ -n "$line" ] || line="{\"system\": \"hf+peft $mode\", \"rc\": $rc, \"error\": \"$(tail -n 1 "$OUT/hf-$shape-$mode.log" | tr -d '"\\' | cut -c1-120)\"}"
-        python3 -c "import json,sys; d=json.loads(sys.argv[1]); d.update(shape=sys.argv[2], peak_gib_smi=float(sys.argv[3] or 0)); print(json.dumps(d))" \
-            "$line" "$shape" "$peak" >>"$OUT/bench.jsonl"
+        python3 -c "import json,sys; d=json.loads(sys.argv[1]); d.update(shape=sys.argv[2], peak_gib_smi=float(sys.argv[3] or 0), gflop_per_token=float(sys.argv[4])); print(json.dumps(d))" \
+            "$line" "$shape" "$peak" "$gflop" >>"$OUT/bench.jsonl"
     done
 done
 python3 - "$OUT/bench.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print(f"{'shape':<14} {'system':<28} {'tok/s':>10} {'peak GiB':>9} {'syncs/step':>10}")
+base = {r["shape"]: r.get("tokens_per_s") for r in rows if r["system"] == "hf+peft packed sdpa"}
+print(f"{'shape':<14} {'system':<26} {'tok/s':>9} {'MFU':>6} {'peak GiB':>9} {'syncs/step':>10} {'vs HF packed':>12}")
 for r in rows:
-    print(f"{r['shape']:<14} {r['system']:<28} {str(r.get('tokens_per_s')):>10} {r.get('peak_gib_smi', 0):>9} "
-          f"{str(r.get('host_syncs_per_step', '')):>10}")
+    t = r.get("tokens_per_s")
+    mfu = f"{100 * r['gflop_per_token'] * t / 790e3:.1f}%" if t and r.get("gflop_per_token") else "-"
+    ratio = f"{t / base[r['shape']]:.2f}x" if t and base.get(r["shape"]) else "-"
+    err = "" if t else " " + str(r.get("error", "failed"))[:60]
+    print(f"{r['shape']:<14} {r['system']:<26} {str(t):>9} {mfu:>6} {r.get('peak_gib_smi', 0):>9} "
+          f"{str(r.get('host_syncs_per_step', '')):>10} {ratio:>12}{err}")
 PY

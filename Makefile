@@ -3,6 +3,9 @@
 #   make test     build and run every test; ends with "N passed, N failed"
 #   make demo     the quick start: tiny model, bundled data, a short training run
 #   make bench    GPU benchmarks (on a machine with a GPU)
+#   make test-asan  the CPU test suite under AddressSanitizer + UBSan (build-asan/)
+#   make fuzz     libFuzzer targets (clang) for every untrusted-input reader, each
+#                 run FUZZ_SECONDS (default 60); see docs/RELIABILITY.md
 # Options: STATIC=0 links libyaml and zlib dynamically (default: statically when
 # their .a files exist, so the binary runs on machines that lack them);
 # CUDA=0 forces a CPU-only build.
@@ -45,7 +48,7 @@ else
 endif
 ALL_OBJS := $(C_OBJS) $(CU_OBJS)
 
-.PHONY: all tests test demo bench bench-bins clean deps
+.PHONY: all tests test demo bench bench-bins clean deps test-asan fuzz fuzz-bins
 all: $(BUILD)/deps.ok $(BUILD)/ctune
 
 # Missing build dependencies are installed when we are root, else named exactly.
@@ -68,11 +71,11 @@ $(BUILD)/libctune.a: $(ALL_OBJS)
 	ar rcs $@ $^
 
 $(BUILD)/ctune: $(BUILD)/obj/src/main.o $(BUILD)/libctune.a
-	$(CC) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libctune.a tests/check.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libctune.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -Itests -Ifuzz -o $@ $< $(BUILD)/libctune.a $(LDLIBS)
 
 tests: all $(TEST_BINS)
 
@@ -91,7 +94,42 @@ bench-bins: all $(BENCH_BINS)
 bench: bench-bins
 	@bash scripts/bench.sh
 
-clean:
-	rm -rf $(BUILD)
+# The CPU suite again with every object built under ASan + UBSan; a sanitizer
+# report aborts the test that triggered it (no recovery), so it counts as failed.
+# GCC leaves float-cast-overflow out of 'undefined'; it is what a huge config value trips.
+# CFLAGS goes through the environment so the Makefile's own flags still append
+# to it; libyaml/zlib link shared (their static archives gain nothing here).
+ASAN_FLAGS := -O1 -g -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=all
+test-asan:
+	CFLAGS="$(ASAN_FLAGS)" LDFLAGS="-fsanitize=address,undefined,float-cast-overflow" $(MAKE) BUILD=build-asan CUDA=0 STATIC=0 tests
+	CTUNE_SANITIZED=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    bash tests/run_tests.sh build-asan
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+# libFuzzer targets: fuzz/fuzz_NAME.c linked with the readers it exercises, all
+# built by clang into build-fuzz/: the readers with -fsanitize=fuzzer-no-link
+# (coverage) + ASan + UBSan, each target with -fsanitize=fuzzer (libFuzzer's main).
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_SAN     := address,undefined,float-cast-overflow
+FUZZ_CFLAGS  := -O1 -g -std=c11 -D_GNU_SOURCE -DCT_LIBFUZZER -Isrc -Ifuzz -fno-omit-frame-pointer \
+                -fno-sanitize-recover=all -MMD -MP
+FUZZ_LIB     := src/common.c src/json.c src/config.c src/safetensors.c src/shard.c src/model_config.c
+FUZZ_OBJS    := $(FUZZ_LIB:src/%.c=build-fuzz/obj/%.o)
+FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
+
+build-fuzz/obj/%.o: src/%.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,$(FUZZ_SAN) -c $< -o $@
+
+build-fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_OBJS)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $< $(FUZZ_OBJS) -lyaml -lz -lm
+
+fuzz-bins: $(FUZZ_TARGETS:%=build-fuzz/fuzz_%)
+
+fuzz: fuzz-bins
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) bash fuzz/run.sh $(FUZZ_TARGETS)
+
+clean:
+	rm -rf $(BUILD) build-asan build-fuzz
+
+-include $(shell find $(BUILD)/obj build-fuzz -name '*.d' 2>/dev/null)

@@ -147,6 +147,13 @@ static void cuda_sync(ct_backend *be)
     CUDA_CHECK(cudaStreamSynchronize(ctx_of(be)->stream));
 }
 
+static size_t cuda_memory_used(ct_backend *be)
+{
+    size_t free_b = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+    return total - free_b;
+}
+
 static void cuda_destroy(ct_backend *be)
 {
     if (!be) return;
@@ -211,6 +218,7 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     be->act_to_f32 = cuda_act_to_f32;
     be->sync = cuda_sync;
     be->destroy = cuda_destroy;
+    be->memory_used = cuda_memory_used;
     be->embedding = cuda_embedding;
     be->rmsnorm_fwd = cuda_rmsnorm_fwd;
     be->rmsnorm_bwd = cuda_rmsnorm_bwd;
@@ -221,6 +229,7 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     be->rope = cuda_rope;
     be->attention_fwd = cuda_attention_fwd;
     be->attention_bwd = cuda_attention_bwd;
+    be->attention_decode = cuda_attention_decode;
     be->swiglu_fwd = cuda_swiglu_fwd;
     be->swiglu_bwd = cuda_swiglu_bwd;
     be->add = cuda_add;
@@ -228,5 +237,7 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     be->cross_entropy = cuda_cross_entropy;
     be->sum_squares = cuda_sum_squares;
     be->adamw = cuda_adamw;
+    /* The mixture-of-experts ops (be->moe_*) are not implemented on the GPU yet:
+     * they stay NULL (ct_calloc), and model_load refuses MoE models here. */
     return be;
 }

@@ -150,6 +150,11 @@ void cuda_attention_bwd(ct_backend *be, void *dq, int lddq, void *dk, int lddk, 
                         const int32_t *cu_seqlens, int n_docs, int max_seqlen, int T, int nq,
                         int nkv, int D, float scale, int window, const float *sinks);
 
+/* decode.cu */
+void cuda_attention_decode(ct_backend *be, void *out, int ldo, const void *q, int ldq, const void *k,
+                           int ldk, const void *v, int ldv, int Tq, int n_past, int nq, int nkv, int D,
+                           float scale, int window, const float *sinks);
+
 /* loss.cu */
 void cuda_cross_entropy(ct_backend *be, float *loss_sum, void *dx, const void *x, const void *W,
                         const int32_t *rows, const int32_t *targets, int n, int H, int V,

@@ -8,7 +8,9 @@
  * adamw: torch.optim.AdamW (single-tensor path) after clip_grad_norm_, exactly as
  * backend.h and the CPU backend state it: the clip coefficient is computed by
  * each thread from norm_sq[0] on the device (no host sync); bias corrections are
- * computed on the host in double, as torch does from a Python float step. */
+ * computed on the host in double, as torch does from a Python float step. A
+ * non-finite norm_sq makes every thread return at once: the step is skipped
+ * (optim.h's non-finite guard), with no host sync to decide it. */
 #include "ct_cuda.cuh"
 
 #include <math.h>
@@ -51,7 +53,7 @@ __global__ void adamw_kernel(float *p, const float *grad, float *m, float *v, si
                              float eps, float step_size, float bc2_sqrt)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+    if (i >= n || !isfinite(norm_sq[0])) return; /* a NaN/inf gradient: skip the step (optim.h's guard) */
     float clip = 1.0f;
     if (max_norm > 0.0f) {
         float c = max_norm / (sqrtf(norm_sq[0]) + 1e-6f);

@@ -13,6 +13,25 @@ Needs torch, transformers, peft and safetensors (no network). Two modes:
   Writes "loss" (F32 [1]) and every LoRA gradient under its PEFT saved name
   (base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight), fp32.
 
+  Mixture-of-experts adapters (qwen3_moe, mixtral) are saved per expert
+  (...mlp.experts.E.gate_proj.lora_A.weight; mixtral ...block_sparse_moe.experts.E.w1).
+  transformers v4 has those modules and the gradients carry those names as they
+  are. transformers v5 fuses the experts into nn.Parameters and PEFT converts the
+  adapter on load (peft/utils/transformers_weight_conversion.py): each layer gets
+  ...mlp.experts.base_layer.lora_A/B (gate_up_proj: A [E*2r, H] = per expert the
+  gate then the up A; B [2I, 2r*E], column j*E + e, block-diagonal: gate rows
+  with ranks 0..r-1, up rows with ranks r..2r-1, zeros elsewhere; rank 2r and
+  alpha 2*alpha keep the scale) and ...mlp.experts.lora_A/B (down_proj: A [E*r, I],
+  B [H, r*E], column j*E + e). The gradients of those fused parameters are split
+  back into the per-expert names (the off-diagonal blocks are not parameters of
+  the per-expert adapter: their gradients are dropped in grads mode and zeroed
+  before each optimizer step in train mode, so those entries stay 0). Which
+  fused parameter a wrapper holds is read from PEFT's ParamWrapper.parameter_name.
+  gpt_oss adapters are in the target_parameters format already (its experts are
+  parameters in every transformers version) and keep their names. Checked with
+  torch 2.11, transformers 5.17.0 and peft 0.21.0 (tests/fixtures/parity_qwen3_moe,
+  parity_mixtral, parity_gpt_oss agree with ctune to <= 3e-5).
+
   train: replays a ctune run step by step and compares the per-step losses
     python3 scripts/hf_parity.py train --model DIR --adapter INIT_ADAPTER_DIR \\
         --shards S1 [S2...] --trace BATCHES.jsonl --metrics METRICS.jsonl \\
@@ -232,19 +251,106 @@ def load_model(args):
         params.append((re.sub(r"\.default(?=\.|$)", "", name), p))
     if not params:
         die(args.adapter, "PEFT made no trainable parameters from this adapter")
-    check_names(args.adapter, [n for n, _ in params])
+    model.ctune_fused = fused_experts(model, args.adapter, params)
+    check_names(args.adapter, list(ctune_grads(model, params)))
     return model, params
 
 
-def check_names(adapter_dir, names):
-    """Warns when the trainable parameters and the adapter file's tensors differ."""
+def fused_experts(model, adapter_dir, params):
+    """{saved name of a fused v5 expert LoRA parameter: (kind, A|B, layer)}, kind
+    gate_up_proj or down_proj, read from the ParamWrapper that owns it. Names the
+    adapter file holds as they are (gpt_oss's target_parameters) stay fused."""
+    saved = adapter_keys(adapter_dir) or set()
+    wrappers = {}
+    for mname, mod in model.named_modules():
+        pn = getattr(mod, "parameter_name", None)
+        if isinstance(pn, str):
+            wrappers[re.sub(r"\.default(?=\.|$)", "", mname)] = pn.rsplit(".", 1)[-1]
+    out = {}
+    for name, _ in params:
+        m = re.match(r"^(.*\.layers\.(\d+)\.\w+\.experts(?:\.base_layer)?)\.lora_([AB])\.weight$", name)
+        if not m or name in saved:
+            continue
+        kind = wrappers.get(m.group(1))
+        if kind not in ("gate_up_proj", "down_proj"):
+            die(adapter_dir, f"cannot tell which expert parameter {name} adapts (PEFT wrapper: {kind!r})")
+        out[name] = (kind, m.group(3), int(m.group(2)))
+    return out
+
+
+def expert_names(model_type):
+    """(block, gate, up, down) of the per-expert saved names."""
+    if model_type == "mixtral":
+        return "block_sparse_moe", "w1", "w3", "w2"
+    return "mlp", "gate_proj", "up_proj", "down_proj"
+
+
+def ctune_grads(model, params):
+    """{saved per-expert name: gradient (fp32, cpu)}: plain parameters as they are,
+    fused v5 expert parameters split back per expert (see the module docstring)."""
+    import torch
+    cfg = model.get_base_model().config
+    E = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    block, gate, up, down = expert_names(cfg.model_type)
+    out = {}
+    for name, p in params:
+        g = p.grad if p.grad is not None else torch.zeros_like(p)
+        g = g.detach().float().cpu()
+        if name not in model.ctune_fused:
+            out[name] = g.contiguous()
+            continue
+        kind, ab, layer = model.ctune_fused[name]
+        pre = f"base_model.model.model.layers.{layer}.{block}.experts"
+        branches = [gate, up] if kind == "gate_up_proj" else [down]
+        nb = len(branches)
+        if ab == "A":  # [E * nb*r, in]: expert-major rows, per expert the branches in order
+            rr = g.shape[0] // E
+            v = g.view(E, nb, rr // nb, g.shape[1])
+            for e in range(E):
+                for b, br in enumerate(branches):
+                    out[f"{pre}.{e}.{br}.lora_A.weight"] = v[e, b].contiguous()
+        else:  # [nb*out, nb*r*E]: column j*E + e; branch b owns rows b*out.. and ranks b*r..
+            rr = g.shape[1] // E
+            r, o = rr // nb, g.shape[0] // nb
+            v = g.view(g.shape[0], rr, E)
+            for e in range(E):
+                for b, br in enumerate(branches):
+                    out[f"{pre}.{e}.{br}.lora_B.weight"] = v[b * o:(b + 1) * o, b * r:(b + 1) * r, e].contiguous()
+    return out
+
+
+def mask_fused_grads(model, params):
+    """Zeroes the gradients of the off-diagonal blocks of fused gate_up lora_B."""
+    import torch
+    cfg = model.get_base_model().config
+    E = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    for name, p in params:
+        spec = model.ctune_fused.get(name)
+        if not spec or spec[0] != "gate_up_proj" or spec[1] != "B" or p.grad is None:
+            continue
+        rows, rr = p.shape[0], p.shape[1] // E
+        keep = torch.zeros(rows, rr, 1, dtype=p.grad.dtype, device=p.grad.device)
+        keep[: rows // 2, : rr // 2] = 1
+        keep[rows // 2:, rr // 2:] = 1
+        p.grad.mul_(keep.expand(rows, rr, E).reshape(rows, rr * E))
+
+
+def adapter_keys(adapter_dir):
+    """The tensor names of the adapter file, or None (with a warning) if unreadable."""
     from safetensors import safe_open
     path = os.path.join(adapter_dir, "adapter_model.safetensors")
     try:
         with safe_open(path, framework="pt") as f:
-            saved = set(f.keys())
+            return set(f.keys())
     except Exception as e:  # noqa: BLE001 - only a diagnostic
         print(f"warning: cannot list {path}: {e}", file=sys.stderr)
+        return None
+
+
+def check_names(adapter_dir, names):
+    """Warns when the trainable parameters and the adapter file's tensors differ."""
+    saved = adapter_keys(adapter_dir)
+    if saved is None:
         return
     for what, ks in (("not in the adapter file", set(names) - saved), ("not loaded as a parameter", saved - set(names))):
         if ks:
@@ -290,13 +396,12 @@ def cmd_grads(args):
             (ce / total).backward()
             loss_sum += float(ce.detach().double())
     loss = loss_sum / total
+    mask_fused_grads(model, params)
     out = {"loss": torch.tensor([loss], dtype=torch.float32)}
-    for name, p in params:
-        g = p.grad if p.grad is not None else torch.zeros_like(p)
-        out[name] = g.detach().float().cpu().contiguous()
+    out.update(ctune_grads(model, params))
     save_file(out, args.out, metadata={"format": "pt"})
     print(f"loss {loss:.8f} over {total} targets in {len(docs)} documents; "
-          f"{len(params)} gradient tensors (norm {grad_norm(params):.6g}) -> {args.out}")
+          f"{len(out) - 1} gradient tensors (norm {grad_norm(params):.6g}) -> {args.out}")
 
 
 def doc_inputs(doc, length):
@@ -340,6 +445,7 @@ def cmd_train(args):
         for p in plist:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        mask_fused_grads(model, params)
         norm = grad_norm(params)
         if args.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(plist, args.max_grad_norm)

@@ -1,23 +1,39 @@
 #!/usr/bin/env bash
 # parity_fixtures.sh — how the committed CPU parity fixtures tests/fixtures/NAME/
-# (NAME = parity_llama, parity_qwen3) are made, in two halves:
+# (NAME = parity_llama, parity_qwen3, parity_qwen3_moe, parity_gpt_oss, parity_mixtral) are made, in two halves:
 #
-#   bash scripts/parity_fixtures.sh local   # here, needs build/ctune (no torch)
+#   bash scripts/parity_fixtures.sh local [NAME...]   # here, needs build/ctune (no torch)
 #       model/     random bf16 weights: ctune init --config NAME/config.json --seed 3
 #       docs.jsonl 6 token-id documents (5-40 tokens, ids < 64, a -100 prompt prefix)
 #       data/      ctune prepare of docs.jsonl (train.shard)
 #       adapter/   ctune's adapter after 3 high-lr steps of NAME/train.yaml
 #                  (output_dir NAME/run), so that LoRA B is non-zero; run/ removed
 #
-#   bash scripts/parity_fixtures.sh hf      # on a machine with torch + transformers + peft
+#   bash scripts/parity_fixtures.sh hf [NAME...]      # on a machine with torch + transformers + peft
 #       expected.safetensors   HF + PEFT loss and LoRA gradients of docs.jsonl at
 #                              model/ + adapter/ (scripts/hf_parity.py grads, fp32 CPU)
 #
-# Each half regenerates its outputs from scratch; commit the results together.
+# NAMEs default to all fixtures. Each half regenerates its outputs from scratch;
+# commit the results together. A fixture's documents depend only on its place in
+# ALL (the seed), so remaking one fixture leaves the others' inputs as they were.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NAMES="parity_llama parity_qwen3"
+ALL="parity_llama parity_qwen3 parity_qwen3_moe parity_gpt_oss parity_mixtral"
 PYTHON=${PYTHON:-python3}
+select_names() { # the names after the mode, checked against ALL
+    local n
+    NAMES=${*:-$ALL}
+    for n in $NAMES; do
+        case " $ALL " in *" $n "*) ;; *) echo "unknown fixture '$n' (known: $ALL)" >&2; exit 2 ;; esac
+    done
+}
+seed_of() { # NAME -> 11 + its index in ALL
+    local i=0 n
+    for n in $ALL; do
+        [ "$n" = "$1" ] && { echo $((11 + i)); return; }
+        i=$((i + 1))
+    done
+}
 
 # 6 documents, deterministic from SEED (a 64-bit LCG: no dependence on Python's random).
 write_docs() { # SEED OUT
@@ -40,7 +56,6 @@ EOF
 
 local_half() {
     [ -x build/ctune ] || { echo "build/ctune is missing: run make first" >&2; exit 2; }
-    seed=11
     for name in $NAMES; do
         d=tests/fixtures/$name
         for f in config.json train.yaml; do
@@ -49,8 +64,7 @@ local_half() {
         echo "== $d"
         rm -rf "$d/model" "$d/data" "$d/adapter" "$d/run" "$d/docs.jsonl"
         build/ctune init --config "$d/config.json" --out "$d/model" --seed 3
-        write_docs "$seed" "$d/docs.jsonl"
-        seed=$((seed + 1))
+        write_docs "$(seed_of "$name")" "$d/docs.jsonl"
         build/ctune prepare --in "$d/docs.jsonl" --out "$d/data" --vocab-size 64
         build/ctune train "$d/train.yaml"
         [ -f "$d/run/final/adapter_model.safetensors" ] || { echo "$d/run/final has no adapter" >&2; exit 1; }
@@ -72,8 +86,11 @@ hf_half() {
     done
 }
 
-case "${1:-}" in
+mode=${1:-}
+[ $# -gt 0 ] && shift
+select_names "$@"
+case "$mode" in
     local) local_half ;;
     hf) hf_half ;;
-    *) echo "usage: bash scripts/parity_fixtures.sh local|hf" >&2; exit 2 ;;
+    *) echo "usage: bash scripts/parity_fixtures.sh local|hf [NAME...]" >&2; exit 2 ;;
 esac

@@ -11,7 +11,7 @@
  *  - Matrices are row-major. `ld*` is the row stride in elements, so an op can
  *    read or write a column slice of a fused tensor (e.g. q inside qkv).
  *  - Dimension names: T tokens, H hidden, I intermediate, V vocab, D head_dim,
- *    nq/nkv query/key-value heads, R LoRA rank.
+ *    nq/nkv query/key-value heads, R LoRA rank, E experts, K experts per token.
  *  - `accumulate` = 0 overwrites the output, 1 adds into it.
  *  - Ops are ordered on one stream; nothing waits for the device except
  *    download() and sync(). No op allocates on the hot path.
@@ -24,6 +24,14 @@
 #include "safetensors.h"
 
 typedef struct ct_backend ct_backend;
+
+/* How a mixture-of-experts router turns a token's logits (E) into K experts and
+ * their weights (moe_route). Top-K is in decreasing order. */
+typedef enum {
+    CT_MOE_SOFTMAX_TOPK,      /* p = softmax over all E (fp32); top-K of p; w = p (qwen3_moe) */
+    CT_MOE_SOFTMAX_TOPK_NORM, /* the same, then w /= sum of the K (mixtral; qwen3_moe norm_topk_prob) */
+    CT_MOE_TOPK_SOFTMAX,      /* top-K of the logits; w = softmax over those K (gpt_oss) */
+} ct_moe_rule;
 
 struct ct_backend {
     const char *name;          /* "cpu" or "cuda" */
@@ -44,6 +52,9 @@ struct ct_backend {
     void (*act_to_f32)(ct_backend *be, float *host_dst, const void *src, size_t n);    /* waits */
     void (*sync)(ct_backend *be);
     void (*destroy)(ct_backend *be);
+    /* Device memory in use now, in bytes (all processes), for the progress line;
+     * NULL where there is no device (CPU). */
+    size_t (*memory_used)(ct_backend *be);
 
     /* ---- model ops ---- */
     /* out (T,H) act = table[ids[t]] ; table (V,H) weight */
@@ -103,6 +114,16 @@ struct ct_backend {
                           const int32_t *cu_seqlens, int n_docs, int max_seqlen,
                           int T, int nq, int nkv, int D, float scale, int window, const float *sinks);
 
+    /* Inference attention over a KV cache (generate.c): q (Tq,nq,D) holds the tokens
+     * at positions n_past .. n_past+Tq-1; k and v (n_past+Tq, nkv, D) hold the keys
+     * and values of every position from 0, the new tokens' last. Query i sees key j
+     * iff j <= n_past + i and, when window > 0, j > n_past + i - window. sinks as in
+     * attention_fwd. out (Tq,nq,D). No lse: nothing runs backward through it. */
+    void (*attention_decode)(ct_backend *be, void *out, int ldo, const void *q, int ldq,
+                             const void *k, int ldk, const void *v, int ldv,
+                             int Tq, int n_past, int nq, int nkv, int D, float scale, int window,
+                             const float *sinks);
+
     /* h (T,I) = silu(gu[:, 0:I]) * gu[:, I:2I] ; gu (T,2I) */
     void (*swiglu_fwd)(ct_backend *be, void *h, const void *gu, int T, int I);
     /* dgu (T,2I) = the gradient of the above wrt gu, given dh */
@@ -122,6 +143,107 @@ struct ct_backend {
                           const int32_t *rows, const int32_t *targets, int n, int H, int V,
                           float grad_scale);
 
+    /* ---- mixture of experts ----
+     * Routing costs a fixed number of ops whatever E, and nothing waits for the
+     * host: per-expert row counts stay in device memory, where the grouped ops
+     * read them. Dimension names: E experts, K experts per token, I the expert
+     * intermediate size, n = T*K routed rows.
+     *  - Slot s = t*K + k is token t's k-th choice (k = 0 the largest weight).
+     *  - Expert order: the n slots sorted by expert, stably, so within an expert
+     *    rows follow slot (hence token) order. Row r of an expert-ordered buffer
+     *    holds slot row_slot[r]; slot s sits at row slot_row[s] (inverse maps).
+     *  - offsets (E+1) int32: expert e owns rows [offsets[e], offsets[e+1]).
+     * Expert-ordered buffers are (n, cols) act with row stride = cols unless an
+     * ld is given. The CUDA backend does not implement these yet (NULL entries);
+     * model_load refuses MoE models on a backend without them. */
+
+    /* topk_idx (T,K) int32 and topk_w (T,K) fp32 from logits (T,E) act, by rule.
+     * Probabilities and the softmax over the K are computed in fp32 (double sums on
+     * the CPU). Ties in the top-K go to the lower expert index, on every backend.
+     * torch.topk does not promise that: its CPU kernel is std::partial_sort or
+     * std::nth_element with a strict '>' comparator, and torch 2.11 returns
+     * [6, 5, 4] for topk(zeros(8), 3). So HF and ctune can pick different experts
+     * only among exactly equal values, which takes identical router rows or
+     * underflow, not random or trained weights. */
+    void (*moe_route)(ct_backend *be, int32_t *topk_idx, float *topk_w, const void *logits,
+                      int T, int E, int K, ct_moe_rule rule);
+    /* counts (E) int32 = histogram of idx[0..n) (overwritten). */
+    void (*moe_count)(ct_backend *be, int32_t *counts, const int32_t *idx, int n, int E);
+    /* offsets (E+1) int32: exclusive scan of counts, offsets[E] = total. */
+    void (*moe_offsets)(ct_backend *be, int32_t *offsets, const int32_t *counts, int E);
+    /* The stable permutation: row_slot (n) and slot_row (n) int32 from idx (n)
+     * and offsets (above). Slot s of expert e goes to offsets[e] + (the number of
+     * earlier slots of e). */
+    void (*moe_permute)(ct_backend *be, int32_t *row_slot, int32_t *slot_row, const int32_t *idx,
+                        const int32_t *offsets, int n, int E);
+    /* xe (n,H) act: xe[r] = x[row_slot[r] / K] (token rows into expert order). */
+    void (*moe_gather)(ct_backend *be, void *xe, const void *x, int ldx, const int32_t *row_slot,
+                       int T, int K, int H);
+    /* The weighted un-permute: y[t] (=|+=) sum over k ascending of
+     * w[t*K+k] * ye[slot_row[t*K+k]], summed in fp32 and added to y once.
+     * w (T*K) fp32, or NULL for weights 1 (then it is the backward of moe_gather). */
+    void (*moe_scatter)(ct_backend *be, void *y, int ldy, const void *ye, const int32_t *slot_row,
+                        const float *w, int T, int K, int H, int accumulate);
+    /* Backward of moe_scatter with weights, given dy (T,H):
+     *   dye (n,H) act: dye[r] = w[s] * dy[s / K] with s = row_slot[r] (overwritten);
+     *   dw (n) fp32:   dw[s] = dy[s / K] . ye[slot_row[s]] (fp32 dot, overwritten). */
+    void (*moe_scatter_bwd)(ct_backend *be, void *dye, float *dw, const void *dy, int lddy,
+                            const void *ye, const int32_t *row_slot, const int32_t *slot_row,
+                            const float *w, int T, int K, int H);
+    /* The grouped expert GEMM, one call for all experts: for each e, rows r in
+     * [offsets[e], offsets[e+1]) (offsets read from device memory):
+     *   y[r, 0:out] (=|+=) x[r] @ W_e^T + bias_e ; W (E, out, in) weight (W_e at
+     *   e*out*in), bias (E, out) weight or NULL. Experts with no rows cost nothing. */
+    void (*moe_linear_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx, const void *W,
+                           const void *bias, const int32_t *offsets, int E, int in, int out, int accumulate);
+    /* dx[r] (=|+=) dy[r] @ W_e for the rows of each expert e. */
+    void (*moe_linear_bwd_input)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
+                                 const void *W, const int32_t *offsets, int E, int in, int out,
+                                 int accumulate);
+    /* LoRA of each expert (PEFT per-expert modules): exactly lora_fwd / lora_bwd
+     * over the rows of expert e (T = its row count, row 0 = its first row) with
+     * A_e (R,in) at A + e*R*in, B_e (out,R) at B + e*out*R (fp32), and dropout
+     * seed ct_hash64(dropout_seed, e): each expert draws its own mask, as each
+     * PEFT expert module has its own dropout. dA (E,R,in), dB (E,out,R) accumulate. */
+    void (*moe_lora_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx,
+                         const float *A, const float *B, const int32_t *offsets, int E, int in, int out,
+                         int R, float scale, float dropout_p, uint64_t dropout_seed);
+    void (*moe_lora_bwd)(ct_backend *be, void *dx, int lddx, float *dA, float *dB,
+                         const void *dy, int lddy, const void *x, int ldx, const float *A, const float *B,
+                         const int32_t *offsets, int E, int in, int out, int R, float scale,
+                         float dropout_p, uint64_t dropout_seed);
+    /* gpt_oss's expert activation on interleaved columns (gate 2i, up 2i+1) of
+     * gu (n, 2I): g = min(gate, limit), u = clamp(up, -limit, limit),
+     * h (n, I) = (u + 1) * g * sigmoid(alpha * g). */
+    void (*moe_clamped_swiglu_fwd)(ct_backend *be, void *h, const void *gu, int n, int I,
+                                   float alpha, float limit);
+    /* dgu (n, 2I) = its gradient given dh; zero where a clamp is active (a value
+     * equal to a limit passes the gradient, as torch.clamp does). */
+    void (*moe_clamped_swiglu_bwd)(ct_backend *be, void *dgu, const void *dh, const void *gu, int n,
+                                   int I, float alpha, float limit);
+    /* The router's backward: dlogits (T,E) act (overwritten) = d/dlogits of
+     * sum_s dw[s] * w[s], through the rule's softmax/top-K (the selection itself
+     * is piecewise constant), recomputed from logits and topk_idx/topk_w:
+     *   SOFTMAX_TOPK:       dl_j = p_j (g_j - sum_k dw_k w_k), g_j = dw_k if j is choice k else 0
+     *   SOFTMAX_TOPK_NORM,
+     *   TOPK_SOFTMAX:       dl_j = w_k (dw_k - sum_m dw_m w_m) for j = choice k, else 0
+     * aux (E) fp32 or NULL adds the load-balancing term p_j (aux_j - sum_e aux_e p_e),
+     * the gradient of sum_e aux_e p_e with p = softmax over all E (moe_aux_loss). */
+    void (*moe_route_bwd)(ct_backend *be, void *dlogits, const float *dw, const void *logits,
+                          const int32_t *topk_idx, const float *topk_w, const float *aux,
+                          int T, int E, int K, ct_moe_rule rule);
+    /* prob_sum (E) fp32 += sum over t of softmax(logits[t]) (all E). */
+    void (*moe_prob_sum)(ct_backend *be, float *prob_sum, const void *logits, int T, int E);
+    /* The Switch load-balancing loss of HF's load_balancing_loss_func over the
+     * n_layers sparse layers of one forward of T tokens (no padding): with
+     * N = n_layers*T, c_e = sum_l counts[l*E + e] (experts chosen, K per token and
+     * layer), P_e = sum_l prob_sum[l*E + e] / N:
+     *   loss[0] += coef * E * sum_e (c_e / N) * P_e
+     *   aux_grad (E) = coef * E * c_e / N^2 (overwritten; moe_route_bwd's aux, so that
+     *   the counts, which have no gradient, act as constants). */
+    void (*moe_aux_loss)(ct_backend *be, float *loss, float *aux_grad, const int32_t *counts,
+                         const float *prob_sum, int n_layers, int T, int E, float coef);
+
     /* ---- optimizer (fp32) ---- */
     /* out[0] += sum(g^2) */
     void (*sum_squares)(ct_backend *be, float *out, const float *g, size_t n);
@@ -129,7 +251,8 @@ struct ct_backend {
      *   c = max_norm > 0 ? min(1, max_norm / (sqrt(norm_sq[0]) + 1e-6)) : 1 ; g = c * grad
      *   p *= 1 - lr * wd ; m = b1 m + (1-b1) g ; v = b2 v + (1-b2) g^2
      *   p -= (lr / (1 - b1^step)) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
-     * norm_sq stays on the device (no host sync). */
+     * norm_sq stays on the device (no host sync). When norm_sq[0] is not finite
+     * the op does nothing: p, m and v keep their values (the step is skipped). */
     void (*adamw)(ct_backend *be, float *p, const float *grad, float *m, float *v, size_t n,
                   const float *norm_sq, float max_norm, float lr, float b1, float b2,
                   float eps, float wd, int step);

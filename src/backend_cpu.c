@@ -4,7 +4,8 @@
  * It is the oracle the CUDA kernels are checked against, so it favours clear,
  * exact arithmetic: reductions that decide a result (norms, log-sum-exp, the
  * loss, sums of squares) run in double; matrix products use cpu_sgemm (fp32,
- * backend_cpu_gemm.c); attention lives in backend_cpu_attention.c.
+ * backend_cpu_gemm.c); attention lives in backend_cpu_attention.c and the
+ * mixture-of-experts ops in backend_cpu_moe.c.
  * OpenMP splits rows among threads, and every output element is computed by
  * one thread in a fixed order, so results do not depend on the thread count.
  *
@@ -372,6 +373,7 @@ static void cpu_adamw(ct_backend *be, float *p, const float *grad, float *m, flo
                       float eps, float wd, int step)
 {
     CT_ASSERT(step >= 1, "adamw: step must start at 1, got %d", step);
+    if (!isfinite(norm_sq[0])) return; /* a NaN/inf gradient: skip the step (optim.h's guard) */
     float clip = 1.0f;
     if (max_norm > 0) {
         float c = max_norm / (sqrtf(norm_sq[0]) + 1e-6f);
@@ -416,6 +418,7 @@ ct_backend *backend_cpu_new(void)
     be->rope = cpu_rope;
     be->attention_fwd = cpu_attention_fwd;
     be->attention_bwd = cpu_attention_bwd;
+    be->attention_decode = cpu_attention_decode;
     be->swiglu_fwd = cpu_swiglu_fwd;
     be->swiglu_bwd = cpu_swiglu_bwd;
     be->add = cpu_add;
@@ -423,5 +426,6 @@ ct_backend *backend_cpu_new(void)
     be->cross_entropy = cpu_cross_entropy;
     be->sum_squares = cpu_sum_squares;
     be->adamw = cpu_adamw;
+    cpu_moe_install(be);
     return be;
 }

@@ -1,5 +1,6 @@
 /* backend_cpu_internal.h — what the files of the CPU reference backend share
- * (backend_cpu.c, backend_cpu_gemm.c, backend_cpu_attention.c). Not a public
+ * (backend_cpu.c, backend_cpu_gemm.c, backend_cpu_attention.c,
+ * backend_cpu_moe.c). Not a public
  * contract: the model only sees struct ct_backend (backend.h). */
 #ifndef CT_BACKEND_CPU_INTERNAL_H
 #define CT_BACKEND_CPU_INTERNAL_H
@@ -24,5 +25,15 @@ void cpu_attention_bwd(ct_backend *be, void *dq, int lddq, void *dk, int lddk, v
                        const void *q, int ldq, const void *k, int ldk, const void *v, int ldv,
                        const int32_t *cu_seqlens, int n_docs, int max_seqlen,
                        int T, int nq, int nkv, int D, float scale, int window, const float *sinks);
+
+/* backend_cpu_decode.c */
+void cpu_attention_decode(ct_backend *be, void *out, int ldo, const void *q, int ldq,
+                          const void *k, int ldk, const void *v, int ldv,
+                          int Tq, int n_past, int nq, int nkv, int D, float scale, int window,
+                          const float *sinks);
+
+/* Sets the mixture-of-experts entries of be (backend_cpu_moe.c). They call the
+ * dense ops through be, so those must be set already. */
+void cpu_moe_install(ct_backend *be);
 
 #endif

@@ -1,17 +1,34 @@
-/* checkpoint.c — see checkpoint.h. */
+/* checkpoint.c — see checkpoint.h.
+ *
+ * What makes a checkpoint safe to resume from, in the order a save happens:
+ *  1. every file is written into checkpoint-STEP.tmp/ (each file fsync'd);
+ *  2. manifest.json is written last: each file's size and CRC32, read back from
+ *     the disk (so it vouches for what is there, not for what we meant to write);
+ *  3. the folder is renamed into place (atomically swapped with an older save of
+ *     the same step), then the parent folder is fsync'd.
+ * A kill at any moment leaves either no checkpoint-STEP or a complete one, and a
+ * later disk fault or a partial copy is caught by the manifest: resume skips any
+ * checkpoint whose manifest is missing or does not match, and says so. */
 #include "checkpoint.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "json.h"
 #include "safetensors.h"
+
+#define MANIFEST_NAME "manifest.json"
+#define MANIFEST_FORMAT "ctune-checkpoint-manifest"
+#define MAX_FILES 64 /* a checkpoint holds 5 files; more means it is not ours */
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 {
@@ -24,54 +41,249 @@ static void rm_rf(const char *path)
     if (lstat(path, &st) == 0) nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-/* The step of a folder named exactly "checkpoint-DIGITS", else -1. */
-static long long checkpoint_step_of(const char *name)
+static void fsync_path(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return;
+    fsync(fd);
+    close(fd);
+}
+
+// ---- manifest ----
+
+/* Size and CRC32 (zlib) of the file at PATH, read in 1 MiB blocks. */
+static int file_crc(const char *path, size_t *size, uint32_t *crc, ct_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return CT_FAIL_RUNTIME(err, "%s: cannot open (%s)", path, strerror(errno));
+    unsigned char *buf = ct_malloc((size_t)1 << 20);
+    uLong c = crc32(0L, Z_NULL, 0);
+    size_t n = 0, got;
+    while ((got = fread(buf, 1, (size_t)1 << 20, f)) > 0) {
+        c = crc32(c, buf, (uInt)got);
+        n += got;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    free(buf);
+    if (bad) return CT_FAIL_RUNTIME(err, "%s: read error", path);
+    *size = n;
+    *crc = (uint32_t)c;
+    return CT_OK;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Writes DIR/manifest.json listing every other regular file of DIR, by name. */
+static int write_manifest(const char *dir, long long step, ct_error *err)
+{
+    DIR *d = opendir(dir);
+    if (!d) return CT_FAIL_RUNTIME(err, "%s: cannot list (%s)", dir, strerror(errno));
+    char *names[MAX_FILES];
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(d)) && n < MAX_FILES;) {
+        char path[CT_PATH_MAX + 320];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && strcmp(e->d_name, MANIFEST_NAME) != 0)
+            names[n++] = ct_strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, n, sizeof *names, cmp_name);
+    json_writer w;
+    json_writer_init(&w);
+    json_write_rawf(&w, "{\"format\": \"%s\", \"version\": 1, \"step\": %lld, \"files\": [", MANIFEST_FORMAT, step);
+    int rc = CT_OK;
+    for (size_t i = 0; i < n; i++) {
+        char path[CT_PATH_MAX + 320];
+        size_t size = 0;
+        uint32_t crc = 0;
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (!rc) rc = file_crc(path, &size, &crc, err);
+        json_write_raw(&w, i ? ",\n  {\"name\": " : "\n  {\"name\": ");
+        json_write_string(&w, names[i]);
+        json_write_rawf(&w, ", \"size\": %zu, \"crc32\": %u}", size, crc);
+        free(names[i]);
+    }
+    json_write_raw(&w, "\n]}\n");
+    char path[CT_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, MANIFEST_NAME);
+    if (!rc) rc = ct_write_file_atomic(path, w.buf, w.len, err);
+    json_writer_free(&w);
+    return rc;
+}
+
+int checkpoint_verify(const char *dir, ct_error *err)
+{
+    char path[CT_PATH_MAX + 320];
+    snprintf(path, sizeof path, "%s/%s", dir, MANIFEST_NAME);
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return CT_FAIL_INPUT(err, "%s: no %s (an incomplete checkpoint: it was not fully written)", dir, MANIFEST_NAME);
+    size_t len;
+    char *text = ct_read_file_max(path, (size_t)1 << 20, &len, err);
+    if (!text) return CT_ERR_INPUT;
+    json_doc *doc = json_parse(text, len, path, err);
+    free(text);
+    if (!doc) return CT_ERR_INPUT;
+    const json_value *root = json_root(doc);
+    const json_value *fmt = json_get_type(root, "format", JSON_STRING);
+    const json_value *files = json_get_type(root, "files", JSON_ARRAY);
+    int rc = CT_OK;
+    if (!fmt || strcmp(fmt->string, MANIFEST_FORMAT) != 0 || !files || files->count == 0)
+        rc = CT_FAIL_INPUT(err, "%s: not a ctune checkpoint manifest (expected format %s and a list of files)", path,
+                           MANIFEST_FORMAT);
+    for (size_t i = 0; !rc && i < files->count; i++) {
+        const json_value *f = files->items[i];
+        const json_value *name = json_get_type(f, "name", JSON_STRING);
+        const json_value *size = json_get_type(f, "size", JSON_NUMBER);
+        const json_value *crc = json_get_type(f, "crc32", JSON_NUMBER);
+        /* names stay inside the folder: the manifest is read from untrusted disks too */
+        if (!name || !size || !crc || !size->is_integer || !crc->is_integer || !name->string_len ||
+            strchr(name->string, '/') || !strcmp(name->string, "..")) {
+            rc = CT_FAIL_INPUT(err, "%s: entry %zu is not {name, size, crc32}", path, i);
+            break;
+        }
+        char fpath[CT_PATH_MAX + 320];
+        snprintf(fpath, sizeof fpath, "%s/%s", dir, name->string);
+        size_t got_size;
+        uint32_t got_crc;
+        if (stat(fpath, &st) != 0) {
+            rc = CT_FAIL_INPUT(err, "%s: missing (the manifest lists it)", fpath);
+        } else if ((long long)st.st_size != size->integer) {
+            rc = CT_FAIL_INPUT(err, "%s: %lld bytes, the manifest says %lld (truncated or replaced)", fpath,
+                               (long long)st.st_size, size->integer);
+        } else if (file_crc(fpath, &got_size, &got_crc, err) != CT_OK) {
+            rc = CT_ERR_INPUT;
+        } else if ((long long)got_crc != crc->integer) {
+            rc = CT_FAIL_INPUT(err, "%s: CRC32 %08x, the manifest says %08llx (corrupt)", fpath, got_crc,
+                               (unsigned long long)crc->integer);
+        }
+    }
+    json_free(doc);
+    return rc ? CT_ERR_INPUT : CT_OK;
+}
+
+// ---- finding checkpoints ----
+
+/* The step of a folder named "checkpoint-DIGITS" (*old = false) or
+ * "checkpoint-DIGITS.old" (*old = true: a save moved it aside), else -1. */
+static long long checkpoint_step_of(const char *name, bool *old)
 {
     if (strncmp(name, "checkpoint-", 11) != 0 || !name[11]) return -1;
     long long v = 0;
-    for (const char *p = name + 11; *p; p++) {
-        if (*p < '0' || *p > '9' || v > 1000000000000LL) return -1;
+    const char *p = name + 11;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > 1000000000000LL) return -1;
         v = v * 10 + (*p - '0');
     }
-    return v;
+    if (p == name + 11) return -1;
+    *old = !strcmp(p, ".old");
+    return *p && !*old ? -1 : v;
 }
 
-/* Steps of every complete checkpoint in dir, ascending. */
-static long long *list_checkpoints(const char *dir, size_t *n)
+typedef struct ckpt_entry { long long step; bool old; } ckpt_entry;
+
+/* Ascending by step; for one step the .old folder first, so that walking the
+ * list backwards tries the folder in place before the one moved aside. */
+static int cmp_entry(const void *a, const void *b)
+{
+    const ckpt_entry *x = a, *y = b;
+    if (x->step != y->step) return x->step < y->step ? -1 : 1;
+    return (int)y->old - (int)x->old;
+}
+
+/* Every checkpoint-STEP (and .old) folder in dir, ascending by step. */
+static ckpt_entry *list_checkpoints(const char *dir, size_t *n)
 {
     *n = 0;
     DIR *d = opendir(dir);
     if (!d) return NULL;
     size_t cap = 16;
-    long long *steps = ct_malloc(cap * sizeof *steps);
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        long long s = checkpoint_step_of(e->d_name);
+    ckpt_entry *v = ct_malloc(cap * sizeof *v);
+    for (struct dirent *e; (e = readdir(d));) {
+        bool old = false;
+        long long s = checkpoint_step_of(e->d_name, &old);
         if (s < 0) continue;
-        char state[CT_PATH_MAX + 300];
-        snprintf(state, sizeof state, "%s/%s/trainer_state.safetensors", dir, e->d_name);
-        if (access(state, R_OK) != 0) continue;
-        if (*n == cap) steps = ct_realloc(steps, (cap *= 2) * sizeof *steps);
-        steps[(*n)++] = s;
+        if (*n == cap) v = ct_realloc(v, (cap *= 2) * sizeof *v);
+        v[(*n)++] = (ckpt_entry){s, old};
     }
     closedir(d);
-    for (size_t i = 1; i < *n; i++)
-        for (size_t j = i; j > 0 && steps[j - 1] > steps[j]; j--) {
-            long long t = steps[j];
-            steps[j] = steps[j - 1];
-            steps[j - 1] = t;
-        }
-    return steps;
+    qsort(v, *n, sizeof *v, cmp_entry);
+    return v;
 }
 
-bool checkpoint_find_latest(const char *output_dir, char *path, size_t len)
+static void entry_path(char *buf, size_t len, const char *dir, const ckpt_entry *e)
+{
+    snprintf(buf, len, "%s/checkpoint-%lld%s", dir, e->step, e->old ? ".old" : "");
+}
+
+bool checkpoint_find_latest(const char *output_dir, char *path, size_t len, FILE *notes)
 {
     size_t n;
-    long long *steps = list_checkpoints(output_dir, &n);
-    bool found = n > 0;
-    if (found) snprintf(path, len, "%s/checkpoint-%lld", output_dir, steps[n - 1]);
-    free(steps);
+    ckpt_entry *v = list_checkpoints(output_dir, &n);
+    bool found = false;
+    for (size_t i = n; i-- > 0 && !found;) {
+        ct_error why = {0};
+        entry_path(path, len, output_dir, &v[i]);
+        if (checkpoint_verify(path, &why) == CT_OK) found = true;
+        else if (notes) fprintf(notes, "note: skipping %s: %s\n", path, why.msg);
+    }
+    free(v);
     return found;
+}
+
+// ---- saving ----
+
+/* Free bytes for an unprivileged writer in dir, or SIZE_MAX when unknown. */
+static size_t free_bytes(const char *dir)
+{
+    struct statvfs vfs;
+    if (statvfs(dir, &vfs) != 0) return SIZE_MAX;
+    unsigned long long b = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
+    return b > SIZE_MAX ? SIZE_MAX : (size_t)b;
+}
+
+size_t checkpoint_bytes(const ct_lora *lo)
+{
+    /* adapter + two AdamW moments in fp32, plus headers and the small files */
+    return 3 * lo->n_params * sizeof(float) + ((size_t)1 << 20);
+}
+
+int checkpoint_probe_dir(const char *output_dir, ct_error *err)
+{
+    ct_error why = {0};
+    if (ct_mkdirs(output_dir, &why) != CT_OK)
+        return CT_FAIL_INPUT(err, "output_dir %s: cannot be created: %s (expected a folder this user can create)",
+                             output_dir, why.msg);
+    /* A real write + fsync: creating the file alone would pass on a full disk. */
+    char path[CT_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/.ctune-write-probe", output_dir);
+    static const char probe[4096];
+    errno = 0;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644), e = 0;
+    if (fd < 0 || write(fd, probe, sizeof probe) != (ssize_t)sizeof probe || fsync(fd) != 0) e = errno ? errno : EIO;
+    if (fd >= 0) close(fd);
+    unlink(path);
+    if (!e) return CT_OK;
+    bool full = e == ENOSPC || e == EDQUOT;
+    if (full) return CT_FAIL_RUNTIME(err, "output_dir %s: no space left (%s) (HINT: free space or choose another "
+                                     "output_dir)", output_dir, strerror(e));
+    return CT_FAIL_INPUT(err, "output_dir %s: not writable: cannot write a file in it (%s) (expected a folder this "
+                         "user can write)", output_dir, strerror(e));
+}
+
+int checkpoint_check_space(const char *output_dir, const ct_lora *lo, ct_error *err)
+{
+    size_t need = checkpoint_bytes(lo), have = free_bytes(output_dir);
+    if (have < need)
+        return CT_FAIL_RUNTIME(err, "output_dir %s: %.1f MiB free, but one checkpoint needs about %.1f MiB "
+                               "(HINT: free space or choose another output_dir)", output_dir,
+                               have / 1048576.0, need / 1048576.0);
+    return CT_OK;
 }
 
 static int write_state(const char *dir, const ct_lora *lo, ct_backend *be, const ct_trainer_state *st,
@@ -111,6 +323,32 @@ static int write_state(const char *dir, const ct_lora *lo, ct_backend *be, const
     return rc;
 }
 
+/* Puts the complete folder TMP at FINAL. When FINAL exists (the same step saved
+ * again by a resumed run) the two are swapped atomically where the filesystem
+ * can (RENAME_EXCHANGE); elsewhere FINAL moves to FINAL.old first, which
+ * checkpoint_find_latest takes when a kill lands between the two renames. */
+static int put_in_place(const char *tmp, const char *final, const char *old, ct_error *err)
+{
+    struct stat sb;
+    if (stat(final, &sb) != 0) {
+        if (rename(tmp, final) != 0)
+            return CT_FAIL_RUNTIME(err, "%s: cannot rename into place (%s)", tmp, strerror(errno));
+        rm_rf(old);
+        return CT_OK;
+    }
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+        rm_rf(tmp);
+        return CT_OK;
+    }
+    rm_rf(old);
+    if (rename(final, old) != 0)
+        return CT_FAIL_RUNTIME(err, "%s: cannot move aside (%s)", final, strerror(errno));
+    if (rename(tmp, final) != 0)
+        return CT_FAIL_RUNTIME(err, "%s: cannot rename into place (%s)", tmp, strerror(errno));
+    rm_rf(old);
+    return CT_OK;
+}
+
 int checkpoint_save(const char *output_dir, const ct_lora *lo, const ct_model *m, const ct_trainer_state *st,
                     const char *base_model, int save_total_limit, ct_error *err)
 {
@@ -122,35 +360,40 @@ int checkpoint_save(const char *output_dir, const ct_lora *lo, const ct_model *m
     int rc = ct_mkdirs(tmp, err);
     if (!rc) rc = lora_save_peft(lo, m, tmp, base_model, err);
     if (!rc) rc = write_state(tmp, lo, m->be, st, err);
+    if (!rc) rc = write_manifest(tmp, (long long)st->step, err);
+    if (!rc) fsync_path(tmp);
+    if (!rc) rc = put_in_place(tmp, final, old, err);
     if (rc) {
         rm_rf(tmp);
-        return rc;
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return CT_FAIL_RUNTIME(err, "checkpoint at step %lld not saved: %s; the checkpoints already in %s are "
+                               "untouched (HINT: free space in %s and rerun: training resumes from the newest one)",
+                               (long long)st->step, why, output_dir, output_dir);
     }
-    /* Same step saved again (a resumed run): move the old one aside first, so
-     * some complete checkpoint exists at every instant. */
-    rm_rf(old);
-    struct stat sb;
-    if (stat(final, &sb) == 0 && rename(final, old) != 0)
-        return CT_FAIL_RUNTIME(err, "%s: cannot move aside (%s)", final, strerror(errno));
-    if (rename(tmp, final) != 0)
-        return CT_FAIL_RUNTIME(err, "%s: cannot rename into place (%s)", tmp, strerror(errno));
-    rm_rf(old);
+    fsync_path(output_dir);
     if (save_total_limit > 0) {
         size_t n;
-        long long *steps = list_checkpoints(output_dir, &n);
+        ckpt_entry *v = list_checkpoints(output_dir, &n);
+        /* Renamed before removal: a kill mid-delete leaves no half checkpoint-STEP. */
         for (size_t i = 0; i + (size_t)save_total_limit < n; i++) {
-            char victim[CT_PATH_MAX + 64];
-            snprintf(victim, sizeof victim, "%s/checkpoint-%lld", output_dir, steps[i]);
-            rm_rf(victim);
+            if (v[i].step == (long long)st->step) continue;
+            char victim[CT_PATH_MAX + 64], doomed[CT_PATH_MAX + 80];
+            entry_path(victim, sizeof victim, output_dir, &v[i]);
+            snprintf(doomed, sizeof doomed, "%s.deleting", victim);
+            rm_rf(doomed);
+            if (rename(victim, doomed) == 0) rm_rf(doomed);
         }
-        free(steps);
+        free(v);
     }
     return CT_OK;
 }
 
 int checkpoint_load(const char *dir, ct_lora *lo, const ct_model *m, ct_trainer_state *st, ct_error *err)
 {
-    int rc = lora_load_peft(lo, m, dir, err);
+    int rc = checkpoint_verify(dir, err);
+    if (rc) return rc;
+    rc = lora_load_peft(lo, m, dir, err);
     if (rc) return rc;
     char path[CT_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/trainer_state.safetensors", dir);

@@ -171,6 +171,11 @@ double ct_now(void)
 
 char *ct_read_file(const char *path, size_t *len, ct_error *err)
 {
+    return ct_read_file_max(path, SIZE_MAX - 1, len, err);
+}
+
+char *ct_read_file_max(const char *path, size_t max, size_t *len, ct_error *err)
+{
     FILE *f = fopen(path, "rb");
     if (!f) {
         CT_FAIL_INPUT(err, "%s: cannot open (%s)", path, strerror(errno));
@@ -183,6 +188,13 @@ char *ct_read_file(const char *path, size_t *len, ct_error *err)
         size_t got = fread(buf + n, 1, cap - n - 1, f);
         n += got;
         if (got == 0) break;
+        if (n > max) {
+            fclose(f);
+            free(buf);
+            CT_FAIL_INPUT(err, "%s: larger than the %zu-byte limit for this kind of file (not the file it should be?)",
+                          path, max);
+            return NULL;
+        }
     }
     int bad = ferror(f);
     fclose(f);

@@ -75,6 +75,10 @@ double ct_now(void);
 /* Reads a whole file into a NUL-terminated buffer (caller frees). On failure
  * returns NULL and fills err with "PATH: reason". */
 char *ct_read_file(const char *path, size_t *len, ct_error *err);
+/* The same, but a file of more than max bytes is CT_ERR_INPUT ("PATH: larger
+ * than the MAX-byte limit ..."): caps what untrusted small files (configs,
+ * JSON) can make us read into memory. */
+char *ct_read_file_max(const char *path, size_t max, size_t *len, ct_error *err);
 
 /* Writes data to PATH atomically: PATH.tmp, fsync, rename, fsync of the folder.
  * Nothing is left at PATH on failure except what was there before. */

@@ -100,6 +100,7 @@ static const key_spec keys[] = {
     FLTK("training.adam_beta2", training.adam_beta2, 0, 1, HI_OPEN, "a number in [0, 1)"),
     FLTK("training.adam_epsilon", training.adam_epsilon, 0, INFINITY, LO_OPEN, "a number > 0"),
     FLTK("training.max_grad_norm", training.max_grad_norm, 0, INFINITY, 0, "a number >= 0 (0 disables clipping)"),
+    INTK("training.max_nonfinite_steps", training.max_nonfinite_steps, 1, INT_MAX, 0, "an integer >= 1"),
     { .name = "training.seed", .kind = K_I64, .off = OFF(training.seed), .ilo = 0, .ihi = LLONG_MAX,
       .expect = "an integer >= 0" },
     INTK("training.logging_steps", training.logging_steps, 1, INT_MAX, 0, "an integer >= 1"),
@@ -108,6 +109,7 @@ static const key_spec keys[] = {
     INTK("training.save_total_limit", training.save_total_limit, 0, INT_MAX, 0, "an integer >= 0 (0 keeps all)"),
     { .name = "training.resume_from_checkpoint", .kind = K_RESUME, .off = OFF(training),
       .expect = "auto, false or a checkpoint folder" },
+    BOOLK("training.router_aux_loss", training.router_aux_loss),
     BOOLK("memory.gradient_checkpointing", memory.gradient_checkpointing),
     ENUMK("memory.activation_offload", memory.activation_offload, tri_names, "auto, on or off"),
 };
@@ -157,6 +159,7 @@ void config_defaults(ct_config *cfg)
     t->adam_beta2 = 0.999;
     t->adam_epsilon = 1e-8;
     t->max_grad_norm = 1.0;
+    t->max_nonfinite_steps = 10;
     t->seed = 42;
     t->logging_steps = 10;
     t->eval_steps = 100;
@@ -566,12 +569,17 @@ static int load_document(const src *s, const char *text, size_t len, yaml_docume
 int config_load(ct_config *cfg, const char *path, ct_error *err)
 {
     size_t len;
-    char *text = ct_read_file(path, &len, err);
+    char *text = ct_read_file_max(path, CT_CONFIG_MAX_BYTES, &len, err);
     if (!text) return CT_ERR_INPUT;
-    if (strlen(path) >= CT_PATH_MAX) {
-        free(text);
+    int rc = config_parse_text(cfg, text, len, path, err);
+    free(text);
+    return rc;
+}
+
+int config_parse_text(ct_config *cfg, const char *text, size_t len, const char *path, ct_error *err)
+{
+    if (strlen(path) >= CT_PATH_MAX)
         return CT_FAIL_INPUT(err, "%s: path is too long (expected at most %d characters)", path, CT_PATH_MAX - 1);
-    }
     ct_config *tmp = ct_malloc(sizeof *tmp);
     config_defaults(tmp);
     strcpy(tmp->source_path, path);
@@ -585,7 +593,6 @@ int config_load(ct_config *cfg, const char *path, ct_error *err)
     }
     if (!rc) memcpy(cfg, tmp, sizeof *cfg);
     free(tmp);
-    free(text);
     return rc;
 }
 
@@ -676,6 +683,12 @@ static void print_string(FILE *out, const char *v)
     for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
         if (*p == '"' || *p == '\\') fprintf(out, "\\%c", *p);
         else if (*p < 0x20 || *p == 0x7f) fprintf(out, "\\x%02x", *p);
+        /* YAML folds the Unicode line breaks NEL, LS and PS inside quotes: escape them */
+        else if (p[0] == 0xc2 && p[1] == 0x85) { fputs("\\N", out); p++; }
+        else if (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9)) {
+            fputs(p[2] == 0xa8 ? "\\L" : "\\P", out);
+            p += 2;
+        }
         else fputc(*p, out);
     }
     fputc('"', out);

@@ -14,6 +14,7 @@
 #define CT_MAX_FILES 256
 #define CT_MAX_TARGETS 16
 #define CT_PATH_MAX 1024
+#define CT_CONFIG_MAX_BYTES ((size_t)1 << 20) /* a config larger than 1 MiB is not a config */
 
 typedef enum { CT_SCHED_CONSTANT, CT_SCHED_LINEAR, CT_SCHED_COSINE } ct_sched_type;
 typedef enum { CT_TRI_AUTO, CT_TRI_ON, CT_TRI_OFF } ct_tristate;
@@ -54,6 +55,7 @@ typedef struct ct_training_config {
     double weight_decay;
     double adam_beta1, adam_beta2, adam_epsilon;
     double max_grad_norm;           /* 0 disables clipping */
+    int max_nonfinite_steps;        /* stop after this many skipped (non-finite) steps in a row (default 10) */
     long long seed;
     int logging_steps;
     int eval_steps;                 /* 0 disables periodic eval */
@@ -61,6 +63,7 @@ typedef struct ct_training_config {
     int save_total_limit;           /* 0 keeps all checkpoints */
     ct_resume_mode resume_mode;
     char resume_from_checkpoint[CT_PATH_MAX]; /* when resume_mode == CT_RESUME_PATH */
+    bool router_aux_loss;           /* MoE: add the load-balancing loss x the model's router_aux_loss_coef */
 } ct_training_config;
 
 typedef struct ct_memory_config {
@@ -88,6 +91,10 @@ void config_defaults(ct_config *cfg);
  * CT_ERR_INPUT with "PATH:LINE: ..." in err and cfg left untouched. An empty
  * file is valid (all defaults); config_validate then asks for model/output_dir. */
 int config_load(ct_config *cfg, const char *path, ct_error *err);
+
+/* config_load on text[0..len) already in memory (need not be NUL-terminated);
+ * PATH names it in errors and becomes source_path. For tests and fuzzing. */
+int config_parse_text(ct_config *cfg, const char *text, size_t len, const char *path, ct_error *err);
 
 /* Applies one "a.b=value" override with the same parsing and validation as the
  * file (value is read as a YAML scalar or flow sequence, e.g. "[q_proj,v_proj]";

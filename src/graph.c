@@ -1,12 +1,15 @@
-/* graph.c — the dense decoder graph over the backend op table (see graph.h).
+/* graph.c — the decoder graph over the backend op table (see graph.h).
  *
  * Per layer (T tokens, fused QKV = nq*D + 2*nkv*D columns, fused GU = 2I):
  *   xn = rmsnorm(x) ; qkv = xn Wqkv^T (+b) (+LoRA q|k|v) ; [qwen3: per-head q/k norm]
- *   rope(q, k) ; attn = varlen causal attention(q, k, v) ; h = x + attn Wo^T (+LoRA o)
+ *   rope(q, k) ; attn = varlen causal attention(q, k, v) [gpt_oss: + sinks]
+ *   h = x + attn Wo^T (+LoRA o)
  *   hn = rmsnorm(h) ; gu = hn Wgu^T (+LoRA gate|up) ; a = silu(gate) * up
  *   out = h + a Wdown^T (+LoRA down)
+ * Sparse layers replace the last two lines by out = h + MoE(hn) (graph_moe.c).
  * Backward runs the same steps in reverse, writing LoRA gradients only. */
 #include "graph.h"
+#include "graph_moe.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -25,8 +28,8 @@ typedef struct layer_acts {
     void *h;         /* (T, H) */
     void *hn;        /* (T, H) */
     float *rstd2;    /* (T) */
-    void *gu;        /* (T, 2I) */
-    void *act;       /* (T, I) */
+    void *gu;        /* (T, 2I), dense layers */
+    void *act;       /* (T, I), dense layers */
 } layer_acts;
 
 struct ct_graph {
@@ -48,6 +51,9 @@ struct ct_graph {
     void *dqkv, *dqkv2;   /* (T, QKV) */
     int32_t *tokens, *positions, *cu_seqlens, *target_rows, *target_ids; /* device copies */
     float *loss_sum;
+    ct_moe *moe;          /* sparse layers' buffers; NULL for a dense model */
+    bool router_aux;      /* add the load-balancing loss in training steps */
+    float *aux_loss_sum;  /* (1) its sum over micro-batches */
     /* current batch (host-side sizes; no device read needed) */
     int T, n_docs, max_seqlen, n_targets;
     size_t bytes;
@@ -76,6 +82,8 @@ ct_graph *graph_new(const ct_model *m, int capacity, bool checkpointing, ct_erro
     size_t T = capacity, H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
     size_t nq = c->num_attention_heads, nkv = c->num_key_value_heads, L = c->num_hidden_layers;
     size_t Q = nq * D, QKV = Q + 2 * nkv * D, A = g->be->act_bytes, F = sizeof(float);
+    bool dense_mlp = false; /* only a model with a dense MLP layer needs its buffers */
+    for (size_t l = 0; l < L; l++) dense_mlp |= !c->layer_sparse[l];
     g->n_ws = checkpointing ? 1 : (int)L;
     g->ws = ct_calloc(g->n_ws, sizeof *g->ws);
     for (int i = 0; i < g->n_ws; i++) {
@@ -93,8 +101,10 @@ ct_graph *graph_new(const ct_model *m, int capacity, bool checkpointing, ct_erro
         a->h = galloc(g, T * H * A);
         a->hn = galloc(g, T * H * A);
         a->rstd2 = galloc(g, T * F);
-        a->gu = galloc(g, T * 2 * I * A);
-        a->act = galloc(g, T * I * A);
+        if (dense_mlp) {
+            a->gu = galloc(g, T * 2 * I * A);
+            a->act = galloc(g, T * I * A);
+        }
     }
     g->xs = ct_calloc(L + 1, sizeof *g->xs);
     for (size_t l = 0; l <= L; l++) g->xs[l] = galloc(g, T * H * A);
@@ -105,8 +115,10 @@ ct_graph *graph_new(const ct_model *m, int capacity, bool checkpointing, ct_erro
     g->dh = galloc(g, T * H * A);
     g->dhn = galloc(g, T * H * A);
     g->dxn = galloc(g, T * H * A);
-    g->dact = galloc(g, T * I * A);
-    g->dgu = galloc(g, T * 2 * I * A);
+    if (dense_mlp) {
+        g->dact = galloc(g, T * I * A);
+        g->dgu = galloc(g, T * 2 * I * A);
+    }
     g->dattn = galloc(g, T * Q * A);
     g->dqkv = galloc(g, T * QKV * A);
     if (c->qk_norm) g->dqkv2 = galloc(g, T * QKV * A);
@@ -116,6 +128,8 @@ ct_graph *graph_new(const ct_model *m, int capacity, bool checkpointing, ct_erro
     g->target_rows = galloc(g, T * 4);
     g->target_ids = galloc(g, T * 4);
     g->loss_sum = galloc(g, F);
+    g->aux_loss_sum = galloc(g, F);
+    if (!g->failed) g->moe = moe_new(m, capacity, g->n_ws, &g->bytes, &g->failed);
     if (g->failed) {
         size_t want = g->bytes;
         graph_free(g);
@@ -141,8 +155,9 @@ void graph_free(ct_graph *g)
     FREE(g->xf); FREE(g->rstd_f); FREE(g->dxf); FREE(g->dstream); FREE(g->dh); FREE(g->dhn); FREE(g->dxn);
     FREE(g->dact); FREE(g->dgu); FREE(g->dattn); FREE(g->dqkv); FREE(g->dqkv2);
     FREE(g->tokens); FREE(g->positions); FREE(g->cu_seqlens); FREE(g->target_rows); FREE(g->target_ids);
-    FREE(g->loss_sum);
+    FREE(g->loss_sum); FREE(g->aux_loss_sum);
 #undef FREE
+    moe_free(g->moe);
     free(g->ws);
     free(g->xs);
     free(g);
@@ -150,6 +165,20 @@ void graph_free(ct_graph *g)
 
 size_t graph_bytes(const ct_graph *g) { return g->bytes; }
 float *graph_loss_sum(ct_graph *g) { return g->loss_sum; }
+float *graph_aux_loss_sum(ct_graph *g) { return g->aux_loss_sum; }
+
+int graph_set_router_aux_loss(ct_graph *g, bool on, ct_error *err)
+{
+    const ct_model_config *c = &g->m->cfg;
+    if (on && !g->moe)
+        return CT_FAIL_INPUT(err, "training.router_aux_loss: model_type '%s' has no mixture-of-experts layer",
+                             c->model_type);
+    if (on && c->arch == CT_ARCH_GPT_OSS)
+        return CT_FAIL_INPUT(err, "training.router_aux_loss: not implemented for gpt_oss (ctune implements the "
+                             "Switch loss of qwen3_moe and mixtral)");
+    g->router_aux = on;
+    return CT_OK;
+}
 
 void graph_set_batch(ct_graph *g, const ct_batch *b)
 {
@@ -168,17 +197,14 @@ void graph_set_batch(ct_graph *g, const ct_batch *b)
     }
 }
 
-/* The seed of one module's dropout mask in one step. */
-static uint64_t module_seed(uint64_t step_seed, int layer, ct_module mod)
-{
-    return ct_hash64(step_seed, (uint64_t)layer * CT_MOD_COUNT + mod);
-}
-
 typedef struct lora_ctx {
     const ct_lora *lo;   /* NULL: no adapter */
     uint64_t seed;
     float dropout;       /* 0 in eval */
+    bool moe_stats;      /* sparse layers record the load-balancing statistics */
 } lora_ctx;
+
+static moe_lora moe_lora_of(const lora_ctx *lc) { return (moe_lora){.lo = lc->lo, .dropout = lc->dropout, .step_seed = lc->seed}; }
 
 static void lora_fwd(ct_graph *g, const lora_ctx *lc, int l, ct_module mod,
                      void *y, int ldy, const void *x, int ldx)
@@ -187,7 +213,7 @@ static void lora_fwd(ct_graph *g, const lora_ctx *lc, int l, ct_module mod,
     int in, out;
     model_module_shape(&g->m->cfg, mod, &in, &out);
     g->be->lora_fwd(g->be, y, ldy, x, ldx, lora_A(lc->lo, l, mod), lora_B(lc->lo, l, mod), g->T, in, out,
-                    lc->lo->R, lc->lo->scale, lc->dropout, module_seed(lc->seed, l, mod));
+                    lc->lo->R, lc->lo->scale, lc->dropout, graph_module_seed(lc->seed, l, mod));
 }
 
 static void lora_bwd(ct_graph *g, const lora_ctx *lc, int l, ct_module mod, void *dx, int lddx,
@@ -198,10 +224,12 @@ static void lora_bwd(ct_graph *g, const lora_ctx *lc, int l, ct_module mod, void
     model_module_shape(&g->m->cfg, mod, &in, &out);
     g->be->lora_bwd(g->be, dx, lddx, lora_grad_A(lc->lo, l, mod), lora_grad_B(lc->lo, l, mod), dy, lddy, x, ldx,
                     lora_A(lc->lo, l, mod), lora_B(lc->lo, l, mod), g->T, in, out, lc->lo->R, lc->lo->scale,
-                    lc->dropout, module_seed(lc->seed, l, mod));
+                    lc->dropout, graph_module_seed(lc->seed, l, mod));
 }
 
 static int layer_window(const ct_model_config *c, int l) { return c->layer_sliding[l] ? c->sliding_window : 0; }
+
+static int ws_of(const ct_graph *g, int l) { return g->checkpointing ? 0 : l; }
 
 static void layer_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x, void *out, layer_acts *a)
 {
@@ -227,13 +255,19 @@ static void layer_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x,
     be->rope(be, q, QKV, g->positions, g->m->inv_freq, T, nq, D, g->m->rot_dim, g->m->attn_scaling, 0);
     be->rope(be, k, QKV, g->positions, g->m->inv_freq, T, nkv, D, g->m->rot_dim, g->m->attn_scaling, 0);
     be->attention_fwd(be, a->attn, Q, a->lse, q, QKV, k, QKV, v, QKV, g->cu_seqlens, g->n_docs, g->max_seqlen,
-                      T, nq, nkv, D, 1.0f / sqrtf((float)D), layer_window(c, l), NULL);
+                      T, nq, nkv, D, 1.0f / sqrtf((float)D), layer_window(c, l), w->sinks);
 
     be->copy_2d(be, a->h, H, x, H, T, H);
     be->linear_fwd(be, a->h, H, a->attn, Q, w->wo, w->bo, T, Q, H, 1);
     lora_fwd(g, lc, l, CT_MOD_O, a->h, H, a->attn, Q);
 
     be->rmsnorm_fwd(be, a->hn, H, a->rstd2, a->h, H, w->mlp_norm, T, 1, H, eps);
+    if (c->layer_sparse[l]) {
+        moe_lora ml = moe_lora_of(lc);
+        be->copy_2d(be, out, H, a->h, H, T, H);
+        moe_forward(g->moe, &ml, l, ws_of(g, l), a->hn, out, T, lc->moe_stats);
+        return;
+    }
     be->linear_fwd(be, a->gu, 2 * I, a->hn, H, w->wgu, w->bgu, T, H, 2 * I, 0);
     lora_fwd(g, lc, l, CT_MOD_GATE, a->gu, 2 * I, a->hn, H);
     lora_fwd(g, lc, l, CT_MOD_UP, act_at(g, a->gu, I), 2 * I, a->hn, H);
@@ -253,14 +287,19 @@ static void layer_backward(ct_graph *g, const lora_ctx *lc, int l, const void *x
     int T = g->T, H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
     int nq = c->num_attention_heads, nkv = c->num_key_value_heads, Q = nq * D, KV = nkv * D, QKV = Q + 2 * KV;
 
-    /* MLP: out = h + down(swiglu(gu(norm(h)))) */
+    /* MLP: out = h + down(swiglu(gu(norm(h)))), or out = h + MoE(norm(h)) */
     be->copy_2d(be, g->dh, H, d, H, T, H);
-    be->linear_bwd_input(be, g->dact, I, d, H, w->wdown, T, I, H, 0);
-    lora_bwd(g, lc, l, CT_MOD_DOWN, g->dact, I, d, H, a->act, I);
-    be->swiglu_bwd(be, g->dgu, g->dact, a->gu, T, I);
-    be->linear_bwd_input(be, g->dhn, H, g->dgu, 2 * I, w->wgu, T, H, 2 * I, 0);
-    lora_bwd(g, lc, l, CT_MOD_GATE, g->dhn, H, g->dgu, 2 * I, a->hn, H);
-    lora_bwd(g, lc, l, CT_MOD_UP, g->dhn, H, act_at(g, g->dgu, I), 2 * I, a->hn, H);
+    if (c->layer_sparse[l]) {
+        moe_lora ml = moe_lora_of(lc);
+        moe_backward(g->moe, &ml, l, ws_of(g, l), a->hn, d, g->dhn, T, g->router_aux);
+    } else {
+        be->linear_bwd_input(be, g->dact, I, d, H, w->wdown, T, I, H, 0);
+        lora_bwd(g, lc, l, CT_MOD_DOWN, g->dact, I, d, H, a->act, I);
+        be->swiglu_bwd(be, g->dgu, g->dact, a->gu, T, I);
+        be->linear_bwd_input(be, g->dhn, H, g->dgu, 2 * I, w->wgu, T, H, 2 * I, 0);
+        lora_bwd(g, lc, l, CT_MOD_GATE, g->dhn, H, g->dgu, 2 * I, a->hn, H);
+        lora_bwd(g, lc, l, CT_MOD_UP, g->dhn, H, act_at(g, g->dgu, I), 2 * I, a->hn, H);
+    }
     be->rmsnorm_bwd(be, g->dh, H, g->dhn, H, a->h, H, a->rstd2, w->mlp_norm, T, 1, H, 1);
 
     /* attention: h = x + o(attn(rope(norm_qk(qkv(norm(x)))))) */
@@ -270,7 +309,7 @@ static void layer_backward(ct_graph *g, const lora_ctx *lc, int l, const void *x
     void *dq = g->dqkv, *dk = act_at(g, g->dqkv, Q), *dv = act_at(g, g->dqkv, Q + KV);
     be->attention_bwd(be, dq, QKV, dk, QKV, dv, QKV, g->dattn, Q, a->attn, Q, a->lse, q, QKV, k, QKV, v, QKV,
                       g->cu_seqlens, g->n_docs, g->max_seqlen, T, nq, nkv, D, 1.0f / sqrtf((float)D),
-                      layer_window(c, l), NULL);
+                      layer_window(c, l), w->sinks);
     be->rope(be, dq, QKV, g->positions, g->m->inv_freq, T, nq, D, g->m->rot_dim, g->m->attn_scaling, 1);
     be->rope(be, dk, QKV, g->positions, g->m->inv_freq, T, nkv, D, g->m->rot_dim, g->m->attn_scaling, 1);
     void *dlin = g->dqkv;
@@ -289,7 +328,7 @@ static void layer_backward(ct_graph *g, const lora_ctx *lc, int l, const void *x
     be->rmsnorm_bwd(be, d, H, g->dxn, H, x, H, a->rstd1, w->attn_norm, T, 1, H, 1);
 }
 
-static layer_acts *acts_of(ct_graph *g, int l) { return &g->ws[g->checkpointing ? 0 : l]; }
+static layer_acts *acts_of(ct_graph *g, int l) { return &g->ws[ws_of(g, l)]; }
 
 /* Embedding, every layer, final norm: xf holds the head's input afterwards. */
 static void forward_all(ct_graph *g, const lora_ctx *lc)
@@ -307,9 +346,12 @@ void graph_train_step(ct_graph *g, const ct_lora *lo, float grad_scale, uint64_t
     const ct_model_config *c = &g->m->cfg;
     ct_backend *be = g->be;
     int T = g->T, H = c->hidden_size, L = c->num_hidden_layers;
-    lora_ctx lc = {.lo = lo, .seed = dropout_seed, .dropout = lo ? lo->dropout : 0.0f};
+    lora_ctx lc = {.lo = lo, .seed = dropout_seed, .dropout = lo ? lo->dropout : 0.0f, .moe_stats = g->router_aux};
+    if (g->router_aux) moe_aux_begin(g->moe);
     forward_all(g, &lc);
     if (g->n_targets == 0) return; /* nothing to learn from: no loss, no gradient */
+    if (g->router_aux) moe_aux_loss(g->moe, g->aux_loss_sum, T);
+    lc.moe_stats = false; /* a checkpointing recompute must not count the statistics twice */
     be->zero(be, g->dxf, (size_t)T * H * be->act_bytes);
     be->cross_entropy(be, g->loss_sum, g->dxf, g->xf, g->m->lm_head, g->target_rows, g->target_ids, g->n_targets,
                       H, c->vocab_size, grad_scale);

@@ -29,4 +29,15 @@ void graph_train_step(ct_graph *g, const ct_lora *lo, float grad_scale, uint64_t
 void graph_eval(ct_graph *g, const ct_lora *lo);
 float *graph_loss_sum(ct_graph *g);   /* device fp32 scalar; the caller zeroes it */
 
+/* Mixture-of-experts models: adds the router load-balancing loss (HF's Switch
+ * loss over all sparse layers of a micro-batch, times the model's
+ * router_aux_loss_coef) to every training micro-batch that has targets, and its
+ * gradient to the LoRA gradients. Like HF's Trainer, it is added per
+ * micro-batch, not divided by gradient accumulation, and does not scale with
+ * grad_scale; eval never includes it. CT_ERR_INPUT for a dense model or gpt_oss. */
+int graph_set_router_aux_loss(ct_graph *g, bool on, ct_error *err);
+/* device fp32 scalar: the sum of the load-balancing losses added (coefficient
+ * included) since the caller last zeroed it. */
+float *graph_aux_loss_sum(ct_graph *g);
+
 #endif

@@ -11,6 +11,10 @@
 #include <stdio.h>
 #include "common.h"
 
+/* The largest JSON file (config.json, index files) read whole: the same bound
+ * as a safetensors header, so no small-file reader trusts an unbounded size. */
+#define CT_JSON_MAX_BYTES ((size_t)100000000)
+
 typedef enum { JSON_NULL, JSON_BOOL, JSON_NUMBER, JSON_STRING, JSON_ARRAY, JSON_OBJECT } json_type;
 
 typedef struct json_value json_value;

@@ -9,19 +9,19 @@
 #include "json.h"
 #include "safetensors.h"
 
-static size_t slot(int layer, ct_module mod) { return (size_t)layer * CT_MOD_COUNT + mod; }
-
-static size_t module_params(const ct_model_config *c, ct_module mod, int R)
-{
-    int in, out;
-    model_module_shape(c, mod, &in, &out);
-    return (size_t)R * ((size_t)in + (size_t)out);
-}
+static size_t slot_index(int layer, ct_module mod) { return (size_t)layer * CT_MOD_COUNT + mod; }
 
 static bool target_named(const ct_lora_config *cfg, ct_module mod)
 {
     for (int i = 0; i < cfg->n_target_modules; i++)
         if (!strcmp(cfg->target_modules[i], model_module_name(mod))) return true;
+    return false;
+}
+
+static bool any_sparse(const ct_model_config *c)
+{
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if (c->layer_sparse[l]) return true;
     return false;
 }
 
@@ -35,18 +35,28 @@ int lora_init(ct_lora *lo, const ct_model *m, const ct_lora_config *cfg, uint64_
     lo->scale = (float)config_lora_scaling(cfg);
     lo->dropout = (float)cfg->lora_dropout;
     lo->n_layers = c->num_hidden_layers;
+    lo->arch = c->arch;
     for (int mod = 0; mod < CT_MOD_COUNT; mod++) {
         lo->targeted[mod] = target_named(cfg, mod);
         model_module_shape(c, mod, &lo->in[mod], &lo->out[mod]);
     }
-    lo->offset = ct_malloc(sizeof(size_t) * (size_t)lo->n_layers * CT_MOD_COUNT);
+    if (c->arch == CT_ARCH_GPT_OSS && any_sparse(c) && lo->targeted[CT_MOD_GATE] != lo->targeted[CT_MOD_UP])
+        return CT_FAIL_INPUT(err, "lora.target_modules: gpt_oss fuses each expert's gate and up projections into "
+                             "one gate_up_proj; target both gate_proj and up_proj, or neither");
+    lo->slots = ct_calloc((size_t)lo->n_layers * CT_MOD_COUNT, sizeof *lo->slots);
     size_t n = 0;
     for (int l = 0; l < lo->n_layers; l++)
         for (int mod = 0; mod < CT_MOD_COUNT; mod++) {
-            lo->offset[slot(l, mod)] = lo->targeted[mod] ? n : SIZE_MAX;
-            if (lo->targeted[mod]) n += module_params(c, mod, lo->R);
+            ct_lora_slot *s = &lo->slots[slot_index(l, mod)];
+            s->experts = model_module_layer_shape(c, l, mod, &s->in, &s->out);
+            if (!lo->targeted[mod]) s->experts = 0;
+            s->offset = s->experts ? n : SIZE_MAX;
+            n += (size_t)s->experts * lo->R * ((size_t)s->in + (size_t)s->out);
         }
-    if (n == 0) return CT_FAIL_INPUT(err, "lora.target_modules selects no projection of this model");
+    if (n == 0) {
+        lora_free(lo, be);
+        return CT_FAIL_INPUT(err, "lora.target_modules selects no projection of this model");
+    }
     lo->n_params = n;
     size_t bytes = n * sizeof(float);
     lo->params = be->alloc(be, bytes);
@@ -58,23 +68,20 @@ int lora_init(ct_lora *lo, const ct_model *m, const ct_lora_config *cfg, uint64_
         return CT_FAIL_RUNTIME(err, "out of %s memory for %zu LoRA parameters", be->name, n);
     }
 
-    /* A drawn in (layer, module) order from one stream: reproducible for a seed. */
+    /* A drawn in (layer, module, expert) order from one stream: reproducible for a seed. */
     float *host = ct_calloc(n, sizeof(float));
     ct_rng rng;
     ct_rng_seed(&rng, seed);
     bool gaussian = !strcmp(cfg->init_lora_weights, "gaussian");
-    for (int l = 0; l < lo->n_layers; l++)
-        for (int mod = 0; mod < CT_MOD_COUNT; mod++) {
-            if (!lo->targeted[mod]) continue;
-            int in, out;
-            model_module_shape(c, mod, &in, &out);
-            float *A = host + lo->offset[slot(l, mod)];
-            size_t nA = (size_t)lo->R * in;
-            double bound = 1.0 / sqrt((double)in);
-            for (size_t i = 0; i < nA; i++)
-                A[i] = gaussian ? ct_rng_normal(&rng) / (float)lo->R
-                                : (float)((2.0 * ct_rng_uniform(&rng) - 1.0) * bound);
-        }
+    for (size_t i = 0; i < (size_t)lo->n_layers * CT_MOD_COUNT; i++) {
+        const ct_lora_slot *s = &lo->slots[i];
+        if (!s->experts) continue;
+        float *A = host + s->offset;
+        size_t nA = (size_t)s->experts * lo->R * s->in;
+        double bound = 1.0 / sqrt((double)s->in);
+        for (size_t j = 0; j < nA; j++)
+            A[j] = gaussian ? ct_rng_normal(&rng) / (float)lo->R : (float)((2.0 * ct_rng_uniform(&rng) - 1.0) * bound);
+    }
     be->upload(be, lo->params, host, bytes);
     free(host);
     return CT_OK;
@@ -86,15 +93,17 @@ void lora_free(ct_lora *lo, ct_backend *be)
     if (lo->grads) be->free(be, lo->grads);
     if (lo->m) be->free(be, lo->m);
     if (lo->v) be->free(be, lo->v);
-    free(lo->offset);
+    free(lo->slots);
     memset(lo, 0, sizeof *lo);
 }
 
+const ct_lora_slot *lora_slot(const ct_lora *lo, int layer, ct_module mod) { return &lo->slots[slot_index(layer, mod)]; }
+
 static float *at(const ct_lora *lo, float *base, int layer, ct_module mod, bool is_B)
 {
-    size_t off = lo->offset[slot(layer, mod)];
-    if (off == SIZE_MAX) return NULL;
-    return base + off + (is_B ? (size_t)lo->R * lo->in[mod] : 0);
+    const ct_lora_slot *s = lora_slot(lo, layer, mod);
+    if (!s->experts) return NULL;
+    return base + s->offset + (is_B ? (size_t)s->experts * lo->R * s->in : 0);
 }
 
 float *lora_A(const ct_lora *lo, int layer, ct_module mod) { return at(lo, lo->params, layer, mod, false); }
@@ -106,6 +115,91 @@ void lora_tensor_name(char *out, size_t len, int layer, ct_module mod, bool is_B
 {
     snprintf(out, len, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer, model_module_parent(mod),
              model_module_name(mod), is_B ? 'B' : 'A');
+}
+
+/* Mixtral's expert projections: w1 = gate, w3 = up, w2 = down. */
+static const char *expert_module_name(ct_arch arch, ct_module mod)
+{
+    if (arch != CT_ARCH_MIXTRAL) return model_module_name(mod);
+    return mod == CT_MOD_GATE ? "w1" : mod == CT_MOD_UP ? "w3" : "w2";
+}
+
+void lora_expert_tensor_name(char *out, size_t len, ct_arch arch, int layer, int expert, ct_module mod, bool is_B)
+{
+    snprintf(out, len, "base_model.model.model.layers.%d.%s.experts.%d.%s.lora_%c.weight", layer,
+             arch == CT_ARCH_MIXTRAL ? "block_sparse_moe" : "mlp", expert, expert_module_name(arch, mod),
+             is_B ? 'B' : 'A');
+}
+
+/* One tensor of the adapter file and where its values live in params. */
+typedef struct peft_tensor {
+    char name[256];
+    int64_t shape[2];
+    size_t offset;     /* of its first value in params */
+    int fused_B_E;     /* > 0: a gpt_oss fused lora_B [out, R*E] whose column j*E + e is
+                        * column j of expert e's B (stored (E, out, R) in params) */
+} peft_tensor;
+
+/* Every tensor of the adapter in file order (layer, module, expert, A then B).
+ * Returns the count; *out is malloc'd. */
+static size_t peft_tensors(const ct_lora *lo, const ct_model_config *c, peft_tensor **out)
+{
+    size_t cap = 64, n = 0;
+    peft_tensor *v = ct_malloc(cap * sizeof *v);
+    int R = lo->R;
+    for (int l = 0; l < lo->n_layers; l++)
+        for (int mod = 0; mod < CT_MOD_COUNT; mod++) {
+            const ct_lora_slot *s = lora_slot(lo, l, mod);
+            if (!s->experts) continue;
+            bool experts = c->layer_sparse[l] && mod >= CT_MOD_GATE;
+            bool fused = experts && c->arch == CT_ARCH_GPT_OSS;
+            int count = experts && !fused ? s->experts : 1;
+            size_t b0 = s->offset + (size_t)s->experts * R * s->in;
+            for (int e = 0; e < count; e++)
+                for (int is_B = 0; is_B < 2; is_B++) {
+                    if (n + 1 > cap) v = ct_realloc(v, (cap *= 2) * sizeof *v);
+                    peft_tensor *t = &v[n++];
+                    memset(t, 0, sizeof *t);
+                    if (fused) {
+                        /* PEFT nests the gate_up wrapper inside the down one when both are targeted. */
+                        bool inner = mod == CT_MOD_GATE && lo->targeted[CT_MOD_DOWN];
+                        snprintf(t->name, sizeof t->name, "base_model.model.model.layers.%d.mlp.experts.%slora_%c.weight",
+                                 l, inner ? "base_layer." : "", is_B ? 'B' : 'A');
+                        t->shape[0] = is_B ? s->out : (int64_t)R * s->experts;
+                        t->shape[1] = is_B ? (int64_t)R * s->experts : s->in;
+                        t->offset = is_B ? b0 : s->offset;
+                        t->fused_B_E = is_B ? s->experts : 0;
+                    } else {
+                        if (experts) lora_expert_tensor_name(t->name, sizeof t->name, c->arch, l, e, mod, is_B);
+                        else lora_tensor_name(t->name, sizeof t->name, l, mod, is_B);
+                        t->shape[0] = is_B ? s->out : R;
+                        t->shape[1] = is_B ? R : s->in;
+                        t->offset = is_B ? b0 + (size_t)e * s->out * R : s->offset + (size_t)e * R * s->in;
+                    }
+                }
+        }
+    *out = v;
+    return n;
+}
+
+/* Between params (E, out, R) and PEFT's fused [out, R*E] (column j*E + e). */
+static void fused_B_copy(float *peft, float *mine, int E, int out, int R, bool to_peft)
+{
+    for (int e = 0; e < E; e++)
+        for (int o = 0; o < out; o++)
+            for (int j = 0; j < R; j++) {
+                float *a = &peft[(size_t)o * R * E + (size_t)j * E + e], *b = &mine[((size_t)e * out + o) * R + j];
+                if (to_peft) *a = *b; else *b = *a;
+            }
+}
+
+/* The names target_modules lists for a module: mixtral's experts are w1/w3/w2;
+ * gpt_oss's experts are parameters (target_parameters), not modules. */
+static const char *target_name(const ct_lora *lo, ct_module mod)
+{
+    if (mod < CT_MOD_GATE) return model_module_name(mod);
+    if (lo->arch == CT_ARCH_GPT_OSS) return NULL;
+    return expert_module_name(lo->arch, mod);
 }
 
 static void write_config_json(const ct_lora *lo, const char *base_model, json_writer *w)
@@ -125,12 +219,20 @@ static void write_config_json(const ct_lora *lo, const char *base_model, json_wr
     json_write_raw(w, ",\n  \"rank_pattern\": {},\n  \"revision\": null,\n  \"target_modules\": [");
     bool first = true;
     for (int mod = 0; mod < CT_MOD_COUNT; mod++) {
-        if (!lo->targeted[mod]) continue;
+        if (!lo->targeted[mod] || !target_name(lo, mod)) continue;
         json_write_raw(w, first ? "\n    " : ",\n    ");
-        json_write_string(w, model_module_name(mod));
+        json_write_string(w, target_name(lo, mod));
         first = false;
     }
-    json_write_raw(w, "\n  ],\n  \"task_type\": \"CAUSAL_LM\",\n  \"use_dora\": false,\n  \"use_rslora\": ");
+    json_write_raw(w, first ? "]" : "\n  ]");
+    if (lo->arch == CT_ARCH_GPT_OSS && (lo->targeted[CT_MOD_GATE] || lo->targeted[CT_MOD_DOWN])) {
+        json_write_raw(w, ",\n  \"target_parameters\": [");
+        if (lo->targeted[CT_MOD_GATE]) json_write_raw(w, "\n    \"mlp.experts.gate_up_proj\"");
+        if (lo->targeted[CT_MOD_DOWN])
+            json_write_raw(w, lo->targeted[CT_MOD_GATE] ? ",\n    \"mlp.experts.down_proj\"" : "\n    \"mlp.experts.down_proj\"");
+        json_write_raw(w, "\n  ]");
+    }
+    json_write_raw(w, ",\n  \"task_type\": \"CAUSAL_LM\",\n  \"use_dora\": false,\n  \"use_rslora\": ");
     json_write_raw(w, lo->cfg.use_rslora ? "true" : "false");
     json_write_raw(w, "\n}\n");
 }
@@ -143,18 +245,21 @@ int lora_save_peft(const ct_lora *lo, const ct_model *m, const char *dir, const 
     float *host = ct_malloc(lo->n_params * sizeof(float));
     be->download(be, host, lo->params, lo->n_params * sizeof(float));
     st_writer *sw = st_writer_new();
-    char name[256], path[CT_PATH_MAX + 64];
-    for (int l = 0; l < lo->n_layers && !rc; l++)
-        for (int mod = 0; mod < CT_MOD_COUNT && !rc; mod++) {
-            if (!lo->targeted[mod]) continue;
-            const float *A = host + lo->offset[slot(l, mod)];
-            const float *B = A + (size_t)lo->R * lo->in[mod];
-            int64_t shape_a[2] = {lo->R, lo->in[mod]}, shape_b[2] = {lo->out[mod], lo->R};
-            lora_tensor_name(name, sizeof name, l, mod, false);
-            rc = st_writer_add(sw, name, CT_DTYPE_F32, 2, shape_a, A, err);
-            lora_tensor_name(name, sizeof name, l, mod, true);
-            if (!rc) rc = st_writer_add(sw, name, CT_DTYPE_F32, 2, shape_b, B, err);
+    char path[CT_PATH_MAX + 64];
+    peft_tensor *ts;
+    size_t nt = peft_tensors(lo, &m->cfg, &ts);
+    for (size_t i = 0; i < nt && !rc; i++) {
+        const peft_tensor *t = &ts[i];
+        float *data = host + t->offset, *fused = NULL;
+        if (t->fused_B_E) {
+            fused = ct_malloc((size_t)t->shape[0] * t->shape[1] * sizeof(float));
+            fused_B_copy(fused, data, t->fused_B_E, (int)t->shape[0], lo->R, true);
+            data = fused;
         }
+        rc = st_writer_add(sw, t->name, CT_DTYPE_F32, 2, t->shape, data, err);
+        free(fused);
+    }
+    free(ts);
     free(host);
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     if (!rc) rc = st_writer_save(sw, path, err);
@@ -171,29 +276,32 @@ int lora_save_peft(const ct_lora *lo, const ct_model *m, const char *dir, const 
 
 int lora_load_peft(ct_lora *lo, const ct_model *m, const char *dir, ct_error *err)
 {
-    char path[CT_PATH_MAX + 64], name[256];
+    char path[CT_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     st_reader *r = st_open(path, err);
     if (!r) return err->code;
     float *host = ct_calloc(lo->n_params, sizeof(float));
+    peft_tensor *ts;
+    size_t nt = peft_tensors(lo, &m->cfg, &ts);
     int rc = CT_OK;
-    for (int l = 0; l < lo->n_layers && !rc; l++)
-        for (int mod = 0; mod < CT_MOD_COUNT && !rc; mod++) {
-            if (!lo->targeted[mod]) continue;
-            float *A = host + lo->offset[slot(l, mod)];
-            float *B = A + (size_t)lo->R * lo->in[mod];
-            for (int is_B = 0; is_B < 2 && !rc; is_B++) {
-                int64_t shape[2] = {is_B ? lo->out[mod] : lo->R, is_B ? lo->R : lo->in[mod]};
-                const st_tensor *t;
-                lora_tensor_name(name, sizeof name, l, mod, is_B);
-                rc = st_expect(r, name, CT_DTYPE_F32, 2, shape, &t, err);
-                if (!rc) memcpy(is_B ? B : A, t->data, t->nbytes);
-            }
+    for (size_t i = 0; i < nt && !rc; i++) {
+        const peft_tensor *want = &ts[i];
+        const st_tensor *t;
+        rc = st_expect(r, want->name, CT_DTYPE_F32, 2, want->shape, &t, err);
+        if (rc) break;
+        if (want->fused_B_E) {
+            float *fused = ct_malloc(t->nbytes);
+            memcpy(fused, t->data, t->nbytes);
+            fused_B_copy(fused, host + want->offset, want->fused_B_E, (int)want->shape[0], lo->R, false);
+            free(fused);
+        } else {
+            memcpy(host + want->offset, t->data, t->nbytes);
         }
-    if (!rc && st_count(r) != 2 * (size_t)lo->n_layers * (size_t)(lo->targeted[0] + lo->targeted[1] +
-                                  lo->targeted[2] + lo->targeted[3] + lo->targeted[4] + lo->targeted[5] + lo->targeted[6]))
-        rc = CT_FAIL_INPUT(err, "%s: holds %zu tensors, but the configured targets need a different set "
-                           "(check lora.r and lora.target_modules)", path, st_count(r));
+    }
+    if (!rc && st_count(r) != nt)
+        rc = CT_FAIL_INPUT(err, "%s: holds %zu tensors, but the configured targets need %zu "
+                           "(check lora.r and lora.target_modules)", path, st_count(r), nt);
+    free(ts);
     st_close(r);
     if (!rc) m->be->upload(m->be, lo->params, host, lo->n_params * sizeof(float));
     free(host);

@@ -17,6 +17,11 @@ static const command commands[] = {
     {"prepare", cmd_prepare, "prepare --in FILE.jsonl --out DIR [--vocab-size V] [--eval-fraction F] [--seed S]"},
     {"init",    cmd_init,    "init --config CONFIG.json --out DIR [--seed S]"},
     {"inspect", cmd_inspect, "inspect SHARD... | MODEL_DIR | CHECKPOINT_DIR"},
+    {"merge",   cmd_merge,   "merge --model DIR --adapter DIR --out DIR"},
+    {"generate", cmd_generate, "generate --model DIR [--adapter DIR] (--prompt TEXT | --prompt-ids 1,2,3 | "
+                               "--prompt-file FILE) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] "
+                               "[--device cpu|cuda|auto] [--ids]"},
+    {"summary", cmd_summary, "summary RUN_DIR... [--out FILE.csv]"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

@@ -1,7 +1,9 @@
-/* model.c — loads a dense HF checkpoint onto a backend with fused q|k|v and
- * gate|up weights (see model.h). The graph itself lives in graph.c. */
+/* model.c — loads an HF checkpoint onto a backend with fused q|k|v and gate|up
+ * weights, and the experts of sparse layers stacked per projection (see
+ * model.h). The graph itself lives in graph.c and graph_moe.c. */
 #include "model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +28,20 @@ void model_module_shape(const ct_model_config *c, ct_module mod, int *in, int *o
     case CT_MOD_UP:   *in = H; *out = I;  break;
     default:          *in = I; *out = H;  break;
     }
+}
+
+int model_module_layer_shape(const ct_model_config *c, int l, ct_module mod, int *in, int *out)
+{
+    model_module_shape(c, mod, in, out);
+    if (mod < CT_MOD_GATE || !c->layer_sparse[l]) return 1;
+    int H = c->hidden_size, I = c->moe_intermediate_size;
+    bool fused = c->arch == CT_ARCH_GPT_OSS;
+    switch (mod) {
+    case CT_MOD_GATE: *in = H; *out = fused ? 2 * I : I; break;
+    case CT_MOD_UP:   *in = H; *out = I; if (fused) return 0; break;
+    default:          *in = I; *out = H; break;
+    }
+    return c->num_experts;
 }
 
 typedef struct loader {
@@ -65,6 +81,94 @@ static void *load_one(loader *ld, const char *name, size_t n)
     return p;
 }
 
+/* A gpt_oss expert tensor [E, in, out] (for x @ W) uploaded as (E, out, in):
+ * transposed on the host in its own dtype, then converted by upload_weight. */
+static int put_transposed(loader *ld, void *dst, const char *name, size_t E, size_t in, size_t out)
+{
+    const st_tensor *t = st_find(ld->r, name);
+    if (!t) return CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
+    size_t es = ct_dtype_size(t->dtype), n = in * out;
+    unsigned char *tmp = ct_malloc(n * es);
+    for (size_t e = 0; e < E; e++) {
+        const unsigned char *src = (const unsigned char *)t->data + e * n * es;
+        for (size_t i = 0; i < in; i++)
+            for (size_t o = 0; o < out; o++) memcpy(tmp + (o * in + i) * es, src + (i * out + o) * es, es);
+        ld->be->upload_weight(ld->be, (char *)dst + e * n * ld->be->weight_bytes, tmp, t->dtype, n);
+    }
+    free(tmp);
+    return CT_OK;
+}
+
+/* Attention sinks as fp32 whatever the backend's weight type: the attention ops
+ * read them as float. */
+static float *load_sinks(loader *ld, const char *name, size_t n)
+{
+    const st_tensor *t = st_find(ld->r, name);
+    if (!t) {
+        CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
+        return NULL;
+    }
+    float *host = ct_malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        if (t->dtype == CT_DTYPE_F32) {
+            memcpy(&host[i], (const char *)t->data + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, (const char *)t->data + 2 * i, 2);
+            if (t->dtype == CT_DTYPE_BF16) host[i] = ct_bf16_to_f32(h);
+            else { /* F16 */
+                int ex = (h >> 10) & 0x1f, man = h & 0x3ff;
+                float v = ex == 0 ? ldexpf((float)man, -24) : ex == 31 ? (man ? NAN : INFINITY)
+                                                                      : ldexpf((float)(man | 0x400), ex - 25);
+                host[i] = h >> 15 ? -v : v;
+            }
+        }
+    }
+    float *p = ld->be->alloc(ld->be, n * sizeof(float));
+    if (p) {
+        ld->be->upload(ld->be, p, host, n * sizeof(float));
+        ld->bytes += n * sizeof(float);
+    } else {
+        CT_FAIL_RUNTIME(ld->err, "out of %s memory loading weights", ld->be->name);
+    }
+    free(host);
+    return p;
+}
+
+/* The experts and router of sparse layer l (names: FORMATS.md 2.4-2.6). */
+static int load_sparse(loader *ld, const ct_model_config *c, int l, ct_layer_weights *w)
+{
+    size_t H = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts;
+    char n[256];
+#define NAME(...) (snprintf(n, sizeof n, __VA_ARGS__), n)
+    if (!(w->wgu_e = alloc_weight(ld, E * 2 * I * H)) || !(w->wdown_e = alloc_weight(ld, E * H * I)))
+        return ld->err->code;
+    if (c->arch == CT_ARCH_GPT_OSS) {
+        if (!(w->router = load_one(ld, NAME("model.layers.%d.mlp.router.weight", l), E * H)) ||
+            !(w->router_bias = load_one(ld, NAME("model.layers.%d.mlp.router.bias", l), E)) ||
+            !(w->bgu_e = load_one(ld, NAME("model.layers.%d.mlp.experts.gate_up_proj_bias", l), E * 2 * I)) ||
+            !(w->bdown_e = load_one(ld, NAME("model.layers.%d.mlp.experts.down_proj_bias", l), E * H)))
+            return ld->err->code;
+        if (put_transposed(ld, w->wgu_e, NAME("model.layers.%d.mlp.experts.gate_up_proj", l), E, H, 2 * I) ||
+            put_transposed(ld, w->wdown_e, NAME("model.layers.%d.mlp.experts.down_proj", l), E, I, H))
+            return ld->err->code;
+        return CT_OK;
+    }
+    bool mixtral = c->arch == CT_ARCH_MIXTRAL;
+    const char *block = mixtral ? "block_sparse_moe" : "mlp";
+    const char *gate = mixtral ? "w1" : "gate_proj", *up = mixtral ? "w3" : "up_proj", *down = mixtral ? "w2" : "down_proj";
+    if (!(w->router = load_one(ld, NAME("model.layers.%d.%s.gate.weight", l, block), E * H))) return ld->err->code;
+    for (size_t e = 0; e < E; e++) {
+        size_t gu = e * 2 * I * H;
+        if (put(ld, w->wgu_e, gu, NAME("model.layers.%d.%s.experts.%zu.%s.weight", l, block, e, gate)) ||
+            put(ld, w->wgu_e, gu + I * H, NAME("model.layers.%d.%s.experts.%zu.%s.weight", l, block, e, up)) ||
+            put(ld, w->wdown_e, e * H * I, NAME("model.layers.%d.%s.experts.%zu.%s.weight", l, block, e, down)))
+            return ld->err->code;
+    }
+#undef NAME
+    return CT_OK;
+}
+
 static int load_layer(loader *ld, const ct_model_config *c, int l, ct_layer_weights *w)
 {
     size_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
@@ -91,6 +195,9 @@ static int load_layer(loader *ld, const ct_model_config *c, int l, ct_layer_weig
     }
     if (!(w->wo = load_one(ld, NAME("self_attn.o_proj.weight"), H * Q))) return ld->err->code;
     if (c->o_proj_bias && !(w->bo = load_one(ld, NAME("self_attn.o_proj.bias"), H))) return ld->err->code;
+    if (c->attention_sinks && !(w->sinks = load_sinks(ld, NAME("self_attn.sinks"), c->num_attention_heads)))
+        return ld->err->code;
+    if (c->layer_sparse[l]) return load_sparse(ld, c, l, w);
     if (!(w->wgu = alloc_weight(ld, 2 * I * H))) return ld->err->code;
     if (put(ld, w->wgu, 0, NAME("mlp.gate_proj.weight")) || put(ld, w->wgu, I * H, NAME("mlp.up_proj.weight")))
         return ld->err->code;
@@ -112,9 +219,10 @@ int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
     int rc = model_config_load(&m->cfg, dir, err);
     if (rc) return rc;
     const ct_model_config *c = &m->cfg;
-    if (c->num_experts > 0)
-        return CT_FAIL_INPUT(err, "%s: model_type '%s' is a mixture of experts; this build trains dense models "
-                             "only (llama, mistral, qwen2, qwen3)", dir, c->model_type);
+    if (c->num_experts > 0 && !be->moe_route)
+        return CT_FAIL_INPUT(err, "%s: model_type '%s' is a mixture of experts; the %s backend does not implement "
+                             "the MoE ops yet (set device: cpu to train it on the CPU reference backend)",
+                             dir, c->model_type, be->name);
     st_reader *r = st_open(dir, err);
     if (!r) return err->code;
     rc = model_check_weights(c, r, err);

@@ -1,12 +1,15 @@
-/* model.h — a dense decoder (llama, mistral, qwen2, qwen3) loaded onto a backend,
- * and the layer graph: forward, backward (LoRA gradients only; the base is
- * frozen) and evaluation over one packed micro-batch.
+/* model.h — a decoder (llama, mistral, qwen2, qwen3; the mixtures of experts
+ * qwen3_moe, mixtral, gpt_oss) loaded onto a backend, and the layer graph:
+ * forward, backward (LoRA gradients only; the base is frozen) and evaluation
+ * over one packed micro-batch.
  *
  * On load q/k/v are fused into one weight (rows q | k | v) and gate/up into one
  * (rows gate | up), so each is one GEMM; LoRA writes into column slices of the
- * fused outputs. The graph keeps each layer's input (checkpointing) and
- * recomputes the layer in backward; with checkpointing off it keeps every
- * layer's intermediates instead. The two give identical results. */
+ * fused outputs. Sparse (MoE) layers hold every expert's weights in one tensor
+ * per projection, in the (E, out, in) layout the grouped GEMM reads. The graph
+ * keeps each layer's input (checkpointing) and recomputes the layer in
+ * backward; with checkpointing off it keeps every layer's intermediates
+ * instead. The two give identical results. */
 #ifndef CT_MODEL_H
 #define CT_MODEL_H
 
@@ -26,7 +29,17 @@ typedef struct ct_layer_weights {
     void *bgu;         /* (2I) or NULL */
     void *wdown;       /* (H, I) */
     void *bdown;       /* (H) or NULL */
-} ct_layer_weights;
+    float *sinks;      /* (nq) fp32 attention sink logits (gpt_oss) or NULL */
+    /* Sparse layers (cfg.layer_sparse[l]) have these instead of wgu..bdown;
+     * I is moe_intermediate_size here. */
+    void *router;      /* (E, H) */
+    void *router_bias; /* (E) or NULL (gpt_oss has one) */
+    void *wgu_e;       /* (E, 2I, H): per expert gate rows then up rows; gpt_oss keeps
+                        * its interleaved order (row 2i gate i, row 2i+1 up i) */
+    void *bgu_e;       /* (E, 2I) or NULL, rows as wgu_e */
+    void *wdown_e;     /* (E, H, I) */
+    void *bdown_e;     /* (E, H) or NULL */
+} ct_layer_weights;   /* every field a backend pointer (model_free walks them) */
 
 typedef struct ct_model {
     ct_model_config cfg;
@@ -42,7 +55,8 @@ typedef struct ct_model {
 } ct_model;
 
 /* Reads DIR/config.json and the safetensors in DIR, checks every tensor's name,
- * shape and dtype, and uploads the weights (fused) to the backend. */
+ * shape and dtype, and uploads the weights (fused) to the backend. A mixture of
+ * experts on a backend without the MoE ops (CUDA, for now) is CT_ERR_INPUT. */
 int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err);
 void model_free(ct_model *m);
 
@@ -52,6 +66,12 @@ typedef enum {
 } ct_module;
 const char *model_module_name(ct_module mod);           /* "q_proj" */
 const char *model_module_parent(ct_module mod);         /* "self_attn" or "mlp" */
+/* in/out of a module of a dense layer (the MLP with intermediate_size). */
 void model_module_shape(const ct_model_config *cfg, ct_module mod, int *in, int *out);
+/* in/out of one matrix of module mod in layer l; returns how many there are:
+ * 1, or E for gate/up/down of a sparse layer (one per expert), or 0 where the
+ * module does not exist: gpt_oss fuses gate and up into one gate_up_proj per
+ * expert, which is its GATE module (out = 2I, interleaved rows), and has no UP. */
+int model_module_layer_shape(const ct_model_config *cfg, int l, ct_module mod, int *in, int *out);
 
 #endif

@@ -86,6 +86,21 @@ static int require_positive(int v, const char *key, const char *src, ct_error *e
     return CT_OK;
 }
 
+static int require_at_most(int v, int max, const char *key, const char *src, ct_error *err)
+{
+    if (v > max)
+        return CT_FAIL_INPUT(err, "%s: key '%s' is %d, more than the %d ctune supports (a corrupt config.json?)",
+                             src, key, v, max);
+    return CT_OK;
+}
+
+/* Values used as fp32 in the kernels must convert to float without overflow. */
+static int require_float_range(double v, double lo, double hi, const char *key, const char *src, ct_error *err)
+{
+    if (!(v >= lo && v <= hi)) return CT_FAIL_INPUT(err, "%s: key '%s' is %g (expected %g to %g)", src, key, v, lo, hi);
+    return CT_OK;
+}
+
 /* ---- RoPE ---- */
 
 static int parse_rope(ct_model_config *mc, const json_value *root, const char *src, ct_error *err)
@@ -151,6 +166,11 @@ static int parse_rope(ct_model_config *mc, const json_value *root, const char *s
         /* HF replaces falsy betas by the paper's defaults (`or 32`, `or 1`). */
         if (rp->beta_fast == 0) rp->beta_fast = 32.0;
         if (rp->beta_slow == 0) rp->beta_slow = 1.0;
+        /* log() of the correction range needs positive betas; fp32 needs the factor in range */
+        if (!(rp->beta_fast > 0 && rp->beta_slow > 0))
+            return CT_FAIL_INPUT(err, "%s: yarn beta_fast and beta_slow must be positive (found %g, %g)", sub,
+                                 rp->beta_fast, rp->beta_slow);
+        if ((rc = require_float_range(rp->attention_factor, -1e30, 1e30, "attention_factor", sub, err))) return rc;
         if (present(p, "mscale") || present(p, "mscale_all_dim"))
             return CT_FAIL_INPUT(err, "%s: yarn 'mscale'/'mscale_all_dim' are not supported (give attention_factor)", sub);
         return require_positive(rp->original_max_position_embeddings, "original_max_position_embeddings", sub, err);
@@ -356,10 +376,16 @@ static int parse_moe(ct_model_config *mc, const json_value *root, const char *sr
         return CT_OK;
     }
     if (rc) return rc;
+    if ((rc = require_float_range(mc->router_aux_loss_coef, -1e30, 1e30, "router_aux_loss_coef", src, err)) ||
+        (rc = require_float_range(mc->swiglu_limit, -1e30, 1e30, "swiglu_limit", src, err)))
+        return rc;
     if (mc->num_experts <= 0) {
         if (mc->arch != CT_ARCH_QWEN3_MOE) return CT_FAIL_INPUT(err, "%s: key '%s' must be positive", src, experts_key);
         return CT_OK; /* qwen3_moe with 0 experts is a dense model */
     }
+    if ((rc = require_at_most(mc->num_experts, CT_MAX_EXPERTS, experts_key, src, err)) ||
+        (rc = require_at_most(mc->moe_intermediate_size, CT_MAX_INTERMEDIATE, "moe_intermediate_size", src, err)))
+        return rc;
     if (mc->num_experts_per_tok <= 0 || mc->num_experts_per_tok > mc->num_experts)
         return CT_FAIL_INPUT(err, "%s: key 'num_experts_per_tok' must be in [1, %s=%d] (found %d)", src,
                              experts_key, mc->num_experts, mc->num_experts_per_tok);
@@ -395,9 +421,9 @@ static int parse_root(ct_model_config *mc, const json_value *root, const char *s
     const int vals[] = {mc->vocab_size, mc->hidden_size, mc->intermediate_size, mc->num_hidden_layers, mc->num_attention_heads};
     for (int i = 0; i < 5; i++)
         if ((rc = require_positive(vals[i], sizes[i], src, err))) return rc;
-    if (mc->num_hidden_layers > CT_MAX_LAYERS)
-        return CT_FAIL_INPUT(err, "%s: key 'num_hidden_layers' is %d, ctune supports at most %d", src,
-                             mc->num_hidden_layers, CT_MAX_LAYERS);
+    const int caps[] = {CT_MAX_VOCAB, CT_MAX_HIDDEN, CT_MAX_INTERMEDIATE, CT_MAX_LAYERS, CT_MAX_HEADS};
+    for (int i = 0; i < 5; i++)
+        if ((rc = require_at_most(vals[i], caps[i], sizes[i], src, err))) return rc;
 
     /* Qwen3Config defaults head_dim to 128; every other family to hidden/heads. */
     int hd_dflt = mc->arch == CT_ARCH_QWEN3 ? 128 : mc->hidden_size / mc->num_attention_heads;
@@ -406,6 +432,7 @@ static int parse_root(ct_model_config *mc, const json_value *root, const char *s
     if (rc) return rc;
     if ((rc = require_positive(mc->num_key_value_heads, "num_key_value_heads", src, err))) return rc;
     if ((rc = require_positive(mc->head_dim, "head_dim", src, err))) return rc;
+    if ((rc = require_at_most(mc->head_dim, CT_MAX_HEAD_DIM, "head_dim", src, err))) return rc;
     if (mc->num_attention_heads % mc->num_key_value_heads != 0)
         return CT_FAIL_INPUT(err, "%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", src,
                              mc->num_attention_heads, mc->num_key_value_heads);
@@ -421,8 +448,10 @@ static int parse_root(ct_model_config *mc, const json_value *root, const char *s
     if (!rc) rc = opt_double(root, "initializer_range", 0.02, &mc->initializer_range, src, err);
     if (rc) return rc;
     if (!(mc->rms_norm_eps > 0)) return CT_FAIL_INPUT(err, "%s: key 'rms_norm_eps' must be positive", src);
+    if ((rc = require_float_range(mc->rms_norm_eps, 0, 1, "rms_norm_eps", src, err))) return rc;
     if ((rc = require_positive(mc->max_position_embeddings, "max_position_embeddings", src, err))) return rc;
     if (!(mc->initializer_range >= 0)) return CT_FAIL_INPUT(err, "%s: key 'initializer_range' must be >= 0", src);
+    if ((rc = require_float_range(mc->initializer_range, 0, 1e3, "initializer_range", src, err))) return rc;
 
     /* gpt_oss's MLP is its own clamped SwiGLU; hidden_act does not select it. */
     const char *act = NULL;
@@ -437,6 +466,10 @@ static int parse_root(ct_model_config *mc, const json_value *root, const char *s
 
     if ((rc = parse_rope(mc, root, src, err))) return rc;
     if (!(mc->rope.theta > 0)) return CT_FAIL_INPUT(err, "%s: key 'rope_theta' must be positive", src);
+    /* Checked before model_rope_dim converts head_dim * factor to an int. */
+    if (!(mc->rope.partial_rotary_factor > 0 && mc->rope.partial_rotary_factor <= 1))
+        return CT_FAIL_INPUT(err, "%s: key 'partial_rotary_factor' is %g (expected a number in (0, 1])", src,
+                             mc->rope.partial_rotary_factor);
     int rd = model_rope_dim(mc);
     if (rd <= 0 || rd % 2 != 0 || rd > mc->head_dim)
         return CT_FAIL_INPUT(err, "%s: partial_rotary_factor %g gives rotary dim %d (must be even, in (0, head_dim])", src,
@@ -463,7 +496,7 @@ int model_config_load(ct_model_config *mc, const char *path, ct_error *err)
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(file, plen, "%s/config.json", path);
     else snprintf(file, plen, "%s", path);
     size_t len;
-    char *text = ct_read_file(file, &len, err);
+    char *text = ct_read_file_max(file, CT_JSON_MAX_BYTES, &len, err);
     int rc = text ? model_config_parse(mc, text, len, file, err) : err ? err->code : CT_ERR_INPUT;
     free(text);
     free(file);

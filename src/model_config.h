@@ -18,6 +18,17 @@ typedef enum {
 typedef enum { CT_ROPE_DEFAULT, CT_ROPE_LINEAR, CT_ROPE_DYNAMIC, CT_ROPE_LLAMA3, CT_ROPE_YARN } ct_rope_type;
 
 #define CT_MAX_LAYERS 512
+/* Caps on the sizes a config.json may claim, far above any released model
+ * (V 262144, H 16384, I 53248, E 384, D 256). Within them no size derived from
+ * a config overflows: an int (graph dimensions such as n_heads * head_dim or
+ * 2 * I), a size_t (parameter counts, which stay below 2^62), and the tensor
+ * list (L * E * 3 expert entries) stays small enough to build. */
+#define CT_MAX_VOCAB        (1 << 24)
+#define CT_MAX_HIDDEN       (1 << 17)
+#define CT_MAX_INTERMEDIATE (1 << 20)
+#define CT_MAX_HEADS        1024
+#define CT_MAX_HEAD_DIM     1024
+#define CT_MAX_EXPERTS      1024
 
 typedef struct ct_rope_config {
     ct_rope_type type;

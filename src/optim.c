@@ -2,6 +2,9 @@
 #include "optim.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 double optim_lr(const ct_training_config *t, int step, int total_steps)
 {
@@ -26,4 +29,70 @@ void optim_step(ct_backend *be, ct_lora *lo, const ct_training_config *t, float 
     be->sum_squares(be, norm_sq, lo->grads, lo->n_params);
     be->adamw(be, lo->params, lo->grads, lo->m, lo->v, lo->n_params, norm_sq, (float)t->max_grad_norm, (float)lr,
               (float)t->adam_beta1, (float)t->adam_beta2, (float)t->adam_epsilon, (float)t->weight_decay, step);
+}
+
+// ---- the non-finite guard ----
+
+int optim_guard_init(ct_guard *g, ct_backend *be, const ct_training_config *t, ct_error *err)
+{
+    memset(g, 0, sizeof *g);
+    g->max_in_a_row = t->max_nonfinite_steps;
+    g->cap = t->logging_steps < g->max_in_a_row ? t->logging_steps : g->max_in_a_row;
+    if (g->cap > 256) g->cap = 256;
+    if (g->cap < 1) g->cap = 1;
+    const char *inj = getenv("CTUNE_INJECT_NAN_STEP");
+    if (inj && *inj) {
+        int n = 0;
+        if (sscanf(inj, "%d-%d%n", &g->inject_first, &g->inject_last, &n) != 2 || inj[n]) {
+            n = 0;
+            if (sscanf(inj, "%d%n", &g->inject_first, &n) != 1 || inj[n])
+                return CT_FAIL_INPUT(err, "CTUNE_INJECT_NAN_STEP=%s: expected a step K or a range K-M", inj);
+            g->inject_last = g->inject_first;
+        }
+    }
+    g->ring = be->alloc(be, (size_t)g->cap * sizeof(float));
+    if (!g->ring) return CT_FAIL_RUNTIME(err, "out of device memory (the gradient-norm ring, %d floats)", g->cap);
+    return CT_OK;
+}
+
+void optim_guard_free(ct_guard *g, ct_backend *be)
+{
+    if (g->ring) be->free(be, g->ring);
+    g->ring = NULL;
+}
+
+float *optim_guard_slot(ct_guard *g, int step)
+{
+    CT_ASSERT(g->used < g->cap, "guard: the ring of %d steps is full (read it first)", g->cap);
+    if (g->used == 0) g->first_step = step;
+    return g->ring + g->used++;
+}
+
+bool optim_guard_full(const ct_guard *g) { return g->used == g->cap; }
+
+void optim_guard_read(ct_guard *g, ct_backend *be)
+{
+    if (g->used == 0) return;
+    float v[256];
+    be->download(be, v, g->ring, (size_t)g->used * sizeof(float));
+    for (int i = 0; i < g->used; i++) {
+        if (isfinite(v[i])) {
+            g->streak = 0;
+            continue;
+        }
+        if (g->streak++ == 0) g->streak_start = g->first_step + i;
+        g->skipped++;
+        g->skipped_since_log++;
+    }
+    g->last_norm_sq = v[g->used - 1];
+    g->used = 0;
+}
+
+bool optim_guard_tripped(const ct_guard *g) { return g->streak >= g->max_in_a_row; }
+
+void optim_guard_inject(const ct_guard *g, ct_backend *be, float *grads, int step)
+{
+    if (!g->inject_first || step < g->inject_first || step > g->inject_last) return;
+    float nan = NAN;
+    be->upload(be, grads, &nan, sizeof nan);
 }

@@ -348,7 +348,7 @@ static int check_weight_map(st_reader *r, const char *index, map_entry *e, size_
 static int open_index(st_reader *r, const char *dir, const char *index, ct_error *err)
 {
     size_t len;
-    char *text = ct_read_file(index, &len, err);
+    char *text = ct_read_file_max(index, CT_JSON_MAX_BYTES, &len, err);
     if (!text) return err ? err->code : CT_ERR_INPUT;
     json_doc *doc = json_parse(text, len, index, err);
     free(text);

@@ -11,8 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "adapter.h"
 #include "checkpoint.h"
 #include "graph.h"
+#include "interrupt.h"
 #include "log.h"
 #include "optim.h"
 
@@ -27,7 +29,7 @@ typedef struct run {
     ct_loader *loader;
     ct_graph *graph;
     ct_log log;
-    float *norm_sq;           /* backend fp32 scalar */
+    ct_guard guard;           /* per-step gradient norms; skips and counts non-finite steps */
     int total_steps;
     ct_trainer_state state;
     FILE *trace;              /* CTUNE_TRACE: the documents of every step, for HF parity runs */
@@ -55,7 +57,7 @@ static void run_free(run *r)
     graph_free(r->graph);
     if (r->be) {
         if (r->lora.params) lora_free(&r->lora, r->be);
-        if (r->norm_sq) r->be->free(r->be, r->norm_sq);
+        optim_guard_free(&r->guard, r->be);
         model_free(&r->model);
     }
     if (r->train_ds.shards) dataset_close(&r->train_ds);
@@ -104,7 +106,7 @@ static int run_setup(run *r, const ct_config *cfg, bool need_train, ct_error *er
     }
     rc = lora_init(&r->lora, &r->model, &cfg->lora, (uint64_t)cfg->training.seed, err);
     if (rc) return rc;
-    if (!(r->norm_sq = r->be->alloc(r->be, sizeof(float)))) return CT_FAIL_RUNTIME(err, "out of device memory");
+    if ((rc = optim_guard_init(&r->guard, r->be, &cfg->training, err))) return rc;
     r->graph = graph_new(&r->model, capacity_of(cfg), cfg->memory.gradient_checkpointing, err);
     return r->graph ? CT_OK : err->code;
 }
@@ -137,8 +139,10 @@ static int save_checkpoint(run *r, ct_error *err)
 {
     r->state.total_steps = r->total_steps;
     r->state.data = loader_position(r->loader);
-    return checkpoint_save(r->cfg->output_dir, &r->lora, &r->model, &r->state, r->cfg->model,
-                           r->cfg->training.save_total_limit, err);
+    int rc = checkpoint_save(r->cfg->output_dir, &r->lora, &r->model, &r->state, r->cfg->model,
+                             r->cfg->training.save_total_limit, err);
+    if (!rc) log_plot(&r->log);
+    return rc;
 }
 
 static int write_resolved_config(const ct_config *cfg, ct_error *err)
@@ -161,7 +165,7 @@ static int resume_if_asked(run *r, ct_error *err)
     char path[CT_PATH_MAX + 64];
     if (t->resume_mode == CT_RESUME_FALSE) return CT_OK;
     if (t->resume_mode == CT_RESUME_PATH) snprintf(path, sizeof path, "%s", t->resume_from_checkpoint);
-    else if (!checkpoint_find_latest(r->cfg->output_dir, path, sizeof path)) return CT_OK;
+    else if (!checkpoint_find_latest(r->cfg->output_dir, path, sizeof path, stderr)) return CT_OK;
     int rc = checkpoint_load(path, &r->lora, &r->model, &r->state, err);
     if (!rc) rc = packer_check_position(r->packer, r->state.data, err);
     if (rc) return rc;
@@ -233,7 +237,8 @@ static int train_loop(run *r, ct_error *err)
             loader_release(r->loader, batches[i]);
         }
         double lr = optim_lr(t, step, r->total_steps);
-        optim_step(be, &r->lora, t, r->norm_sq, lr, step);
+        optim_guard_inject(&r->guard, be, r->lora.grads, step);
+        optim_step(be, &r->lora, t, optim_guard_slot(&r->guard, step), lr, step);
         step_syncs += be->host_syncs - syncs0;
         steps_run++;
         r->state.step = step;
@@ -241,19 +246,23 @@ static int train_loop(run *r, ct_error *err)
         window_targets += (double)targets;
         window_tokens += (double)tokens;
 
-        bool last = step == r->total_steps;
-        if (step % t->logging_steps == 0 || last) {
-            float sum = 0, nsq = 0;
+        bool last = step == r->total_steps, log_now = step % t->logging_steps == 0 || last;
+        if (log_now || optim_guard_full(&r->guard)) optim_guard_read(&r->guard, be);
+        bool nonfinite_stop = optim_guard_tripped(&r->guard);
+        if (log_now || nonfinite_stop) {
+            float sum = 0;
             be->download(be, &sum, loss_sum, sizeof sum);
-            be->download(be, &nsq, r->norm_sq, sizeof nsq);
             be->zero(be, loss_sum, sizeof(float));
             double now = ct_now();
             ct_train_record rec = {.step = step, .total_steps = r->total_steps,
                                    .loss = (window_loss + sum) / (window_targets > 0 ? window_targets : 1),
-                                   .lr = lr, .grad_norm = sqrt(nsq), .tokens = r->state.tokens_seen,
+                                   .lr = lr, .grad_norm = sqrt(r->guard.last_norm_sq), .tokens = r->state.tokens_seen,
+                                   .skipped_steps = r->guard.skipped_since_log,
                                    .tokens_per_second = window_tokens / (now - window_t0),
-                                   .elapsed = elapsed0 + now - t_start};
+                                   .elapsed = elapsed0 + now - t_start,
+                                   .memory_used = be->memory_used ? be->memory_used(be) : 0};
             log_train(&r->log, &rec);
+            r->guard.skipped_since_log = 0;
             window_loss = window_targets = window_tokens = 0;
             window_t0 = now;
         }
@@ -266,15 +275,24 @@ static int train_loop(run *r, ct_error *err)
             log_eval(&r->log, step, el, n);
         }
         r->state.elapsed = elapsed0 + ct_now() - t_start;
-        if (t->save_steps > 0 && step % t->save_steps == 0 && !last) rc = save_checkpoint(r, err);
+        if ((t->save_steps > 0 && step % t->save_steps == 0 && !last) || nonfinite_stop) rc = save_checkpoint(r, err);
+        if (nonfinite_stop && !rc)
+            rc = CT_FAIL_RUNTIME(err, "training stopped at step %d: %d steps in a row (from step %d) had a non-finite "
+                                 "loss or gradient and were skipped (training.max_nonfinite_steps: %d); checkpoint-%d "
+                                 "holds the weights from before them (HINT: lower training.learning_rate or set "
+                                 "training.max_grad_norm, check the data of those steps, then rerun to resume)",
+                                 step, r->guard.streak, r->guard.streak_start, t->max_nonfinite_steps, step);
+        if (interrupt_pending()) break; /* SIGINT/SIGTERM: the step is done; save below and stop */
     }
     free(batches);
+    bool interrupted = r->state.step < r->total_steps && interrupt_pending();
     if (rc) return rc;
     if (steps_run > 0)
         log_note(&r->log, "host syncs per step: %.2f (the loss is read back on logging steps only)",
                  (double)step_syncs / steps_run);
     if (r->state.step > 0) rc = save_checkpoint(r, err);
     if (rc) return rc;
+    if (interrupted) return interrupt_fail(err, cfg->output_dir, (long long)r->state.step);
     char final[CT_PATH_MAX + 16];
     snprintf(final, sizeof final, "%s/final", cfg->output_dir);
     rc = lora_save_peft(&r->lora, &r->model, final, cfg->model, err);
@@ -285,9 +303,10 @@ static int train_loop(run *r, ct_error *err)
 int train_run(const ct_config *cfg, ct_error *err)
 {
     run r = {0};
-    int rc = ct_mkdirs(cfg->output_dir, err);
+    int rc = checkpoint_probe_dir(cfg->output_dir, err);
     if (!rc) rc = log_open(&r.log, cfg->output_dir, err);
     if (!rc) rc = run_setup(&r, cfg, true, err);
+    if (!rc) rc = checkpoint_check_space(cfg->output_dir, &r.lora, err);
     if (!rc) rc = write_resolved_config(cfg, err);
     if (!rc) {
         size_t per_epoch = packer_batches_per_epoch(r.packer);
@@ -308,7 +327,9 @@ int train_run(const ct_config *cfg, ct_error *err)
     }
     if (!rc) {
         r.loader = loader_start(r.packer, 2 * cfg->training.gradient_accumulation_steps + 2);
+        interrupt_install();
         rc = train_loop(&r, err);
+        interrupt_restore();
     }
     run_free(&r);
     return rc;
@@ -318,7 +339,10 @@ int eval_run(const ct_config *cfg, const char *adapter_dir, ct_error *err)
 {
     run r = {0};
     int rc = run_setup(&r, cfg, false, err);
-    if (!rc && adapter_dir) rc = lora_load_peft(&r.lora, &r.model, adapter_dir, err);
+    if (!rc && adapter_dir) { /* the adapter's own r and targets, not the config's lora section */
+        lora_free(&r.lora, r.be);
+        rc = adapter_load(&r.lora, &r.model, adapter_dir, err);
+    }
     if (!rc) {
         int n;
         double loss = evaluate(&r, r.has_eval ? r.eval_packer : r.packer, adapter_dir ? &r.lora : NULL, &n);

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# fuzz/run.sh TARGET... — runs each built libFuzzer target (build-fuzz/fuzz_NAME)
+# for FUZZ_SECONDS on a corpus seeded from the repo's own files, then prints one
+# table row per target: executions, seconds, corpus size, findings.
+# Crashing inputs land in build-fuzz/crashes/NAME/; copy each into
+# tests/fuzz_regressions/NAME/ once fixed, so CI replays it for good.
+set -u
+cd "$(dirname "$0")/.."
+secs=${FUZZ_SECONDS:-60}
+out=build-fuzz
+found=0
+
+# seed_NAME DIR: copies the repo files that are valid inputs of NAME into DIR.
+seed() {
+    local name=$1 dir=$2
+    mkdir -p "$dir"
+    case $name in
+    config) files=(configs/*.yaml tests/fixtures/*/train.yaml) ;;
+    json) files=(configs/models/*/config.json tests/fixtures/*/adapter/adapter_config.json) ;;
+    model_config) files=(configs/models/*/config.json tests/fixtures/*/config.json) ;;
+    safetensors) files=(tests/fixtures/*/adapter/*.safetensors tests/fixtures/*/model/*.safetensors) ;;
+    shard) files=(tests/fixtures/*/data/*.shard) ;;
+    *) files=() ;;
+    esac
+    local f
+    for f in "${files[@]}"; do cp "$f" "$dir/$(echo "$f" | tr / _)"; done
+    # inputs that once crashed a target are seeds too
+    [ -d "tests/fuzz_regressions/$name" ] && cp tests/fuzz_regressions/"$name"/* "$dir"/ 2>/dev/null
+    return 0
+}
+
+printf '%-14s %12s %8s %8s %9s\n' target executions seconds corpus findings
+for name in "$@"; do
+    bin=$out/fuzz_$name
+    corpus=$out/corpus/$name
+    crashes=$out/crashes/$name
+    seed "$name" "$corpus"
+    mkdir -p "$crashes"
+    log=$out/fuzz_$name.log
+    # -max_len: a safetensors seed is up to ~47 KB; the JSON and YAML ones are small.
+    dict=(); [ -f "fuzz/$name.dict" ] && dict=(-dict="fuzz/$name.dict")
+    "$bin" "${dict[@]}" -max_total_time="$secs" -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+        -artifact_prefix="$crashes/" "$corpus" >"$log" 2>&1
+    rc=$?
+    execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
+    n=$(find "$crashes" -type f | wc -l)
+    [ "$rc" -ne 0 ] && [ "$n" -eq 0 ] && n=1
+    found=$((found + n))
+    printf '%-14s %12s %8s %8s %9s\n' "$name" "${execs:-?}" "$secs" "$(ls "$corpus" | wc -l)" "$n"
+    [ "$n" -gt 0 ] && { echo "  see $log and $crashes/"; grep -m3 -E 'ERROR|runtime error|invariant' "$log" | sed 's/^/  /'; }
+done
+[ "$found" -eq 0 ]

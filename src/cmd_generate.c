@@ -1,0 +1,245 @@
+/* cmd_generate.c — `ctune generate`: sample a completion from a model (plus an
+ * optional adapter) to eyeball a run. Text prompts go through the byte-level
+ * chat template of the tiny models; other models take token ids. The new
+ * tokens stream to stdout as they are chosen; timing goes to stderr. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "adapter.h"
+#include "commands.h"
+#include "generate.h"
+#include "json.h"
+
+#define USAGE "usage: ctune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompt-ids 1,2,3 | " \
+              "--prompt-file FILE) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] " \
+              "[--device cpu|cuda|auto] [--ids]"
+
+typedef struct gen_args {
+    const char *model, *adapter, *prompt, *prompt_ids, *prompt_file, *device;
+    long long max_new_tokens, seed;
+    double temperature, top_p;
+    bool print_ids;
+} gen_args;
+
+static int parse_ll(const char *opt, const char *s, long long lo, long long hi, long long *out, ct_error *err)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return CT_FAIL_INPUT(err, "%s '%s': expected an integer in %lld..%lld", opt, s, lo, hi);
+    *out = v;
+    return CT_OK;
+}
+
+static int parse_double(const char *opt, const char *s, double lo, double hi, double *out, ct_error *err)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi))
+        return CT_FAIL_INPUT(err, "%s '%s': expected a number in [%g, %g]", opt, s, lo, hi);
+    *out = v;
+    return CT_OK;
+}
+
+static int parse_args(int argc, char **argv, gen_args *a, ct_error *err)
+{
+    *a = (gen_args){.max_new_tokens = 128, .top_p = 1.0, .device = "auto"};
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        if (!strcmp(o, "--ids")) {
+            a->print_ids = true;
+            continue;
+        }
+        if (i + 1 >= argc) return CT_FAIL_INPUT(err, "%s needs a value (%s)", o, USAGE);
+        const char *v = argv[++i];
+        int rc = CT_OK;
+        if (!strcmp(o, "--model")) a->model = v;
+        else if (!strcmp(o, "--adapter")) a->adapter = v;
+        else if (!strcmp(o, "--prompt")) a->prompt = v;
+        else if (!strcmp(o, "--prompt-ids")) a->prompt_ids = v;
+        else if (!strcmp(o, "--prompt-file")) a->prompt_file = v;
+        else if (!strcmp(o, "--device")) a->device = v;
+        else if (!strcmp(o, "--max-new-tokens")) rc = parse_ll(o, v, 1, 1 << 20, &a->max_new_tokens, err);
+        else if (!strcmp(o, "--seed")) rc = parse_ll(o, v, 0, INT64_MAX, &a->seed, err);
+        else if (!strcmp(o, "--temperature")) rc = parse_double(o, v, 0, 100, &a->temperature, err);
+        else if (!strcmp(o, "--top-p")) rc = parse_double(o, v, 1e-6, 1, &a->top_p, err);
+        else return CT_FAIL_INPUT(err, "unknown option '%s' (%s)", o, USAGE);
+        if (rc) return rc;
+    }
+    if (!a->model) return CT_FAIL_INPUT(err, "--model is required (%s)", USAGE);
+    if (!!a->prompt + !!a->prompt_ids + !!a->prompt_file != 1)
+        return CT_FAIL_INPUT(err, "give exactly one of --prompt, --prompt-ids, --prompt-file (%s)", USAGE);
+    if (strcmp(a->device, "cpu") && strcmp(a->device, "cuda") && strcmp(a->device, "auto"))
+        return CT_FAIL_INPUT(err, "--device '%s': expected cpu, cuda or auto", a->device);
+    return CT_OK;
+}
+
+/* Token ids separated by commas and/or white space; source names them in errors. */
+static int32_t *parse_ids(const char *text, const char *source, int *n, ct_error *err)
+{
+    size_t cap = 64;
+    int32_t *ids = ct_malloc(cap * sizeof *ids);
+    *n = 0;
+    for (const char *p = text; *p;) {
+        if (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') {
+            p++;
+            continue;
+        }
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            free(ids);
+            CT_FAIL_INPUT(err, "%s: '%.20s' is not a token id (expected ids separated by commas or spaces)",
+                          source, p);
+            return NULL;
+        }
+        if ((size_t)*n == cap) ids = ct_realloc(ids, (cap *= 2) * sizeof *ids);
+        ids[(*n)++] = (int32_t)v;
+        p = end;
+    }
+    if (*n == 0) {
+        free(ids);
+        CT_FAIL_INPUT(err, "%s: no token ids", source);
+        return NULL;
+    }
+    return ids;
+}
+
+/* eos_token_id (an id or a list) of DIR/NAME, appended to ids; absent files or
+ * keys add nothing. */
+static void add_eos_ids(const char *dir, const char *name, int32_t *ids, int *n, int cap)
+{
+    char path[CT_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    ct_error ignored = {0};
+    size_t len;
+    char *text = ct_read_file_max(path, 1 << 20, &len, &ignored);
+    if (!text) return;
+    json_doc *doc = json_parse(text, len, path, &ignored);
+    free(text);
+    if (!doc) return;
+    const json_value *e = json_get(json_root(doc), "eos_token_id");
+    size_t count = e ? (e->type == JSON_ARRAY ? e->count : 1) : 0;
+    for (size_t i = 0; i < count && *n < cap; i++) {
+        const json_value *v = e->type == JSON_ARRAY ? e->items[i] : e;
+        if (v->type == JSON_NUMBER && v->is_integer && v->integer >= 0 && v->integer <= INT32_MAX)
+            ids[(*n)++] = (int32_t)v->integer;
+    }
+    json_free(doc);
+}
+
+typedef struct stream_ctx {
+    bool bytes;   /* the byte tokenizer: write text */
+    int count;
+    const int32_t *stop_ids;
+    int n_stop;
+} stream_ctx;
+
+static void on_token(int32_t t, void *p)
+{
+    stream_ctx *s = p;
+    if (s->bytes) {
+        for (int i = 0; i < s->n_stop; i++)
+            if (t == s->stop_ids[i]) return; /* the end of the turn is not part of the answer */
+        byte_token_write(t, stdout);
+    } else {
+        printf("%s%d", s->count ? " " : "", t);
+    }
+    s->count++;
+    fflush(stdout);
+}
+
+/* cpu, cuda, or auto: the GPU when one is usable, else the CPU (with a note). */
+static ct_backend *open_backend(const char *device, ct_error *err)
+{
+    if (!strcmp(device, "cpu")) return backend_cpu_new();
+    ct_error why = {0};
+    ct_backend *be = backend_cuda_new(&why);
+    if (be) return be;
+    if (!strcmp(device, "cuda")) {
+        CT_FAIL_RUNTIME(err, "--device cuda: no GPU is usable: %s", why.msg);
+        return NULL;
+    }
+    fprintf(stderr, "note: no GPU (%s); generating on the CPU\n", why.msg);
+    return backend_cpu_new();
+}
+
+int cmd_generate(int argc, char **argv, ct_error *err)
+{
+    gen_args a;
+    int rc = parse_args(argc, argv, &a, err);
+    if (rc) return rc;
+    ct_backend *be = open_backend(a.device, err);
+    if (!be) return err->code;
+    ct_model m;
+    ct_lora lo = {0};
+    ct_generator *g = NULL;
+    int32_t *prompt = NULL, *out = NULL;
+    int n_prompt = 0;
+    rc = model_load(&m, be, a.model, err);
+    if (rc) {
+        be->destroy(be);
+        return rc;
+    }
+    bool bytes = m.cfg.vocab_size == CT_BYTE_VOCAB;
+    if (a.prompt && !bytes) {
+        rc = CT_FAIL_INPUT(err, "--prompt needs the byte-level tokenizer of the tiny models (vocab_size %d); this "
+                           "model has vocab_size %d: tokenize the prompt and pass --prompt-ids or --prompt-file",
+                           CT_BYTE_VOCAB, m.cfg.vocab_size);
+    } else if (a.prompt) {
+        prompt = byte_chat_prompt(a.prompt, &n_prompt);
+    } else if (a.prompt_ids) {
+        if (!(prompt = parse_ids(a.prompt_ids, "--prompt-ids", &n_prompt, err))) rc = err->code;
+    } else {
+        size_t len;
+        char *text = ct_read_file_max(a.prompt_file, 64 << 20, &len, err);
+        if (!text) rc = err->code;
+        else if (!(prompt = parse_ids(text, a.prompt_file, &n_prompt, err))) rc = err->code;
+        free(text);
+    }
+    if (!rc && a.adapter) rc = adapter_load(&lo, &m, a.adapter, err);
+    int capacity = n_prompt + (int)a.max_new_tokens;
+    if (!rc && !(g = generator_new(&m, a.adapter ? &lo : NULL, capacity, n_prompt < 256 ? n_prompt : 256, err)))
+        rc = err->code;
+    if (!rc) {
+        int32_t stop[16];
+        int n_stop = 0;
+        if (bytes) {
+            stop[n_stop++] = CT_BYTE_IM_END;
+            stop[n_stop++] = CT_BYTE_ENDOFTEXT;
+        } else {
+            add_eos_ids(a.model, "config.json", stop, &n_stop, 8);
+            add_eos_ids(a.model, "generation_config.json", stop, &n_stop, 16);
+        }
+        ct_sample_options o = {.max_new_tokens = (int)a.max_new_tokens, .temperature = (float)a.temperature,
+                               .top_p = (float)a.top_p, .seed = (uint64_t)a.seed, .stop_ids = stop,
+                               .n_stop = n_stop};
+        stream_ctx sc = {.bytes = bytes && !a.print_ids, .stop_ids = stop, .n_stop = n_stop};
+        out = ct_malloc((size_t)a.max_new_tokens * sizeof *out);
+        int n_out = 0;
+        double t0 = ct_now();
+        rc = generate(g, prompt, n_prompt, &o, out, &n_out, on_token, &sc, err);
+        double dt = ct_now() - t0;
+        printf("\n");
+        fflush(stdout);
+        if (!rc) {
+            bool stopped = false;
+            for (int i = 0; n_out > 0 && i < n_stop; i++) stopped |= out[n_out - 1] == stop[i];
+            fprintf(stderr, "generate: %d prompt tokens, %d new tokens in %.2f s (%.1f tokens/s, %s backend%s), %s\n",
+                    n_prompt, n_out, dt, dt > 0 ? n_out / dt : 0.0, be->name, a.adapter ? ", with adapter" : "",
+                    stopped ? "stopped at an end token" : "stopped at --max-new-tokens");
+        }
+    }
+    free(out);
+    free(prompt);
+    generator_free(g);
+    if (lo.params) lora_free(&lo, be);
+    model_free(&m);
+    be->destroy(be);
+    return rc;
+}

@@ -1,0 +1,331 @@
+/* cmd_merge.c — `ctune merge`: base model + LoRA adapter -> a merged model folder
+ * that loads anywhere a plain HF checkpoint does (no PEFT needed).
+ *
+ * For every adapter pair lora_A (R, in), lora_B (out, R) of module M, the base
+ * tensor M.weight (out, in) becomes bf16(W + (B @ A) * scaling), with the product
+ * and the sum in fp32 and one rounding at the end (PEFT rounds the delta to the
+ * weight dtype first, then adds: two roundings). scaling = alpha / r, or
+ * alpha / sqrt(r) with rsLoRA, from adapter_config.json. Every other floating
+ * tensor is written as bf16 too; integer tensors are copied as they are.
+ *
+ * The output keeps the input's layout: the same tensor names in files of the
+ * same names (one model.safetensors, or the shards plus a rewritten
+ * model.safetensors.index.json), and a copy of every other file of the model
+ * folder (config.json, tokenizer files). Memory: one shard at a time. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "adapter.h"
+#include "commands.h"
+#include "json.h"
+#include "safetensors.h"
+
+#define USAGE "usage: ctune merge --model DIR --adapter DIR --out DIR"
+#define INDEX_NAME "model.safetensors.index.json"
+
+typedef struct merge_pair {
+    const st_tensor *base, *A, *B;
+} merge_pair;
+
+static bool has_suffix(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+static float half_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    if (exp == 0) {
+        float f = (float)man * (1.0f / 16777216.0f); /* zero or subnormal: man * 2^-24 */
+        return sign ? -f : f;
+    }
+    uint32_t u = exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static bool is_float(ct_dtype d) { return d == CT_DTYPE_BF16 || d == CT_DTYPE_F16 || d == CT_DTYPE_F32; }
+
+/* A float tensor as fp32 (caller frees); the mmap'd data need not be aligned. */
+static float *to_f32(const st_tensor *t)
+{
+    float *out = ct_malloc(t->numel * sizeof(float) + 4);
+    const unsigned char *s = t->data;
+    for (size_t i = 0; i < t->numel; i++) {
+        if (t->dtype == CT_DTYPE_F32) {
+            memcpy(&out[i], s + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            out[i] = t->dtype == CT_DTYPE_BF16 ? ct_bf16_to_f32(h) : half_to_f32(h);
+        }
+    }
+    return out;
+}
+
+/* Pairs every lora_A/lora_B of the adapter with its base tensor, checking names,
+ * shapes and the configured rank and targets. */
+static int match_pairs(const st_reader *base, const st_reader *ad, const char *ad_path, const ct_lora_config *lc,
+                       merge_pair **pairs_out, size_t *n_out, ct_error *err)
+{
+    static const char prefix[] = "base_model.model.";
+    size_t n = st_count(ad), np = 0;
+    merge_pair *pairs = ct_calloc(n + 1, sizeof *pairs);
+    int rc = CT_OK;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const st_tensor *t = st_at(ad, i);
+        if (strncmp(t->name, prefix, sizeof prefix - 1) ||
+            !(has_suffix(t->name, ".lora_A.weight") || has_suffix(t->name, ".lora_B.weight"))) {
+            rc = CT_FAIL_INPUT(err, "%s: tensor '%s' is not a PEFT LoRA weight "
+                               "(base_model.model.MODULE.lora_A.weight or .lora_B.weight)", ad_path, t->name);
+            break;
+        }
+        if (has_suffix(t->name, ".lora_B.weight")) continue; /* found from its A */
+        char module[512], name[600];
+        size_t len = strlen(t->name) - (sizeof prefix - 1) - strlen(".lora_A.weight");
+        if (len >= sizeof module) {
+            rc = CT_FAIL_INPUT(err, "%s: tensor name '%s' is too long", ad_path, t->name);
+            break;
+        }
+        memcpy(module, t->name + sizeof prefix - 1, len);
+        module[len] = 0;
+        snprintf(name, sizeof name, "%s%s.lora_B.weight", prefix, module);
+        const st_tensor *B = st_find(ad, name);
+        snprintf(name, sizeof name, "%s.weight", module);
+        const st_tensor *W = st_find(base, name);
+        const char *leaf = strrchr(module, '.') ? strrchr(module, '.') + 1 : module;
+        bool targeted = false;
+        for (int k = 0; k < lc->n_target_modules; k++) targeted |= !strcmp(lc->target_modules[k], leaf);
+        if (!B) rc = CT_FAIL_INPUT(err, "%s: '%s' has no lora_B", ad_path, t->name);
+        else if (!W) rc = CT_FAIL_INPUT(err, "%s: the base model has no tensor '%s' for '%s'", ad_path, name, t->name);
+        else if (!targeted)
+            rc = CT_FAIL_INPUT(err, "%s: '%s' is not in adapter_config.json's target_modules", ad_path, t->name);
+        else if (!is_float(t->dtype) || !is_float(B->dtype) || !is_float(W->dtype))
+            rc = CT_FAIL_INPUT(err, "%s: '%s': LoRA and base weights must be BF16, F16 or F32", ad_path, module);
+        else if (t->ndim != 2 || B->ndim != 2 || W->ndim != 2 || t->shape[0] != lc->r || B->shape[1] != lc->r ||
+                 t->shape[1] != W->shape[1] || B->shape[0] != W->shape[0])
+            rc = CT_FAIL_INPUT(err, "%s: '%s': lora_A [%lld, %lld] and lora_B [%lld, %lld] do not fit the base "
+                               "weight [%lld, %lld] with r = %d", ad_path, module, (long long)t->shape[0],
+                               (long long)t->shape[1], (long long)B->shape[0], (long long)B->shape[1],
+                               (long long)W->shape[0], (long long)W->shape[1], lc->r);
+        else pairs[np++] = (merge_pair){W, t, B};
+    }
+    /* Every B must have had its A. */
+    for (size_t i = 0; i < n && !rc; i++) {
+        const st_tensor *t = st_at(ad, i);
+        if (!has_suffix(t->name, ".lora_B.weight")) continue;
+        bool found = false;
+        for (size_t k = 0; k < np && !found; k++) found = pairs[k].B == t;
+        if (!found) rc = CT_FAIL_INPUT(err, "%s: '%s' has no lora_A", ad_path, t->name);
+    }
+    if (!rc && np == 0) rc = CT_FAIL_INPUT(err, "%s: holds no LoRA weights", ad_path);
+    if (rc) {
+        free(pairs);
+        return rc;
+    }
+    *pairs_out = pairs;
+    *n_out = np;
+    return CT_OK;
+}
+
+/* bf16(W + (B @ A) * scale), each element's product summed in fp32 over r. */
+static uint16_t *merged_weight(const merge_pair *p, float scale)
+{
+    size_t out = (size_t)p->base->shape[0], in = (size_t)p->base->shape[1], R = (size_t)p->A->shape[0];
+    float *W = to_f32(p->base), *A = to_f32(p->A), *B = to_f32(p->B);
+    uint16_t *merged = ct_malloc(out * in * sizeof(uint16_t));
+    #pragma omp parallel
+    {
+        float *delta = ct_malloc(in * sizeof(float));
+        #pragma omp for schedule(static)
+        for (size_t o = 0; o < out; o++) {
+            memset(delta, 0, in * sizeof(float));
+            for (size_t r = 0; r < R; r++) {
+                float b = B[o * R + r];
+                const float *a = A + r * in;
+                for (size_t i = 0; i < in; i++) delta[i] += b * a[i];
+            }
+            for (size_t i = 0; i < in; i++) merged[o * in + i] = ct_f32_to_bf16(W[o * in + i] + delta[i] * scale);
+        }
+        free(delta);
+    }
+    free(W);
+    free(A);
+    free(B);
+    return merged;
+}
+
+/* Adds t to w as bf16 (merged with its pair when it has one) or, for integer
+ * tensors, as it is. Returns the bytes written. */
+static int add_tensor(st_writer *w, const st_tensor *t, const merge_pair *pairs, size_t np, float scale,
+                      size_t *bytes, ct_error *err)
+{
+    const merge_pair *p = NULL;
+    for (size_t k = 0; k < np && !p; k++)
+        if (pairs[k].base == t) p = &pairs[k];
+    if (!is_float(t->dtype)) {
+        *bytes += t->nbytes;
+        return st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, err);
+    }
+    uint16_t *data;
+    if (p) {
+        data = merged_weight(p, scale);
+    } else {
+        data = ct_malloc(t->numel * sizeof(uint16_t) + 2);
+        if (t->dtype == CT_DTYPE_BF16) {
+            memcpy(data, t->data, t->nbytes);
+        } else {
+            float *f = to_f32(t);
+            for (size_t i = 0; i < t->numel; i++) data[i] = ct_f32_to_bf16(f[i]);
+            free(f);
+        }
+    }
+    *bytes += t->numel * 2;
+    int rc = st_writer_add(w, t->name, CT_DTYPE_BF16, t->ndim, t->shape, data, err);
+    free(data);
+    return rc;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+static bool is_regular(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Copies every other plain file of the model folder (config.json, tokenizer
+ * files, generation_config.json): the merged folder is a complete model. */
+static int copy_side_files(const char *model, const char *out, ct_error *err)
+{
+    DIR *d = opendir(model);
+    if (!d) return CT_FAIL_INPUT(err, "%s: cannot list the folder", model);
+    struct dirent *e;
+    int rc = CT_OK;
+    while (!rc && (e = readdir(d))) {
+        if (e->d_name[0] == '.' || has_suffix(e->d_name, ".safetensors") || !strcmp(e->d_name, INDEX_NAME)) continue;
+        char src[CT_PATH_MAX + 300], dst[CT_PATH_MAX + 300];
+        snprintf(src, sizeof src, "%s/%s", model, e->d_name);
+        snprintf(dst, sizeof dst, "%s/%s", out, e->d_name);
+        if (!is_regular(src)) continue;
+        size_t len;
+        char *data = ct_read_file(src, &len, err);
+        if (!data) rc = err->code;
+        else rc = ct_write_file_atomic(dst, data, len, err);
+        free(data);
+    }
+    closedir(d);
+    return rc;
+}
+
+static int write_index(const st_reader *base, const char *out, size_t total, ct_error *err)
+{
+    json_writer j;
+    json_writer_init(&j);
+    json_write_rawf(&j, "{\n  \"metadata\": {\n    \"total_size\": %zu\n  },\n  \"weight_map\": {", total);
+    for (size_t i = 0; i < st_count(base); i++) {
+        const st_tensor *t = st_at(base, i);
+        json_write_raw(&j, i ? ",\n    " : "\n    ");
+        json_write_string(&j, t->name);
+        json_write_raw(&j, ": ");
+        json_write_string(&j, base_name(t->file));
+    }
+    json_write_raw(&j, "\n  }\n}\n");
+    char path[CT_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/" INDEX_NAME, out);
+    int rc = ct_write_file_atomic(path, j.buf, j.len, err);
+    json_writer_free(&j);
+    return rc;
+}
+
+/* One output file per input file, in the order of the sorted tensor names. */
+static int write_files(const st_reader *base, const char *out, const merge_pair *pairs, size_t np, float scale,
+                       size_t *total, ct_error *err)
+{
+    size_t n = st_count(base), n_files = 0;
+    const char **files = ct_calloc(n + 1, sizeof *files);
+    for (size_t i = 0; i < n; i++) {
+        const char *f = st_at(base, i)->file;
+        bool seen = false;
+        for (size_t k = 0; k < n_files && !seen; k++) seen = !strcmp(files[k], f);
+        if (!seen) files[n_files++] = f;
+    }
+    int rc = CT_OK;
+    for (size_t k = 0; k < n_files && !rc; k++) {
+        st_writer *w = st_writer_new();
+        size_t count = 0;
+        for (size_t i = 0; i < n && !rc; i++) {
+            const st_tensor *t = st_at(base, i);
+            if (strcmp(t->file, files[k])) continue;
+            rc = add_tensor(w, t, pairs, np, scale, total, err);
+            count++;
+        }
+        char path[CT_PATH_MAX + 300];
+        snprintf(path, sizeof path, "%s/%s", out, base_name(files[k]));
+        if (!rc) rc = st_writer_save(w, path, err);
+        if (!rc) fprintf(stderr, "merge: wrote %s (%zu tensors)\n", path, count);
+        st_writer_free(w);
+    }
+    free(files);
+    return rc;
+}
+
+/* The output folder must be new or empty: merging never overwrites a model. */
+static int check_out(const char *out, ct_error *err)
+{
+    DIR *d = opendir(out);
+    if (!d) return ct_mkdirs(out, err);
+    struct dirent *e;
+    bool empty = true;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
+    closedir(d);
+    if (!empty) return CT_FAIL_INPUT(err, "%s: exists and is not empty (merge writes a new folder)", out);
+    return CT_OK;
+}
+
+int cmd_merge(int argc, char **argv, ct_error *err)
+{
+    const char *model = NULL, *adapter = NULL, *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char **slot = !strcmp(argv[i], "--model") ? &model : !strcmp(argv[i], "--adapter") ? &adapter
+                          : !strcmp(argv[i], "--out") ? &out : NULL;
+        if (!slot) return CT_FAIL_INPUT(err, "unknown argument '%s' (%s)", argv[i], USAGE);
+        if (i + 1 >= argc) return CT_FAIL_INPUT(err, "%s needs a folder (%s)", argv[i], USAGE);
+        *slot = argv[++i];
+    }
+    if (!model || !adapter || !out) return CT_FAIL_INPUT(err, "%s", USAGE);
+    ct_lora_config lc;
+    int rc = adapter_read_config(adapter, &lc, err);
+    if (rc) return rc;
+    float scale = (float)config_lora_scaling(&lc);
+    st_reader *base = st_open(model, err);
+    if (!base) return err->code;
+    char ad_path[CT_PATH_MAX + 64];
+    snprintf(ad_path, sizeof ad_path, "%s/adapter_model.safetensors", adapter);
+    st_reader *ad = st_open(ad_path, err);
+    merge_pair *pairs = NULL;
+    size_t np = 0, total = 0;
+    rc = ad ? match_pairs(base, ad, ad_path, &lc, &pairs, &np, err) : err->code;
+    if (!rc) rc = check_out(out, err);
+    if (!rc) rc = write_files(base, out, pairs, np, scale, &total, err);
+    char single[CT_PATH_MAX + 64];
+    snprintf(single, sizeof single, "%s/model.safetensors", model);
+    if (!rc && !is_regular(single)) rc = write_index(base, out, total, err);
+    if (!rc) rc = copy_side_files(model, out, err);
+    if (!rc)
+        printf("merged %zu LoRA modules (r %d, scaling %g) into %s\n", np, lc.r, (double)scale, out);
+    free(pairs);
+    if (ad) st_close(ad);
+    st_close(base);
+    return rc;
+}

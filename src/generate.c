@@ -1,0 +1,309 @@
+/* generate.c — KV-cache decoding, samplers and the byte tokenizer (see generate.h).
+ *
+ * The layer is graph.c's forward, restated for a chunk of new tokens at
+ * positions n_past.. (graph.c works on packed training batches and keeps what
+ * backward needs; here nothing is kept but the cache):
+ *   xn = rmsnorm(x) ; qkv = xn Wqkv^T (+b) (+LoRA q|k|v) ; [qwen3: q/k norm]
+ *   rope(q, k) at n_past.. ; K[n_past..], V[n_past..] = k, v
+ *   attn = attention_decode(q, K[0..n_past+C), V) ; h = x + attn Wo^T (+LoRA o)
+ *   out = h + down(swiglu(gu(rmsnorm(h)))) (+LoRA)
+ * test_generate.c holds it to the graph: the loss of a document fed one token
+ * at a time equals graph_eval's. */
+#include "generate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ct_generator {
+    const ct_model *m;
+    const ct_lora *lo;
+    ct_backend *be;
+    int capacity, chunk, n_past;
+    void **k_cache, **v_cache;  /* (L) each (capacity, nkv*D) act, post-RoPE keys and values */
+    int32_t *tokens, *positions;/* (chunk) device */
+    void *x;                    /* (chunk, H) the residual stream */
+    void *xn, *h, *hn;          /* (chunk, H) */
+    void *qkv, *qkv_raw;        /* (chunk, QKV); qkv_raw only with qk_norm */
+    void *attn;                 /* (chunk, Q) */
+    void *gu;                   /* (chunk, 2I) */
+    void *act;                  /* (chunk, I) */
+    void *xf;                   /* (1, H) final norm of the last token */
+    void *logits;               /* (1, V) act */
+    int32_t *host_pos;          /* (chunk) */
+    bool failed;
+};
+
+static void *act_at(const ct_generator *g, void *p, size_t elems) { return (char *)p + elems * g->be->act_bytes; }
+
+static void *galloc(ct_generator *g, size_t bytes)
+{
+    if (g->failed) return NULL;
+    void *p = g->be->alloc(g->be, bytes);
+    if (!p) g->failed = true;
+    return p;
+}
+
+ct_generator *generator_new(const ct_model *m, const ct_lora *lo, int capacity, int chunk, ct_error *err)
+{
+    const ct_model_config *c = &m->cfg;
+    if (capacity < 1 || chunk < 1) {
+        CT_FAIL_INPUT(err, "generate: capacity %d and chunk %d must be >= 1", capacity, chunk);
+        return NULL;
+    }
+    if (c->num_experts > 0) {
+        CT_FAIL_INPUT(err, "generate: model_type '%s' is a mixture of experts; generate runs dense models only "
+                      "for now", c->model_type);
+        return NULL;
+    }
+    if (capacity > c->max_position_embeddings) {
+        CT_FAIL_INPUT(err, "prompt + new tokens = %d positions, more than the model's max_position_embeddings %d",
+                      capacity, c->max_position_embeddings);
+        return NULL;
+    }
+    if (chunk > capacity) chunk = capacity;
+    ct_generator *g = ct_calloc(1, sizeof *g);
+    g->m = m;
+    g->lo = lo;
+    g->be = m->be;
+    g->capacity = capacity;
+    g->chunk = chunk;
+    size_t C = chunk, H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, A = g->be->act_bytes;
+    size_t Q = c->num_attention_heads * D, KV = c->num_key_value_heads * D, QKV = Q + 2 * KV;
+    int L = c->num_hidden_layers;
+    g->k_cache = ct_calloc(L, sizeof *g->k_cache);
+    g->v_cache = ct_calloc(L, sizeof *g->v_cache);
+    for (int l = 0; l < L; l++) {
+        g->k_cache[l] = galloc(g, (size_t)capacity * KV * A);
+        g->v_cache[l] = galloc(g, (size_t)capacity * KV * A);
+    }
+    g->tokens = galloc(g, C * 4);
+    g->positions = galloc(g, C * 4);
+    g->x = galloc(g, C * H * A);
+    g->xn = galloc(g, C * H * A);
+    g->h = galloc(g, C * H * A);
+    g->hn = galloc(g, C * H * A);
+    g->qkv = galloc(g, C * QKV * A);
+    if (c->qk_norm) g->qkv_raw = galloc(g, C * QKV * A);
+    g->attn = galloc(g, C * Q * A);
+    g->gu = galloc(g, C * 2 * I * A);
+    g->act = galloc(g, C * I * A);
+    g->xf = galloc(g, H * A);
+    g->logits = galloc(g, (size_t)c->vocab_size * A);
+    g->host_pos = ct_malloc(C * sizeof(int32_t));
+    if (g->failed) {
+        generator_free(g);
+        CT_FAIL_RUNTIME(err, "out of %s memory for the KV cache (%d positions) and a %d-token chunk",
+                        m->be->name, capacity, chunk);
+        return NULL;
+    }
+    return g;
+}
+
+void generator_free(ct_generator *g)
+{
+    if (!g) return;
+    ct_backend *be = g->be;
+#define FREE(p) do { if (p) be->free(be, p); } while (0)
+    for (int l = 0; l < g->m->cfg.num_hidden_layers; l++) {
+        FREE(g->k_cache[l]);
+        FREE(g->v_cache[l]);
+    }
+    FREE(g->tokens); FREE(g->positions); FREE(g->x); FREE(g->xn); FREE(g->h); FREE(g->hn); FREE(g->qkv);
+    FREE(g->qkv_raw); FREE(g->attn); FREE(g->gu); FREE(g->act); FREE(g->xf); FREE(g->logits);
+#undef FREE
+    free(g->k_cache);
+    free(g->v_cache);
+    free(g->host_pos);
+    free(g);
+}
+
+void generator_reset(ct_generator *g) { g->n_past = 0; }
+int generator_position(const ct_generator *g) { return g->n_past; }
+
+static void lora_fwd(ct_generator *g, int l, ct_module mod, void *y, int ldy, const void *x, int ldx, int T)
+{
+    const ct_lora *lo = g->lo;
+    if (!lo || !lo->targeted[mod]) return;
+    g->be->lora_fwd(g->be, y, ldy, x, ldx, lora_A(lo, l, mod), lora_B(lo, l, mod), T, lo->in[mod], lo->out[mod],
+                    lo->R, lo->scale, 0.0f, 0);
+}
+
+/* One layer over the T tokens in g->x (updated in place). */
+static void layer_forward(ct_generator *g, int l, int T)
+{
+    const ct_model_config *c = &g->m->cfg;
+    const ct_layer_weights *w = &g->m->layers[l];
+    ct_backend *be = g->be;
+    int H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    int nq = c->num_attention_heads, nkv = c->num_key_value_heads, Q = nq * D, KV = nkv * D, QKV = Q + 2 * KV;
+    float eps = (float)c->rms_norm_eps;
+
+    be->rmsnorm_fwd(be, g->xn, H, NULL, g->x, H, w->attn_norm, T, 1, H, eps);
+    void *lin = c->qk_norm ? g->qkv_raw : g->qkv;
+    be->linear_fwd(be, lin, QKV, g->xn, H, w->wqkv, w->bqkv, T, H, QKV, 0);
+    lora_fwd(g, l, CT_MOD_Q, lin, QKV, g->xn, H, T);
+    lora_fwd(g, l, CT_MOD_K, act_at(g, lin, Q), QKV, g->xn, H, T);
+    lora_fwd(g, l, CT_MOD_V, act_at(g, lin, Q + KV), QKV, g->xn, H, T);
+    void *q = g->qkv, *k = act_at(g, g->qkv, Q), *v = act_at(g, g->qkv, Q + KV);
+    if (c->qk_norm) {
+        be->rmsnorm_fwd(be, q, QKV, NULL, g->qkv_raw, QKV, w->q_norm, T, nq, D, eps);
+        be->rmsnorm_fwd(be, k, QKV, NULL, act_at(g, g->qkv_raw, Q), QKV, w->k_norm, T, nkv, D, eps);
+        be->copy_2d(be, v, QKV, act_at(g, g->qkv_raw, Q + KV), QKV, T, KV);
+    }
+    be->rope(be, q, QKV, g->positions, g->m->inv_freq, T, nq, D, g->m->rot_dim, g->m->attn_scaling, 0);
+    be->rope(be, k, QKV, g->positions, g->m->inv_freq, T, nkv, D, g->m->rot_dim, g->m->attn_scaling, 0);
+    size_t at = (size_t)g->n_past * KV;
+    be->copy_2d(be, act_at(g, g->k_cache[l], at), KV, k, QKV, T, KV);
+    be->copy_2d(be, act_at(g, g->v_cache[l], at), KV, v, QKV, T, KV);
+    int window = c->layer_sliding[l] ? c->sliding_window : 0;
+    be->attention_decode(be, g->attn, Q, q, QKV, g->k_cache[l], KV, g->v_cache[l], KV, T, g->n_past, nq, nkv, D,
+                         1.0f / sqrtf((float)D), window, NULL);
+
+    be->copy_2d(be, g->h, H, g->x, H, T, H);
+    be->linear_fwd(be, g->h, H, g->attn, Q, w->wo, w->bo, T, Q, H, 1);
+    lora_fwd(g, l, CT_MOD_O, g->h, H, g->attn, Q, T);
+
+    be->rmsnorm_fwd(be, g->hn, H, NULL, g->h, H, w->mlp_norm, T, 1, H, eps);
+    be->linear_fwd(be, g->gu, 2 * I, g->hn, H, w->wgu, w->bgu, T, H, 2 * I, 0);
+    lora_fwd(g, l, CT_MOD_GATE, g->gu, 2 * I, g->hn, H, T);
+    lora_fwd(g, l, CT_MOD_UP, act_at(g, g->gu, I), 2 * I, g->hn, H, T);
+    be->swiglu_fwd(be, g->act, g->gu, T, I);
+    be->copy_2d(be, g->x, H, g->h, H, T, H);
+    be->linear_fwd(be, g->x, H, g->act, I, w->wdown, w->bdown, T, I, H, 1);
+    lora_fwd(g, l, CT_MOD_DOWN, g->x, H, g->act, I, T);
+}
+
+int generator_feed(ct_generator *g, const int32_t *tokens, int n, float *logits, ct_error *err)
+{
+    const ct_model_config *c = &g->m->cfg;
+    ct_backend *be = g->be;
+    int H = c->hidden_size, V = c->vocab_size;
+    if (n < 1) return CT_FAIL_INPUT(err, "generate: nothing to feed");
+    if (n > g->capacity - g->n_past)
+        return CT_FAIL_INPUT(err, "generate: %d more tokens after %d overflow the %d-position cache", n, g->n_past,
+                             g->capacity);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return CT_FAIL_INPUT(err, "token id %d is outside the vocabulary (0..%d)", tokens[i], V - 1);
+    for (int done = 0; done < n;) {
+        int T = n - done < g->chunk ? n - done : g->chunk;
+        for (int i = 0; i < T; i++) g->host_pos[i] = g->n_past + i;
+        be->upload(be, g->tokens, tokens + done, (size_t)T * 4);
+        be->upload(be, g->positions, g->host_pos, (size_t)T * 4);
+        be->embedding(be, g->x, g->tokens, g->m->embed, T, H);
+        for (int l = 0; l < c->num_hidden_layers; l++) layer_forward(g, l, T);
+        g->n_past += T;
+        done += T;
+        if (done == n) {
+            be->rmsnorm_fwd(be, g->xf, H, NULL, act_at(g, g->x, (size_t)(T - 1) * H), H, g->m->final_norm, 1, 1, H,
+                            (float)c->rms_norm_eps);
+            be->linear_fwd(be, g->logits, V, g->xf, H, g->m->lm_head, NULL, 1, H, V, 0);
+            be->act_to_f32(be, logits, g->logits, (size_t)V);
+        }
+    }
+    return CT_OK;
+}
+
+// ---- sampling ----
+
+typedef struct { float p; int32_t id; } ranked;
+
+/* Descending probability, then ascending id: a total order, so qsort (not
+ * stable) still gives one answer for a seed. */
+static int by_prob_desc(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    if (x->p != y->p) return x->p < y->p ? 1 : -1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+int32_t sample_token(float *logits, int V, float temperature, float top_p, ct_rng *rng)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (!(temperature > 0)) return best;
+    double sum = 0, mx = logits[best];
+    for (int i = 0; i < V; i++) sum += exp(((double)logits[i] - mx) / temperature);
+    for (int i = 0; i < V; i++) logits[i] = (float)(exp(((double)logits[i] - mx) / temperature) / sum);
+    double u = ct_rng_uniform(rng);
+    if (top_p > 0 && top_p < 1) {
+        ranked *r = ct_malloc((size_t)V * sizeof *r);
+        for (int i = 0; i < V; i++) r[i] = (ranked){logits[i], i};
+        qsort(r, (size_t)V, sizeof *r, by_prob_desc);
+        int keep = 0;
+        double mass = 0;
+        while (keep < V && (keep == 0 || mass < top_p)) mass += r[keep++].p;
+        double target = u * mass, acc = 0;
+        int32_t pick = r[keep - 1].id;
+        for (int i = 0; i < keep; i++) {
+            acc += r[i].p;
+            if (target < acc) {
+                pick = r[i].id;
+                break;
+            }
+        }
+        free(r);
+        return pick;
+    }
+    double acc = 0;
+    for (int32_t i = 0; i < V; i++) {
+        acc += logits[i];
+        if (u < acc) return i;
+    }
+    return best; /* u fell past the last rounding of the sum */
+}
+
+int generate(ct_generator *g, const int32_t *prompt, int n_prompt, const ct_sample_options *o, int32_t *out,
+             int *n_out, ct_token_fn on_token, void *ctx, ct_error *err)
+{
+    int V = g->m->cfg.vocab_size;
+    float *logits = ct_malloc((size_t)V * sizeof(float));
+    ct_rng rng;
+    ct_rng_seed(&rng, o->seed);
+    *n_out = 0;
+    generator_reset(g);
+    int rc = generator_feed(g, prompt, n_prompt, logits, err);
+    while (!rc && *n_out < o->max_new_tokens) {
+        int32_t t = sample_token(logits, V, o->temperature, o->top_p, &rng);
+        out[(*n_out)++] = t;
+        if (on_token) on_token(t, ctx);
+        bool stop = false;
+        for (int i = 0; i < o->n_stop; i++) stop |= t == o->stop_ids[i];
+        if (stop || *n_out == o->max_new_tokens) break;
+        rc = generator_feed(g, &t, 1, logits, err);
+    }
+    free(logits);
+    return rc;
+}
+
+// ---- the byte tokenizer ----
+
+int32_t *byte_chat_prompt(const char *text, int *n)
+{
+    size_t len = strlen(text);
+    int32_t *ids = ct_malloc((len + 32) * sizeof *ids);
+    int k = 0;
+    const char *user = "user\n", *assistant = "assistant\n";
+    ids[k++] = CT_BYTE_IM_START;
+    for (const char *p = user; *p; p++) ids[k++] = (unsigned char)*p;
+    for (size_t i = 0; i < len; i++) ids[k++] = (unsigned char)text[i];
+    ids[k++] = CT_BYTE_IM_END;
+    ids[k++] = '\n';
+    ids[k++] = CT_BYTE_IM_START;
+    for (const char *p = assistant; *p; p++) ids[k++] = (unsigned char)*p;
+    *n = k;
+    return ids;
+}
+
+void byte_token_write(int32_t token, FILE *out)
+{
+    if (token >= 0 && token < 256) fputc(token, out);
+    else if (token == CT_BYTE_ENDOFTEXT) fputs("<|endoftext|>", out);
+    else if (token == CT_BYTE_IM_START) fputs("<|im_start|>", out);
+    else if (token == CT_BYTE_IM_END) fputs("<|im_end|>", out);
+    else if (token == 259) fputs("<|pad|>", out);
+    else fprintf(out, "<|unused_%d|>", token);
+}

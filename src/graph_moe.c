@@ -1,0 +1,225 @@
+/* graph_moe.c — the sparse MLP block (see graph_moe.h) over the backend's MoE
+ * ops. Sizes: T tokens, H hidden, E experts, K per token, I expert intermediate,
+ * n = T*K expert rows.
+ *
+ * Backward, with out = h + sum_k w_k ye_k:
+ *   dye = w * dout (per row), dw = dout . ye          (moe_scatter_bwd)
+ *   down, activation, gate|up backward over expert rows; dxe (n,H)
+ *   dhn = sum_k dxe_k                                  (moe_scatter, weights 1)
+ *   dlogits = route'(dw) (+ load-balancing term) ; dhn += dlogits Wr
+ * The last line is what makes the gradient exact: the routing weights depend
+ * on hn through the frozen router, so hn's gradient has a router path too. */
+#include "graph_moe.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* gpt_oss's clamped SwiGLU (FORMATS.md 2.6): alpha is fixed by the model code;
+ * the limit is config.json's swiglu_limit. (HF transformers' GptOssExperts
+ * hardcodes 7.0 and ignores swiglu_limit; every released gpt-oss has 7.0, and
+ * the HF parity fixture uses 7.0, since with another value HF and the config
+ * disagree: seen with 1.5, HF's loss equals ctune's with no clamp at all.) */
+#define GPT_OSS_ALPHA 1.702f
+
+/* One layer's routing and expert intermediates: what backward reads. */
+typedef struct moe_acts {
+    void *logits;        /* (T, E) */
+    int32_t *idx;        /* (T*K) */
+    float *w;            /* (T*K) */
+    int32_t *offsets;    /* (E+1) */
+    int32_t *row_slot;   /* (n) */
+    int32_t *slot_row;   /* (n) */
+    void *xe;            /* (n, H) */
+    void *gu;            /* (n, 2I) */
+    void *act;           /* (n, I) */
+    void *ye;            /* (n, H) */
+} moe_acts;
+
+struct ct_moe {
+    const ct_model *m;
+    ct_backend *be;
+    int E, K, I, H, n_sparse, n_ws;
+    ct_moe_rule rule;
+    int *sparse_index;   /* (L): index among sparse layers, -1 for dense */
+    moe_acts *ws;        /* (n_ws) */
+    int32_t *counts;     /* (n_sparse, E): per layer, rewritten identically by a recompute */
+    float *prob_sum;     /* (n_sparse, E) */
+    float *aux_grad;     /* (E) */
+    /* backward scratch, shared by all layers */
+    void *dye, *dxe;     /* (n, H) */
+    void *dact;          /* (n, I) */
+    void *dgu;           /* (n, 2I) */
+    float *dw;           /* (n) */
+    void *dlogits;       /* (T, E) */
+};
+
+static void *moe_alloc(ct_backend *be, size_t bytes, size_t *total, bool *failed)
+{
+    if (*failed) return NULL;
+    void *p = be->alloc(be, bytes);
+    if (!p) *failed = true;
+    *total += bytes;
+    return p;
+}
+
+ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, size_t *bytes, bool *failed)
+{
+    const ct_model_config *c = &m->cfg;
+    int n_sparse = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) n_sparse += c->layer_sparse[l];
+    if (n_sparse == 0) return NULL;
+    ct_moe *mo = ct_calloc(1, sizeof *mo);
+    ct_backend *be = m->be;
+    mo->m = m;
+    mo->be = be;
+    mo->E = c->num_experts;
+    mo->K = c->num_experts_per_tok;
+    mo->I = c->moe_intermediate_size;
+    mo->H = c->hidden_size;
+    mo->n_sparse = n_sparse;
+    mo->n_ws = n_ws;
+    mo->rule = c->arch == CT_ARCH_GPT_OSS ? CT_MOE_TOPK_SOFTMAX
+             : c->norm_topk_prob          ? CT_MOE_SOFTMAX_TOPK_NORM
+                                          : CT_MOE_SOFTMAX_TOPK;
+    mo->sparse_index = ct_malloc(sizeof(int) * (size_t)c->num_hidden_layers);
+    for (int l = 0, i = 0; l < c->num_hidden_layers; l++) mo->sparse_index[l] = c->layer_sparse[l] ? i++ : -1;
+    size_t T = capacity, E = mo->E, n = T * mo->K, H = mo->H, I = mo->I, A = be->act_bytes, F = 4;
+#define ALLOC(bytes_) moe_alloc(be, (bytes_), bytes, failed)
+    mo->ws = ct_calloc(n_ws, sizeof *mo->ws);
+    for (int i = 0; i < n_ws; i++) {
+        moe_acts *a = &mo->ws[i];
+        a->logits = ALLOC(T * E * A);
+        a->idx = ALLOC(n * 4);
+        a->w = ALLOC(n * F);
+        a->offsets = ALLOC((E + 1) * 4);
+        a->row_slot = ALLOC(n * 4);
+        a->slot_row = ALLOC(n * 4);
+        a->xe = ALLOC(n * H * A);
+        a->gu = ALLOC(n * 2 * I * A);
+        a->act = ALLOC(n * I * A);
+        a->ye = ALLOC(n * H * A);
+    }
+    mo->counts = ALLOC((size_t)n_sparse * E * 4);
+    mo->prob_sum = ALLOC((size_t)n_sparse * E * F);
+    mo->aux_grad = ALLOC(E * F);
+    mo->dye = ALLOC(n * H * A);
+    mo->dxe = ALLOC(n * H * A);
+    mo->dact = ALLOC(n * I * A);
+    mo->dgu = ALLOC(n * 2 * I * A);
+    mo->dw = ALLOC(n * F);
+    mo->dlogits = ALLOC(T * E * A);
+#undef ALLOC
+    return mo;
+}
+
+void moe_free(ct_moe *mo)
+{
+    if (!mo) return;
+    ct_backend *be = mo->be;
+#define FREE(p) do { if (p) be->free(be, p); } while (0)
+    for (int i = 0; i < mo->n_ws; i++) {
+        moe_acts *a = &mo->ws[i];
+        FREE(a->logits); FREE(a->idx); FREE(a->w); FREE(a->offsets); FREE(a->row_slot); FREE(a->slot_row);
+        FREE(a->xe); FREE(a->gu); FREE(a->act); FREE(a->ye);
+    }
+    FREE(mo->counts); FREE(mo->prob_sum); FREE(mo->aux_grad);
+    FREE(mo->dye); FREE(mo->dxe); FREE(mo->dact); FREE(mo->dgu); FREE(mo->dw); FREE(mo->dlogits);
+#undef FREE
+    free(mo->ws);
+    free(mo->sparse_index);
+    free(mo);
+}
+
+static void *act_at(const ct_moe *mo, void *p, size_t elems) { return (char *)p + elems * mo->be->act_bytes; }
+
+/* The expert LoRA of one module, or nothing when it is not targeted. */
+static const ct_lora_slot *expert_lora(const moe_lora *ml, int l, ct_module mod)
+{
+    if (!ml->lo || !ml->lo->targeted[mod]) return NULL;
+    const ct_lora_slot *s = lora_slot(ml->lo, l, mod);
+    return s->experts ? s : NULL;
+}
+
+static void lora_fwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod, const moe_acts *a,
+                     void *y, int ldy, const void *x, int ldx)
+{
+    const ct_lora_slot *s = expert_lora(ml, l, mod);
+    if (!s) return;
+    mo->be->moe_lora_fwd(mo->be, y, ldy, x, ldx, lora_A(ml->lo, l, mod), lora_B(ml->lo, l, mod), a->offsets,
+                         mo->E, s->in, s->out, ml->lo->R, ml->lo->scale, ml->dropout,
+                         graph_module_seed(ml->step_seed, l, mod));
+}
+
+static void lora_bwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod, const moe_acts *a,
+                     void *dx, int lddx, const void *dy, int lddy, const void *x, int ldx)
+{
+    const ct_lora_slot *s = expert_lora(ml, l, mod);
+    if (!s) return;
+    mo->be->moe_lora_bwd(mo->be, dx, lddx, lora_grad_A(ml->lo, l, mod), lora_grad_B(ml->lo, l, mod), dy, lddy,
+                         x, ldx, lora_A(ml->lo, l, mod), lora_B(ml->lo, l, mod), a->offsets, mo->E, s->in, s->out,
+                         ml->lo->R, ml->lo->scale, ml->dropout, graph_module_seed(ml->step_seed, l, mod));
+}
+
+void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, void *out, int T, bool record_stats)
+{
+    const ct_model_config *c = &mo->m->cfg;
+    const ct_layer_weights *w = &mo->m->layers[l];
+    ct_backend *be = mo->be;
+    moe_acts *a = &mo->ws[ws];
+    int E = mo->E, K = mo->K, H = mo->H, I = mo->I, n = T * K, ls = mo->sparse_index[l];
+    bool gpt_oss = c->arch == CT_ARCH_GPT_OSS;
+
+    be->linear_fwd(be, a->logits, E, hn, H, w->router, w->router_bias, T, H, E, 0);
+    be->moe_route(be, a->idx, a->w, a->logits, T, E, K, mo->rule);
+    int32_t *counts = mo->counts + (size_t)ls * E;
+    be->moe_count(be, counts, a->idx, n, E);
+    be->moe_offsets(be, a->offsets, counts, E);
+    be->moe_permute(be, a->row_slot, a->slot_row, a->idx, a->offsets, n, E);
+    if (record_stats) be->moe_prob_sum(be, mo->prob_sum + (size_t)ls * E, a->logits, T, E);
+
+    be->moe_gather(be, a->xe, hn, H, a->row_slot, T, K, H);
+    be->moe_linear_fwd(be, a->gu, 2 * I, a->xe, H, w->wgu_e, w->bgu_e, a->offsets, E, H, 2 * I, 0);
+    lora_fwd(mo, ml, l, CT_MOD_GATE, a, a->gu, 2 * I, a->xe, H); /* gpt_oss: the whole gate_up */
+    lora_fwd(mo, ml, l, CT_MOD_UP, a, act_at(mo, a->gu, I), 2 * I, a->xe, H);
+    if (gpt_oss) be->moe_clamped_swiglu_fwd(be, a->act, a->gu, n, I, GPT_OSS_ALPHA, (float)c->swiglu_limit);
+    else be->swiglu_fwd(be, a->act, a->gu, n, I);
+    be->moe_linear_fwd(be, a->ye, H, a->act, I, w->wdown_e, w->bdown_e, a->offsets, E, I, H, 0);
+    lora_fwd(mo, ml, l, CT_MOD_DOWN, a, a->ye, H, a->act, I);
+    be->moe_scatter(be, out, H, a->ye, a->slot_row, a->w, T, K, H, 1);
+}
+
+void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, const void *dout, void *dhn,
+                  int T, bool aux)
+{
+    const ct_model_config *c = &mo->m->cfg;
+    const ct_layer_weights *w = &mo->m->layers[l];
+    ct_backend *be = mo->be;
+    const moe_acts *a = &mo->ws[ws];
+    int E = mo->E, K = mo->K, H = mo->H, I = mo->I, n = T * K;
+
+    be->moe_scatter_bwd(be, mo->dye, mo->dw, dout, H, a->ye, a->row_slot, a->slot_row, a->w, T, K, H);
+    be->moe_linear_bwd_input(be, mo->dact, I, mo->dye, H, w->wdown_e, a->offsets, E, I, H, 0);
+    lora_bwd(mo, ml, l, CT_MOD_DOWN, a, mo->dact, I, mo->dye, H, a->act, I);
+    if (c->arch == CT_ARCH_GPT_OSS)
+        be->moe_clamped_swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I, GPT_OSS_ALPHA, (float)c->swiglu_limit);
+    else
+        be->swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I);
+    be->moe_linear_bwd_input(be, mo->dxe, H, mo->dgu, 2 * I, w->wgu_e, a->offsets, E, H, 2 * I, 0);
+    lora_bwd(mo, ml, l, CT_MOD_GATE, a, mo->dxe, H, mo->dgu, 2 * I, a->xe, H);
+    lora_bwd(mo, ml, l, CT_MOD_UP, a, mo->dxe, H, act_at(mo, mo->dgu, I), 2 * I, a->xe, H);
+    be->moe_scatter(be, dhn, H, mo->dxe, a->slot_row, NULL, T, K, H, 0);
+
+    be->moe_route_bwd(be, mo->dlogits, mo->dw, a->logits, a->idx, a->w, aux ? mo->aux_grad : NULL, T, E, K, mo->rule);
+    be->linear_bwd_input(be, dhn, H, mo->dlogits, E, w->router, T, H, E, 1);
+}
+
+void moe_aux_begin(ct_moe *mo)
+{
+    mo->be->zero(mo->be, mo->prob_sum, (size_t)mo->n_sparse * mo->E * sizeof(float));
+}
+
+void moe_aux_loss(ct_moe *mo, float *loss_sum, int T)
+{
+    mo->be->moe_aux_loss(mo->be, loss_sum, mo->aux_grad, mo->counts, mo->prob_sum, mo->n_sparse, T, mo->E,
+                         (float)mo->m->cfg.router_aux_loss_coef);
+}

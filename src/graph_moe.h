@@ -1,0 +1,54 @@
+/* graph_moe.h — the sparse (mixture-of-experts) MLP of a decoder layer, for
+ * graph.c; not a public contract. One block, for the T tokens of a micro-batch:
+ *
+ *   logits = hn Wr^T (+ br) ; (idx, w) = route(logits) ; counts ; offsets ; permutation
+ *   xe = gather(hn) ; gu = grouped(xe, Wgu_e) (+ expert LoRA gate|up)
+ *   a = swiglu(gu) (gpt_oss: clamped, interleaved) ; ye = grouped(a, Wdown_e) (+ LoRA down)
+ *   out += sum_k w[t,k] ye[row of (t,k)]
+ *
+ * The number of ops does not depend on E, and no op reads a count on the host.
+ * Buffers are planned once for capacity tokens (capacity*K expert rows). */
+#ifndef CT_GRAPH_MOE_H
+#define CT_GRAPH_MOE_H
+
+#include "lora.h"
+
+typedef struct ct_moe ct_moe;
+
+/* The adapter and dropout of one step, as graph.c holds them. */
+typedef struct moe_lora {
+    const ct_lora *lo;   /* NULL: no adapter */
+    float dropout;
+    uint64_t step_seed;
+} moe_lora;
+
+/* n_ws workspaces of per-layer intermediates (1 with checkpointing, else L).
+ * NULL when the model has no sparse layer, or out of memory (*failed set).
+ * *bytes grows by what was allocated. */
+ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, size_t *bytes, bool *failed);
+void moe_free(ct_moe *mo);
+
+/* out (T,H) += the MoE block of sparse layer l on hn (T,H), keeping what
+ * backward needs in workspace ws. record_stats: also add this layer's
+ * softmax sums for the load-balancing loss (first forward of a step only;
+ * a checkpointing recompute must not count twice). */
+void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, void *out, int T, bool record_stats);
+/* dhn (T,H) = the gradient of the block's output wrt hn (through the experts and
+ * through the router's weights), given dout (T,H); LoRA gradients accumulate.
+ * aux: include the load-balancing loss's gradient (moe_aux_loss ran this step). */
+void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, const void *dout, void *dhn,
+                  int T, bool aux);
+
+/* Load-balancing loss of one micro-batch: moe_aux_begin zeroes the softmax sums
+ * before the forward that records them; moe_aux_loss then adds the loss into
+ * loss_sum (device fp32) and prepares its gradient for moe_backward. */
+void moe_aux_begin(ct_moe *mo);
+void moe_aux_loss(ct_moe *mo, float *loss_sum, int T);
+
+/* The seed of one module's dropout mask in one step (shared with graph.c). */
+static inline uint64_t graph_module_seed(uint64_t step_seed, int layer, ct_module mod)
+{
+    return ct_hash64(step_seed, (uint64_t)layer * CT_MOD_COUNT + mod);
+}
+
+#endif

@@ -1,0 +1,98 @@
+/* test_fuzz_regressions.c — replays, without libFuzzer, every input that once
+ * crashed a fuzz target or broke its invariants (tests/fuzz_regressions/NAME/,
+ * one folder per fuzz/fuzz_NAME.c), plus the repo files the fuzz corpora are
+ * seeded from. The targets are included whole, so CI calls exactly the code
+ * `make fuzz` runs; under `make test-asan` the sanitizers watch each replay.
+ * Each input runs in a child process: a regression fails the test naming it. */
+#include <dirent.h>
+#include <glob.h>
+#include <sys/wait.h>
+
+#include "check.h"
+#include "../fuzz/fuzz_config.c"
+#include "../fuzz/fuzz_json.c"
+#include "../fuzz/fuzz_model_config.c"
+#include "../fuzz/fuzz_safetensors.c"
+#include "../fuzz/fuzz_shard.c"
+
+typedef int (*fuzz_fn)(const uint8_t *data, size_t size);
+
+/* Each input runs in a child process, so a crash or sanitizer abort becomes a
+ * failure naming the input, and the other inputs still run. */
+static void replay_file(const char *path, fuzz_fn fn)
+{
+    size_t len;
+    ct_error err;
+    char *data = ct_read_file(path, &len, &err);
+    CHECK(data, "%s", err.msg);
+    if (!data) return;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        fn((const uint8_t *)data, len);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: the fuzz target %s %d on it", path,
+          WIFSIGNALED(status) ? "died of signal" : "exited with", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    free(data);
+}
+
+/* Every file in tests/fuzz_regressions/NAME and every match of the seed pattern. */
+static int replay(const char *name, const char *seeds, fuzz_fn fn)
+{
+    char dir[256];
+    snprintf(dir, sizeof dir, "tests/fuzz_regressions/%s", name);
+    int n = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        replay_file(path, fn);
+        n++;
+    }
+    if (d) closedir(d);
+    glob_t g = {0};
+    if (glob(seeds, GLOB_BRACE, NULL, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; i++, n++) replay_file(g.gl_pathv[i], fn);
+    globfree(&g);
+    return n;
+}
+
+TEST(config_reader_survives_every_saved_input)
+{
+    CHECK(replay("config", "{configs/*.yaml,tests/fixtures/*/train.yaml}", fuzz_config) > 0, "nothing replayed");
+}
+
+TEST(json_reader_survives_every_saved_input)
+{
+    CHECK(replay("json", "configs/models/*/config.json", fuzz_json) > 0, "nothing replayed");
+}
+
+TEST(model_config_survives_every_saved_input)
+{
+    CHECK(replay("model_config", "configs/models/*/config.json", fuzz_model_config) > 0, "nothing replayed");
+}
+
+TEST(safetensors_reader_survives_every_saved_input)
+{
+    CHECK(replay("safetensors", "tests/fixtures/*/{adapter,model}/*.safetensors", fuzz_safetensors) > 0,
+          "nothing replayed");
+}
+
+TEST(shard_reader_survives_every_saved_input)
+{
+    CHECK(replay("shard", "tests/fixtures/*/data/*.shard", fuzz_shard) > 0, "nothing replayed");
+}
+
+int main(void)
+{
+    RUN(config_reader_survives_every_saved_input);
+    RUN(json_reader_survives_every_saved_input);
+    RUN(model_config_survives_every_saved_input);
+    RUN(safetensors_reader_survives_every_saved_input);
+    RUN(shard_reader_survives_every_saved_input);
+    return check_summary();
+}

@@ -1,0 +1,290 @@
+/* test_merge.c — `ctune merge`: merged weights are bf16(W + (B @ A) * scaling)
+ * with one rounding, everything else is carried over, the input's file layout
+ * (single or sharded) is kept, the merged model gives the loss of base +
+ * adapter through the graph, and bad adapters or output folders are input
+ * errors that write nothing. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "adapter.h"
+#include "check.h"
+#include "commands.h"
+#include "graph.h"
+#include "model_fixture.h"
+
+static char root[256];
+
+static void path_in(char *out, size_t len, const char *name) { snprintf(out, len, "%s/%s", root, name); }
+
+/* Writes a PEFT adapter for the llama fixture: random A and B (B not zero) on
+ * the given targets, r 4, alpha 8, and extra_json spliced into its config. */
+static int write_adapter(const char *dir, const char *targets_json, const ct_module *mods, int n_mods,
+                         bool rslora, const char *extra_json, uint64_t seed)
+{
+    ct_error err = {0};
+    ct_model_config mc;
+    if (model_config_parse(&mc, fixture_llama_json, strlen(fixture_llama_json), "fixture", &err)) return -1;
+    if (ct_mkdirs(dir, &err)) return -1;
+    st_writer *w = st_writer_new();
+    ct_rng r;
+    ct_rng_seed(&r, seed);
+    const int R = 4;
+    for (int l = 0; l < mc.num_hidden_layers; l++)
+        for (int k = 0; k < n_mods; k++) {
+            int in, out;
+            model_module_shape(&mc, mods[k], &in, &out);
+            float *A = ct_malloc(sizeof(float) * R * in), *B = ct_malloc(sizeof(float) * out * R);
+            for (int i = 0; i < R * in; i++) A[i] = 0.3f * ct_rng_normal(&r);
+            for (int i = 0; i < out * R; i++) B[i] = 0.3f * ct_rng_normal(&r);
+            char name[256];
+            int64_t sa[2] = {R, in}, sb[2] = {out, R};
+            lora_tensor_name(name, sizeof name, l, mods[k], false);
+            if (st_writer_add(w, name, CT_DTYPE_F32, 2, sa, A, &err)) return -1;
+            lora_tensor_name(name, sizeof name, l, mods[k], true);
+            if (st_writer_add(w, name, CT_DTYPE_F32, 2, sb, B, &err)) return -1;
+            free(A);
+            free(B);
+        }
+    char path[512];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    int rc = st_writer_save(w, path, &err);
+    st_writer_free(w);
+    if (rc) return -1;
+    char json[1024];
+    snprintf(json, sizeof json, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"use_rslora\": %s, "
+             "\"target_modules\": %s, \"bias\": \"none\", \"rank_pattern\": {}%s}", rslora ? "true" : "false",
+             targets_json, extra_json);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    return ct_write_file_atomic(path, json, strlen(json), &err) ? -1 : 0;
+}
+
+static int merge(const char *model, const char *adapter, const char *out, ct_error *err)
+{
+    char *argv[] = {"merge", "--model", (char *)model, "--adapter", (char *)adapter, "--out", (char *)out, NULL};
+    return cmd_merge(7, argv, err);
+}
+
+/* Checks every tensor of merged against bf16(W + (B @ A) * scale) (computed in
+ * double) for the adapted ones and byte equality for the rest; returns the
+ * number of adapted tensors. A double reference can round the other way when
+ * the fp32 sum lands within an fp32 ulp of a bf16 tie: one bf16 ulp is allowed,
+ * and the exact fraction must be overwhelming. */
+static int check_merged(const char *base_dir, const char *adapter_dir, const char *merged_dir, double scale)
+{
+    ct_error err = {0};
+    char path[512];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", adapter_dir);
+    st_reader *base = st_open(base_dir, &err), *ad = st_open(path, &err), *mg = st_open(merged_dir, &err);
+    if (!base || !ad || !mg) {
+        CHECK(0, "open: %s", err.msg);
+        return -1;
+    }
+    int adapted = 0;
+    size_t exact = 0, total = 0, off_by_more = 0;
+    CHECK(st_count(base) == st_count(mg), "%zu tensors merged, %zu in the base", st_count(mg), st_count(base));
+    for (size_t i = 0; i < st_count(base); i++) {
+        const st_tensor *w = st_at(base, i), *m = st_find(mg, w->name);
+        if (!m || m->dtype != CT_DTYPE_BF16 || m->numel != w->numel) {
+            CHECK(0, "%s missing or changed in the merged model", w->name);
+            continue;
+        }
+        char a_name[300], b_name[300];
+        size_t stem = strlen(w->name) - strlen(".weight");
+        snprintf(a_name, sizeof a_name, "base_model.model.%.*s.lora_A.weight", (int)stem, w->name);
+        snprintf(b_name, sizeof b_name, "base_model.model.%.*s.lora_B.weight", (int)stem, w->name);
+        const st_tensor *A = st_find(ad, a_name), *B = st_find(ad, b_name);
+        if (!A) {
+            CHECK(!memcmp(m->data, w->data, w->nbytes), "%s changed without an adapter", w->name);
+            continue;
+        }
+        adapted++;
+        size_t out = (size_t)w->shape[0], in = (size_t)w->shape[1], R = (size_t)A->shape[0];
+        const float *a = A->data, *b = B->data;
+        for (size_t o = 0; o < out; o++)
+            for (size_t j = 0; j < in; j++) {
+                uint16_t wb, mb;
+                memcpy(&wb, (const char *)w->data + 2 * (o * in + j), 2);
+                memcpy(&mb, (const char *)m->data + 2 * (o * in + j), 2);
+                double d = 0;
+                for (size_t r = 0; r < R; r++) d += (double)b[o * R + r] * a[r * in + j];
+                uint16_t want = ct_f32_to_bf16((float)(ct_bf16_to_f32(wb) + d * scale));
+                total++;
+                exact += mb == want;
+                off_by_more += abs((int)mb - (int)want) > 1;
+            }
+    }
+    CHECK(off_by_more == 0, "%zu of %zu merged weights off by more than one bf16 ulp", off_by_more, total);
+    CHECK(exact >= total - total / 100, "only %zu of %zu merged weights exact", exact, total);
+    st_close(base);
+    st_close(ad);
+    st_close(mg);
+    return adapted;
+}
+
+static const ct_module qd[2] = {CT_MOD_Q, CT_MOD_DOWN};
+
+TEST(merge_adds_B_A_times_alpha_over_r_and_keeps_the_rest)
+{
+    char model[300], adapter[300], out[300];
+    path_in(model, sizeof model, "model");
+    path_in(adapter, sizeof adapter, "ad_qd");
+    path_in(out, sizeof out, "merged_qd");
+    REQUIRE(write_adapter(adapter, "[\"q_proj\", \"down_proj\"]", qd, 2, false, "", 1) == 0, "adapter");
+    ct_error err = {0};
+    REQUIRE(merge(model, adapter, out, &err) == CT_OK, "merge: %s", err.msg);
+    CHECK(check_merged(model, adapter, out, 8.0 / 4) == 4, "expected 2 layers x 2 adapted tensors");
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/config.json", model);
+    snprintf(b, sizeof b, "%s/config.json", out);
+    size_t la, lb;
+    char *ta = ct_read_file(a, &la, &err), *tb = ct_read_file(b, &lb, &err);
+    CHECK(ta && tb && la == lb && !memcmp(ta, tb, la), "config.json not copied as it is");
+    free(ta);
+    free(tb);
+}
+
+TEST(rslora_scales_by_alpha_over_sqrt_r)
+{
+    char model[300], adapter[300], out[300];
+    path_in(model, sizeof model, "model");
+    path_in(adapter, sizeof adapter, "ad_rs");
+    path_in(out, sizeof out, "merged_rs");
+    REQUIRE(write_adapter(adapter, "\"all-linear\"", qd, 2, true, "", 2) == 0, "adapter");
+    ct_error err = {0};
+    REQUIRE(merge(model, adapter, out, &err) == CT_OK, "merge: %s", err.msg);
+    CHECK(check_merged(model, adapter, out, 8.0 / 2) == 4, "expected 4 adapted tensors");
+}
+
+TEST(a_sharded_model_gives_a_sharded_merged_model)
+{
+    char model[300], adapter[300], out[300], path[512];
+    path_in(model, sizeof model, "model_sharded");
+    path_in(adapter, sizeof adapter, "ad_qd");
+    path_in(out, sizeof out, "merged_sharded");
+    /* the fixture, re-saved in shards of at most 16 KiB */
+    ct_error err = {0};
+    char single[300];
+    path_in(single, sizeof single, "model");
+    st_reader *r = st_open(single, &err);
+    REQUIRE(r, "open: %s", err.msg);
+    st_writer *w = st_writer_new();
+    for (size_t i = 0; i < st_count(r); i++) {
+        const st_tensor *t = st_at(r, i);
+        REQUIRE(st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, &err) == CT_OK, "%s", err.msg);
+    }
+    REQUIRE(st_writer_save_sharded(w, model, 16384, &err) == CT_OK, "save: %s", err.msg);
+    st_writer_free(w);
+    st_close(r);
+    snprintf(path, sizeof path, "%s/config.json", model);
+    REQUIRE(ct_write_file_atomic(path, fixture_llama_json, strlen(fixture_llama_json), &err) == CT_OK, "config");
+
+    REQUIRE(merge(model, adapter, out, &err) == CT_OK, "merge: %s", err.msg);
+    struct stat st;
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    CHECK(stat(path, &st) != 0, "a single model.safetensors was written for a sharded input");
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", out);
+    CHECK(stat(path, &st) == 0, "no index written");
+    CHECK(check_merged(model, adapter, out, 2.0) == 4, "expected 4 adapted tensors");
+    st_reader *a = st_open(model, &err), *b = st_open(out, &err);
+    REQUIRE(a && b, "open: %s", err.msg);
+    for (size_t i = 0; i < st_count(a); i++) {
+        const char *fa = strrchr(st_at(a, i)->file, '/'), *fb = strrchr(st_find(b, st_at(a, i)->name)->file, '/');
+        CHECK(!strcmp(fa, fb), "%s: in %s, was in %s", st_at(a, i)->name, fb, fa);
+    }
+    st_close(a);
+    st_close(b);
+}
+
+/* Sum of the target losses of one document through the graph. */
+static double loss_of(const char *model_dir, const char *adapter_dir)
+{
+    ct_error err = {0};
+    ct_backend *be = backend_cpu_new();
+    ct_model m;
+    ct_lora lo = {0};
+    if (model_load(&m, be, model_dir, &err) || (adapter_dir && adapter_load(&lo, &m, adapter_dir, &err))) {
+        printf("load: %s\n", err.msg);
+        return NAN;
+    }
+    enum { N = 24 };
+    int32_t d[N];
+    for (int i = 0; i < N; i++) d[i] = (i * 37 + 11) % m.cfg.vocab_size;
+    const int32_t *docs[1] = {d};
+    int lens[1] = {N};
+    ct_batch b;
+    batch_alloc(&b, N);
+    fixture_batch(&b, docs, lens, 1);
+    ct_graph *g = graph_new(&m, N, true, &err);
+    graph_set_batch(g, &b);
+    be->zero(be, graph_loss_sum(g), sizeof(float));
+    graph_eval(g, adapter_dir ? &lo : NULL);
+    float sum;
+    be->download(be, &sum, graph_loss_sum(g), sizeof sum);
+    graph_free(g);
+    batch_free(&b);
+    if (adapter_dir) lora_free(&lo, be);
+    model_free(&m);
+    be->destroy(be);
+    return sum;
+}
+
+TEST(the_merged_model_gives_the_loss_of_base_plus_adapter)
+{
+    char model[300], adapter[300], out[300];
+    path_in(model, sizeof model, "model");
+    path_in(adapter, sizeof adapter, "ad_qd");
+    path_in(out, sizeof out, "merged_qd");
+    double base = loss_of(model, NULL), with = loss_of(model, adapter), merged = loss_of(out, NULL);
+    printf("     losses: base %.5f, base + adapter %.5f, merged %.5f\n", base, with, merged);
+    CHECK(fabs(with - base) > 0.01 * fabs(base), "the adapter barely changes the loss: the test would prove nothing");
+    CHECK(check_rel_err(merged, with, 1e-6) < 1e-3, "merged %.6f vs base + adapter %.6f", merged, with);
+}
+
+TEST(bad_adapters_and_output_folders_are_input_errors)
+{
+    char model[300], adapter[300], out[300];
+    path_in(model, sizeof model, "model");
+    ct_error err = {0};
+    struct { const char *name, *targets, *extra, *expect; } cases[] = {
+        {"ad_dora", "[\"q_proj\", \"down_proj\"]", ", \"use_dora\": true", "use_dora"},
+        {"ad_untargeted", "[\"q_proj\"]", "", "target_modules"},
+        {"ad_pattern", "\".*q_proj\"", "", "pattern"},
+        {"ad_unknown", "[\"q_proj\", \"down_proj\", \"w1\"]", "", "w1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        path_in(adapter, sizeof adapter, cases[i].name);
+        path_in(out, sizeof out, "merged_bad");
+        REQUIRE(write_adapter(adapter, cases[i].targets, qd, 2, false, cases[i].extra, 3) == 0, "adapter");
+        CHECK(merge(model, adapter, out, &err) == CT_ERR_INPUT, "%s: accepted", cases[i].name);
+        CHECK(strstr(err.msg, cases[i].expect) != NULL, "%s: message '%s' does not name %s", cases[i].name, err.msg,
+              cases[i].expect);
+        struct stat st;
+        CHECK(stat(out, &st) != 0, "%s: an output folder was created", cases[i].name);
+    }
+    /* an existing, non-empty output folder (here: the model itself) */
+    path_in(adapter, sizeof adapter, "ad_qd");
+    CHECK(merge(model, adapter, model, &err) == CT_ERR_INPUT, "merging into the base model folder was accepted");
+    CHECK(strstr(err.msg, "not empty") != NULL, "message: %s", err.msg);
+    char *argv[] = {"merge", "--model", model, NULL};
+    CHECK(cmd_merge(3, argv, &err) == CT_ERR_INPUT && strstr(err.msg, "usage"), "missing arguments: %s", err.msg);
+}
+
+int main(void)
+{
+    snprintf(root, sizeof root, "/tmp/ctune_merge_XXXXXX");
+    if (!mkdtemp(root)) return 1;
+    char model[300];
+    path_in(model, sizeof model, "model");
+    if (fixture_write_model(model, fixture_llama_json, 21)) return 1;
+    RUN(merge_adds_B_A_times_alpha_over_r_and_keeps_the_rest);
+    RUN(rslora_scales_by_alpha_over_sqrt_r);
+    RUN(a_sharded_model_gives_a_sharded_merged_model);
+    RUN(the_merged_model_gives_the_loss_of_base_plus_adapter);
+    RUN(bad_adapters_and_output_folders_are_input_errors);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    if (system(cmd)) printf("could not remove %s\n", root);
+    return check_summary();
+}

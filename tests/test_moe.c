@@ -1,0 +1,663 @@
+/* test_moe.c — mixture of experts on the CPU reference backend: the routing ops
+ * (top-K rules, ties, empty experts, K = 1 and K = E = 8, the stable
+ * permutation and its round trip), the grouped GEMM, the router and clamped
+ * SwiGLU backward, and tiny qwen3_moe / mixtral / gpt_oss models: LoRA
+ * gradients (experts included) against finite differences, packed ==
+ * unpacked, checkpointing on == off, the load-balancing loss, the PEFT names.
+ *
+ * Backward ops are checked like test_backend_cpu.c does: the analytic gradient
+ * of a random projection against central differences of a double reference
+ * (step 1e-6), bound 1e-3. Model gradients are checked like test_graph.c: a
+ * random direction per (module, A|B), bound 2e-2. Routing is piecewise
+ * constant, so a +-eps step that moves a token across a routing boundary makes
+ * the difference quotient meaningless (seen: a step of 1e-3 along o_proj's A
+ * switched an expert, 3e-4 did not). A direction is therefore tried with
+ * eps = 1e-3, then 3e-4, then 1e-4, and passes if one agrees: a wrong or
+ * missing gradient term disagrees at every step (dropping the router's
+ * input-gradient path gives errors of 3e-2 to 10 in every attention module
+ * at all three), while a
+ * boundary is crossed by the larger steps only. fp32 rounding in the
+ * difference stays below ~5e-3 relative at eps = 1e-4. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "graph.h"
+#include "json.h"
+#include "model_fixture.h"
+
+/* qwen3_moe: 3 layers, layer 1 dense (mlp_only_layers), E = 4, K = 2, no renormalisation. */
+static const char *const fixture_qwen3_moe_json =
+    "{\"model_type\": \"qwen3_moe\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 40,"
+    " \"moe_intermediate_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
+    " \"norm_topk_prob\": false, \"decoder_sparse_step\": 1, \"mlp_only_layers\": [1],"
+    " \"router_aux_loss_coef\": 0.05, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
+    " \"max_position_embeddings\": 256, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}";
+
+/* mixtral: 2 layers, E = 4, K = 2 (always renormalised), GQA 2:1. */
+static const char *const fixture_mixtral_json =
+    "{\"model_type\": \"mixtral\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 24,"
+    " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+    " \"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"router_aux_loss_coef\": 0.02,"
+    " \"rms_norm_eps\": 1e-5, \"rope_theta\": 1000000.0, \"sliding_window\": null,"
+    " \"max_position_embeddings\": 256, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}";
+
+/* gpt_oss: 2 layers (sliding window 4, then full), sinks, biases, yarn rope,
+ * E = 4, K = 2, swiglu_limit low enough that some activations clamp. */
+static const char *const fixture_gpt_oss_json =
+    "{\"model_type\": \"gpt_oss\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 16,"
+    " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8,"
+    " \"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"sliding_window\": 4, \"swiglu_limit\": 1.5,"
+    " \"rope_theta\": 150000.0, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": 32.0,"
+    " \"beta_slow\": 1.0, \"truncate\": false, \"original_max_position_embeddings\": 64},"
+    " \"rms_norm_eps\": 1e-5, \"max_position_embeddings\": 256, \"tie_word_embeddings\": false}";
+
+static ct_backend *be;
+static ct_rng rng;
+
+// ---- routing ops ----
+
+static void softmax_d(double *p, const float *l, int E)
+{
+    double mx = l[0], s = 0;
+    for (int j = 1; j < E; j++) mx = fmax(mx, l[j]);
+    for (int j = 0; j < E; j++) s += exp(l[j] - mx);
+    for (int j = 0; j < E; j++) p[j] = exp(l[j] - mx) / s;
+}
+
+TEST(route_softmax_topk_picks_the_largest_probabilities_in_decreasing_order)
+{
+    float logits[2 * 6] = {0.1f, 2.0f, -1.0f, 1.5f, 0.0f, 3.0f, /* token 1 */ -2.0f, -1.0f, 0.5f, 0.4f, 0.3f, 0.2f};
+    int32_t idx[4];
+    float w[4];
+    be->moe_route(be, idx, w, logits, 2, 6, 2, CT_MOE_SOFTMAX_TOPK);
+    CHECK(idx[0] == 5 && idx[1] == 1 && idx[2] == 2 && idx[3] == 3, "chosen %d %d | %d %d", idx[0], idx[1], idx[2], idx[3]);
+    double p[6];
+    softmax_d(p, logits, 6);
+    CHECK(check_rel_err(w[0], p[5], 0) <= 1e-6 && check_rel_err(w[1], p[1], 0) <= 1e-6, "weights are the probabilities");
+    be->moe_route(be, idx, w, logits, 2, 6, 2, CT_MOE_SOFTMAX_TOPK_NORM);
+    CHECK(check_rel_err(w[0], p[5] / (p[5] + p[1]), 0) <= 1e-6 && check_rel_err(w[0] + w[1], 1.0, 0) <= 1e-6,
+          "renormalised weights %g %g", w[0], w[1]);
+}
+
+TEST(route_ties_go_to_the_lower_expert_index)
+{
+    float logits[8] = {0.5f, 1.0f, 1.0f, 0.2f, 1.0f, 1.0f, 0.5f, 0.0f};
+    int32_t idx[3];
+    float w[3];
+    for (int rule = 0; rule < 3; rule++) {
+        be->moe_route(be, idx, w, logits, 1, 8, 3, (ct_moe_rule)rule);
+        CHECK(idx[0] == 1 && idx[1] == 2 && idx[2] == 4, "rule %d: chosen %d %d %d", rule, idx[0], idx[1], idx[2]);
+        CHECK(w[0] == w[1] && w[1] == w[2], "rule %d: tied experts get equal weights", rule);
+    }
+    float flat[8] = {0};
+    be->moe_route(be, idx, w, flat, 1, 8, 3, CT_MOE_SOFTMAX_TOPK);
+    CHECK(idx[0] == 0 && idx[1] == 1 && idx[2] == 2 && w[0] == 0.125f, "all equal: experts 0 1 2, weight 1/8");
+}
+
+TEST(route_k1_takes_the_argmax_and_k8_of_8_ranks_every_expert)
+{
+    float logits[8] = {0.3f, -0.2f, 1.7f, 0.9f, -1.1f, 0.0f, 1.2f, 0.4f};
+    int32_t idx[8];
+    float w[8];
+    be->moe_route(be, idx, w, logits, 1, 8, 1, CT_MOE_SOFTMAX_TOPK_NORM);
+    CHECK(idx[0] == 2 && w[0] == 1.0f, "k=1 renormalised: expert %d weight %g", idx[0], w[0]);
+    be->moe_route(be, idx, w, logits, 1, 8, 1, CT_MOE_TOPK_SOFTMAX);
+    CHECK(idx[0] == 2 && w[0] == 1.0f, "k=1 gpt_oss: a softmax over one logit is 1");
+    be->moe_route(be, idx, w, logits, 1, 8, 8, CT_MOE_SOFTMAX_TOPK);
+    const int order[8] = {2, 6, 3, 7, 0, 5, 1, 4};
+    double p[8], sum = 0;
+    softmax_d(p, logits, 8);
+    for (int k = 0; k < 8; k++) {
+        CHECK(idx[k] == order[k], "k=8: rank %d is expert %d, expected %d", k, idx[k], order[k]);
+        CHECK(check_rel_err(w[k], p[order[k]], 0) <= 1e-6, "k=8: weight of rank %d", k);
+        sum += w[k];
+    }
+    CHECK(fabs(sum - 1) <= 1e-6, "k=8 weights sum to %g", sum);
+}
+
+TEST(route_gpt_oss_takes_the_top_logits_then_a_softmax_over_them)
+{
+    float logits[5] = {1.0f, 3.0f, -2.0f, 2.0f, 0.0f};
+    int32_t idx[2];
+    float w[2];
+    be->moe_route(be, idx, w, logits, 1, 5, 2, CT_MOE_TOPK_SOFTMAX);
+    double e = exp(-1.0);
+    CHECK(idx[0] == 1 && idx[1] == 3, "chosen %d %d", idx[0], idx[1]);
+    CHECK(check_rel_err(w[0], 1 / (1 + e), 0) <= 1e-6 && check_rel_err(w[1], e / (1 + e), 0) <= 1e-6,
+          "weights %g %g", w[0], w[1]);
+}
+
+TEST(counts_and_offsets_handle_experts_that_get_no_tokens)
+{
+    const int32_t idx[6] = {3, 0, 3, 5, 0, 3}; /* experts 1, 2, 4, 6 get nothing */
+    int32_t counts[7], offsets[8];
+    be->moe_count(be, counts, idx, 6, 7);
+    be->moe_offsets(be, offsets, counts, 7);
+    const int32_t want_c[7] = {2, 0, 0, 3, 0, 1, 0}, want_o[8] = {0, 2, 2, 2, 5, 5, 6, 6};
+    CHECK(!memcmp(counts, want_c, sizeof want_c), "counts");
+    CHECK(!memcmp(offsets, want_o, sizeof want_o), "offsets");
+    int32_t row_slot[6], slot_row[6];
+    be->moe_permute(be, row_slot, slot_row, idx, offsets, 6, 7);
+    const int32_t want_rs[6] = {1, 4, 0, 2, 5, 3};
+    CHECK(!memcmp(row_slot, want_rs, sizeof want_rs), "rows in expert order, slots ascending within each");
+}
+
+/* Random distinct top-K per token, as a router produces. */
+static void random_choices(int32_t *idx, int T, int E, int K)
+{
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int e;
+            bool dup;
+            do {
+                e = (int)(ct_rng_uniform(&rng) * E);
+                dup = false;
+                for (int m = 0; m < k; m++) dup |= idx[t * K + m] == e;
+            } while (dup);
+            idx[t * K + k] = e;
+        }
+}
+
+TEST(permutation_is_stable_and_scatter_undoes_gather)
+{
+    enum { T = 37, E = 8, K = 3, H = 5, N = T * K };
+    int32_t idx[N], counts[E], offsets[E + 1], row_slot[N], slot_row[N];
+    random_choices(idx, T, E, K);
+    be->moe_count(be, counts, idx, N, E);
+    be->moe_offsets(be, offsets, counts, E);
+    be->moe_permute(be, row_slot, slot_row, idx, offsets, N, E);
+    for (int e = 0; e < E; e++)
+        for (int r = offsets[e]; r < offsets[e + 1]; r++) {
+            CHECK(idx[row_slot[r]] == e, "row %d belongs to expert %d", r, e);
+            if (r > offsets[e]) CHECK(row_slot[r] > row_slot[r - 1], "expert %d: slots ascend (stable)", e);
+        }
+    for (int s = 0; s < N; s++) CHECK(row_slot[slot_row[s]] == s, "slot_row inverts row_slot at %d", s);
+    float x[T * H], xe[N * H], y[T * H], w[N];
+    for (int i = 0; i < T * H; i++) x[i] = ct_rng_normal(&rng);
+    for (int s = 0; s < N; s++) w[s] = 1.0f / K;
+    be->moe_gather(be, xe, x, H, row_slot, T, K, H);
+    for (int r = 0; r < N; r++)
+        CHECK(!memcmp(xe + r * H, x + (row_slot[r] / K) * H, H * 4), "row %d is its token's row", r);
+    be->moe_scatter(be, y, H, xe, slot_row, w, T, K, H, 0);
+    CHECK(check_max_rel_err(y, x, T * H) <= 1e-6, "weights 1/K: scatter(gather(x)) == x");
+    be->moe_scatter(be, y, H, xe, slot_row, NULL, T, K, H, 0);
+    for (int i = 0; i < T * H; i++) x[i] *= K;
+    CHECK(check_max_rel_err(y, x, T * H) <= 1e-6, "weights 1: scatter(gather(x)) == K x");
+}
+
+TEST(grouped_gemm_reads_offsets_and_matches_each_expert_alone)
+{
+    enum { E = 5, IN = 7, OUT = 6, N = 20 };
+    const int32_t offsets[E + 1] = {0, 6, 6, 15, 15, 20}; /* experts 1 and 3 empty */
+    float W[E * OUT * IN], b[E * OUT], x[N * IN], y[N * OUT], want[N * OUT];
+    for (int i = 0; i < E * OUT * IN; i++) W[i] = ct_rng_normal(&rng);
+    for (int i = 0; i < E * OUT; i++) b[i] = ct_rng_normal(&rng);
+    for (int i = 0; i < N * IN; i++) x[i] = ct_rng_normal(&rng);
+    for (int e = 0; e < E; e++)
+        for (int r = offsets[e]; r < offsets[e + 1]; r++)
+            for (int o = 0; o < OUT; o++) {
+                double s = b[e * OUT + o];
+                for (int i = 0; i < IN; i++) s += (double)x[r * IN + i] * W[(e * OUT + o) * IN + i];
+                want[r * OUT + o] = (float)s;
+            }
+    be->moe_linear_fwd(be, y, OUT, x, IN, W, b, offsets, E, IN, OUT, 0);
+    CHECK(check_max_rel_err(y, want, N * OUT) <= 1e-4, "grouped forward: %.3e", check_max_rel_err(y, want, N * OUT));
+    float dx[N * IN], dwant[N * IN];
+    for (int e = 0; e < E; e++)
+        for (int r = offsets[e]; r < offsets[e + 1]; r++)
+            for (int i = 0; i < IN; i++) {
+                double s = 0;
+                for (int o = 0; o < OUT; o++) s += (double)y[r * OUT + o] * W[(e * OUT + o) * IN + i];
+                dwant[r * IN + i] = (float)s;
+            }
+    be->moe_linear_bwd_input(be, dx, IN, y, OUT, W, offsets, E, IN, OUT, 0);
+    CHECK(check_max_rel_err(dx, dwant, N * IN) <= 1e-4, "grouped backward input");
+}
+
+/* Routing weights in double with the selection fixed, plus sum aux_e p_e. */
+typedef struct route_obj {
+    double *l;
+    const int32_t *idx;
+    const float *dw, *aux;
+    int T, E, K;
+    ct_moe_rule rule;
+} route_obj;
+
+static double route_objective(const route_obj *o)
+{
+    double total = 0, p[16];
+    for (int t = 0; t < o->T; t++) {
+        const double *l = o->l + t * o->E;
+        double mx = l[0], s = 0, sk = 0;
+        for (int j = 1; j < o->E; j++) mx = fmax(mx, l[j]);
+        for (int j = 0; j < o->E; j++) s += exp(l[j] - mx);
+        for (int j = 0; j < o->E; j++) p[j] = exp(l[j] - mx) / s;
+        for (int k = 0; k < o->K; k++) sk += p[o->idx[t * o->K + k]];
+        for (int k = 0; k < o->K; k++) {
+            double pk = p[o->idx[t * o->K + k]];
+            double w = o->rule == CT_MOE_SOFTMAX_TOPK ? pk : pk / sk; /* softmax over the K == p / sum p */
+            total += o->dw[t * o->K + k] * w;
+        }
+        if (o->aux)
+            for (int j = 0; j < o->E; j++) total += o->aux[j] * p[j];
+    }
+    return total;
+}
+
+static void check_route_bwd(ct_moe_rule rule, bool with_aux)
+{
+    enum { T = 6, E = 7, K = 3 };
+    float logits[T * E], w[T * K], dw[T * K], aux[E], dl[T * E], fd[T * E];
+    int32_t idx[T * K];
+    double ld[T * E];
+    for (int i = 0; i < T * E; i++) ld[i] = logits[i] = ct_rng_normal(&rng);
+    for (int i = 0; i < T * K; i++) dw[i] = ct_rng_normal(&rng);
+    for (int e = 0; e < E; e++) aux[e] = ct_rng_normal(&rng);
+    be->moe_route(be, idx, w, logits, T, E, K, rule);
+    be->moe_route_bwd(be, dl, dw, logits, idx, w, with_aux ? aux : NULL, T, E, K, rule);
+    route_obj o = {ld, idx, dw, with_aux ? aux : NULL, T, E, K, rule};
+    for (int i = 0; i < T * E; i++) {
+        double save = ld[i];
+        ld[i] = save + 1e-6;
+        double fp = route_objective(&o);
+        ld[i] = save - 1e-6;
+        double fm = route_objective(&o);
+        ld[i] = save;
+        fd[i] = (float)((fp - fm) / 2e-6);
+    }
+    CHECK(check_max_rel_err(dl, fd, T * E) <= 1e-3, "rule %d%s: dlogits vs finite differences (max rel %.2e)",
+          rule, with_aux ? " with aux" : "", check_max_rel_err(dl, fd, T * E));
+}
+
+TEST(route_bwd_matches_finite_differences_for_every_rule)
+{
+    for (int rule = 0; rule < 3; rule++) {
+        check_route_bwd((ct_moe_rule)rule, false);
+        check_route_bwd((ct_moe_rule)rule, true);
+    }
+}
+
+static double clamped_swiglu_d(double g, double u, double alpha, double limit)
+{
+    g = fmin(g, limit);
+    u = fmin(fmax(u, -limit), limit);
+    return (u + 1) * g / (1 + exp(-alpha * g));
+}
+
+TEST(clamped_swiglu_bwd_matches_finite_differences_and_stops_at_the_limits)
+{
+    enum { N = 9, I = 4 };
+    const float alpha = 1.702f, limit = 1.0f;
+    float gu[N * 2 * I], dh[N * I], dgu[N * 2 * I], fd[N * 2 * I], h[N * I];
+    for (int i = 0; i < N * 2 * I; i++) gu[i] = 1.6f * ct_rng_normal(&rng); /* some beyond +-limit */
+    for (int i = 0; i < N * I; i++) dh[i] = ct_rng_normal(&rng);
+    be->moe_clamped_swiglu_fwd(be, h, gu, N, I, alpha, limit);
+    be->moe_clamped_swiglu_bwd(be, dgu, dh, gu, N, I, alpha, limit);
+    int clamped = 0;
+    for (int r = 0; r < N; r++)
+        for (int i = 0; i < I; i++) {
+            double g = gu[r * 2 * I + 2 * i], u = gu[r * 2 * I + 2 * i + 1];
+            CHECK(check_rel_err(h[r * I + i], clamped_swiglu_d(g, u, alpha, limit), 1e-3) <= 1e-5, "forward");
+            double e = 1e-6, d = dh[r * I + i];
+            fd[r * 2 * I + 2 * i] = (float)(d * (clamped_swiglu_d(g + e, u, alpha, limit) -
+                                                 clamped_swiglu_d(g - e, u, alpha, limit)) / (2 * e));
+            fd[r * 2 * I + 2 * i + 1] = (float)(d * (clamped_swiglu_d(g, u + e, alpha, limit) -
+                                                     clamped_swiglu_d(g, u - e, alpha, limit)) / (2 * e));
+            clamped += g > limit || fabs(u) > limit;
+        }
+    CHECK(clamped > 0, "the inputs exercise the clamps");
+    CHECK(check_max_rel_err(dgu, fd, N * 2 * I) <= 1e-3, "dgu vs finite differences");
+}
+
+// ---- models ----
+
+typedef struct fixture {
+    char dir[256];
+    ct_model model;
+    ct_lora lora;
+    ct_graph *graph;
+} fixture;
+
+static const char *const all_targets[7] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+static int fixture_open(fixture *f, const char *json, bool checkpointing, const char *const *targets, int n_targets)
+{
+    snprintf(f->dir, sizeof f->dir, "/tmp/ctune_moe_XXXXXX");
+    if (!mkdtemp(f->dir) || fixture_write_model(f->dir, json, 7)) return -1;
+    ct_error err = {0};
+    if (model_load(&f->model, be, f->dir, &err)) return printf("model_load: %s\n", err.msg), -1;
+    ct_lora_config lc = {.r = 4, .lora_alpha = 8, .n_target_modules = n_targets};
+    for (int i = 0; i < n_targets; i++) strcpy(lc.target_modules[i], targets[i]);
+    strcpy(lc.init_lora_weights, "true");
+    if (lora_init(&f->lora, &f->model, &lc, 3, &err)) return printf("lora_init: %s\n", err.msg), -1;
+    /* B = 0 after PEFT init would make every dA zero: give B values to test A too. */
+    size_t n = f->lora.n_params;
+    float *p = ct_malloc(n * sizeof(float));
+    be->download(be, p, f->lora.params, n * sizeof(float));
+    ct_rng r;
+    ct_rng_seed(&r, 11);
+    for (int l = 0; l < f->lora.n_layers; l++)
+        for (int m = 0; m < CT_MOD_COUNT; m++) {
+            const ct_lora_slot *s = lora_slot(&f->lora, l, m);
+            if (!s->experts) continue;
+            float *B = p + (lora_B(&f->lora, l, m) - f->lora.params);
+            for (size_t i = 0; i < (size_t)s->experts * s->out * f->lora.R; i++) B[i] = 0.1f * ct_rng_normal(&r);
+        }
+    be->upload(be, f->lora.params, p, n * sizeof(float));
+    free(p);
+    f->graph = graph_new(&f->model, 64, checkpointing, &err);
+    return f->graph ? 0 : -1;
+}
+
+static void fixture_close(fixture *f)
+{
+    graph_free(f->graph);
+    lora_free(&f->lora, be);
+    model_free(&f->model);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
+    if (system(cmd)) {}
+}
+
+static const int32_t doc_a[] = {1, 5, 9, 2, 33, 17, 8, 60, 4};
+static const int32_t doc_b[] = {3, 3, 12, 40, 41};
+static const int32_t doc_c[] = {7};
+static const int32_t doc_d[] = {50, 22, 9, 13, 13, 2, 63};
+static const int32_t *const docs[] = {doc_a, doc_b, doc_c, doc_d};
+static const int lens[] = {9, 5, 1, 7};
+
+/* One optimizer step over the batches: mean CE + the load-balancing losses. */
+static double step_loss(fixture *f, ct_batch *bs, int nb, float *grads_out)
+{
+    int targets = 0;
+    for (int i = 0; i < nb; i++) targets += bs[i].n_targets;
+    be->zero(be, f->lora.grads, f->lora.n_params * sizeof(float));
+    be->zero(be, graph_loss_sum(f->graph), sizeof(float));
+    be->zero(be, graph_aux_loss_sum(f->graph), sizeof(float));
+    for (int i = 0; i < nb; i++) {
+        graph_set_batch(f->graph, &bs[i]);
+        graph_train_step(f->graph, &f->lora, 1.0f / targets, 5 + i);
+    }
+    float sum, aux;
+    be->download(be, &sum, graph_loss_sum(f->graph), sizeof sum);
+    be->download(be, &aux, graph_aux_loss_sum(f->graph), sizeof aux);
+    if (grads_out) be->download(be, grads_out, f->lora.grads, f->lora.n_params * sizeof(float));
+    return (double)sum / targets + aux;
+}
+
+static void packed_batch(ct_batch *b)
+{
+    batch_alloc(b, 64);
+    fixture_batch(b, (const int32_t *const *)docs, lens, 4);
+}
+
+/* Directional derivatives per (module, A|B) over all layers and experts. */
+static void check_fd(const char *json, const char *const *targets, int n_targets, bool aux)
+{
+    fixture f;
+    REQUIRE(fixture_open(&f, json, true, targets, n_targets) == 0, "fixture");
+    ct_error err = {0};
+    REQUIRE(graph_set_router_aux_loss(f.graph, aux, &err) == CT_OK, "%s", err.msg);
+    ct_batch b;
+    packed_batch(&b);
+    size_t n = f.lora.n_params;
+    float *g = ct_malloc(n * 4), *p0 = ct_malloc(n * 4), *p = ct_malloc(n * 4), *v = ct_malloc(n * 4);
+    step_loss(&f, &b, 1, g);
+    be->download(be, p0, f.lora.params, n * 4);
+    ct_rng r;
+    ct_rng_seed(&r, 99);
+    const double eps[3] = {1e-3, 3e-4, 1e-4};
+    for (int m = 0; m < CT_MOD_COUNT; m++)
+        for (int is_B = 0; is_B < 2; is_B++) {
+            memset(v, 0, n * 4);
+            double gv = 0;
+            int blocks = 0;
+            for (int l = 0; l < f.lora.n_layers; l++) {
+                const ct_lora_slot *s = lora_slot(&f.lora, l, m);
+                if (!s->experts) continue;
+                float *base = is_B ? lora_B(&f.lora, l, m) : lora_A(&f.lora, l, m);
+                size_t off = (size_t)(base - f.lora.params);
+                size_t cnt = (size_t)s->experts * f.lora.R * (is_B ? s->out : s->in);
+                for (size_t i = 0; i < cnt; i++) {
+                    v[off + i] = ct_rng_normal(&r);
+                    gv += (double)g[off + i] * v[off + i];
+                }
+                blocks++;
+            }
+            if (!blocks) continue;
+            double fd = NAN, rel = INFINITY;
+            for (int k = 0; k < 3 && !(rel <= 2e-2); k++) {
+                for (size_t i = 0; i < n; i++) p[i] = p0[i] + (float)eps[k] * v[i];
+                be->upload(be, f.lora.params, p, n * 4);
+                double lp = step_loss(&f, &b, 1, NULL);
+                for (size_t i = 0; i < n; i++) p[i] = p0[i] - (float)eps[k] * v[i];
+                be->upload(be, f.lora.params, p, n * 4);
+                double lm = step_loss(&f, &b, 1, NULL);
+                fd = (lp - lm) / (2 * eps[k]);
+                rel = fabs(fd - gv) / fmax(fabs(gv), 1e-6);
+            }
+            be->upload(be, f.lora.params, p0, n * 4);
+            CHECK(rel <= 2e-2 && isfinite(gv) && fabs(gv) > 1e-6,
+                  "%s lora_%c: analytic %.6g vs finite difference %.6g (rel %.2e)", model_module_name(m),
+                  is_B ? 'B' : 'A', gv, fd, rel);
+        }
+    free(g); free(p0); free(p); free(v);
+    batch_free(&b);
+    fixture_close(&f);
+}
+
+TEST(lora_gradients_match_finite_differences_qwen3_moe_experts_and_dense_layer)
+{
+    check_fd(fixture_qwen3_moe_json, all_targets, 7, false);
+}
+TEST(lora_gradients_match_finite_differences_mixtral) { check_fd(fixture_mixtral_json, all_targets, 7, false); }
+TEST(lora_gradients_match_finite_differences_gpt_oss) { check_fd(fixture_gpt_oss_json, all_targets, 7, false); }
+
+/* With LoRA on attention only, every gradient reaches the adapters through the
+ * MoE blocks' input, so the router's input-gradient path must be right. */
+TEST(attention_lora_gradients_through_moe_blocks_include_the_router_path)
+{
+    check_fd(fixture_qwen3_moe_json, all_targets, 4, false);
+    check_fd(fixture_mixtral_json, all_targets, 4, false);
+}
+
+TEST(lora_gradients_match_finite_differences_with_router_aux_loss)
+{
+    check_fd(fixture_qwen3_moe_json, all_targets, 7, true);
+}
+
+static void single_batches(ct_batch *single)
+{
+    for (int i = 0; i < 4; i++) {
+        batch_alloc(&single[i], 64);
+        fixture_batch(&single[i], &docs[i], &lens[i], 1);
+    }
+}
+
+static void check_packed_equals_unpacked(const char *json)
+{
+    fixture f;
+    REQUIRE(fixture_open(&f, json, true, all_targets, 7) == 0, "fixture");
+    ct_batch packed, single[4];
+    packed_batch(&packed);
+    single_batches(single);
+    size_t n = f.lora.n_params;
+    float *g1 = ct_malloc(n * 4), *g2 = ct_malloc(n * 4);
+    double l1 = step_loss(&f, &packed, 1, g1), l2 = step_loss(&f, single, 4, g2);
+    CHECK(check_rel_err(l1, l2, 0) <= 1e-5, "loss packed %.8f vs one by one %.8f", l1, l2);
+    double e = check_max_rel_err(g1, g2, n);
+    CHECK(e <= 1e-4, "LoRA gradients packed vs one by one: max relative error %.3e", e);
+    free(g1); free(g2);
+    batch_free(&packed);
+    for (int i = 0; i < 4; i++) batch_free(&single[i]);
+    fixture_close(&f);
+}
+
+TEST(packed_batch_equals_documents_one_by_one_moe)
+{
+    check_packed_equals_unpacked(fixture_qwen3_moe_json);
+    check_packed_equals_unpacked(fixture_gpt_oss_json);
+}
+
+TEST(checkpointing_on_and_off_give_identical_moe_gradients)
+{
+    fixture f1, f2;
+    REQUIRE(fixture_open(&f1, fixture_qwen3_moe_json, true, all_targets, 7) == 0, "fixture");
+    REQUIRE(fixture_open(&f2, fixture_qwen3_moe_json, false, all_targets, 7) == 0, "fixture");
+    ct_error err = {0};
+    REQUIRE(!graph_set_router_aux_loss(f1.graph, true, &err) && !graph_set_router_aux_loss(f2.graph, true, &err),
+            "aux on");
+    ct_batch b;
+    packed_batch(&b);
+    size_t n = f1.lora.n_params;
+    float *g1 = ct_malloc(n * 4), *g2 = ct_malloc(n * 4);
+    double l1 = step_loss(&f1, &b, 1, g1), l2 = step_loss(&f2, &b, 1, g2);
+    CHECK(l1 == l2, "loss %.9g vs %.9g", l1, l2);
+    CHECK(memcmp(g1, g2, n * 4) == 0, "gradients differ between checkpointing on and off");
+    free(g1); free(g2);
+    batch_free(&b);
+    fixture_close(&f1);
+    fixture_close(&f2);
+}
+
+/* HF load_balancing_loss_func, written out on the host from the routers' logits. */
+TEST(router_aux_loss_is_hf_switch_loss_over_all_sparse_layers)
+{
+    fixture f;
+    REQUIRE(fixture_open(&f, fixture_mixtral_json, true, all_targets, 7) == 0, "fixture");
+    ct_error err = {0};
+    REQUIRE(graph_set_router_aux_loss(f.graph, true, &err) == CT_OK, "%s", err.msg);
+    ct_batch b;
+    packed_batch(&b);
+    double with = step_loss(&f, &b, 1, NULL);
+    float aux;
+    be->download(be, &aux, graph_aux_loss_sum(f.graph), 4);
+    REQUIRE(graph_set_router_aux_loss(f.graph, false, &err) == CT_OK, "%s", err.msg);
+    double without = step_loss(&f, &b, 1, NULL);
+    CHECK(aux > 0 && check_rel_err(with - without, aux, 0) <= 1e-4, "aux %g is what the loss grew by", aux);
+    /* With E = 4, K = 2 the loss is coef * E * sum_e f_e P_e; f and P sum to K and 1,
+     * so it lies in [coef * K, coef * E * K] (perfect balance at the bottom). */
+    CHECK(aux >= 0.02 * 2 * (1 - 1e-6) && aux <= 0.02 * 4 * 2, "aux %g outside [coef K, coef E K]", aux);
+    batch_free(&b);
+    fixture_close(&f);
+}
+
+TEST(router_aux_loss_is_refused_for_a_dense_model)
+{
+    fixture f;
+    REQUIRE(fixture_open(&f, fixture_llama_json, true, all_targets, 7) == 0, "fixture");
+    ct_error err = {0};
+    CHECK(graph_set_router_aux_loss(f.graph, true, &err) == CT_ERR_INPUT && strstr(err.msg, "router_aux_loss"),
+          "%s", err.msg);
+    fixture_close(&f);
+}
+
+static void check_adapter(const char *json, const char *expert_a, int64_t a_rows, int64_t a_cols,
+                          const char *expert_b, int64_t b_rows, int64_t b_cols, const char *target, size_t count)
+{
+    fixture f;
+    REQUIRE(fixture_open(&f, json, true, all_targets, 7) == 0, "fixture");
+    char dir[300], path[400];
+    snprintf(dir, sizeof dir, "%s/adapter", f.dir);
+    ct_error err = {0};
+    REQUIRE(lora_save_peft(&f.lora, &f.model, dir, "models/tiny-moe", &err) == CT_OK, "save: %s", err.msg);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    st_reader *r = st_open(path, &err);
+    REQUIRE(r != NULL, "open: %s", err.msg);
+    CHECK(st_count(r) == count, "tensor count %zu, expected %zu", st_count(r), count);
+    const st_tensor *t = st_find(r, expert_a);
+    CHECK(t && t->shape[0] == a_rows && t->shape[1] == a_cols, "%s [%lld, %lld]", expert_a, (long long)a_rows,
+          (long long)a_cols);
+    t = st_find(r, expert_b);
+    CHECK(t && t->shape[0] == b_rows && t->shape[1] == b_cols, "%s [%lld, %lld]", expert_b, (long long)b_rows,
+          (long long)b_cols);
+    CHECK(!st_find(r, "base_model.model.model.layers.0.mlp.gate.lora_A.weight"), "the router is never adapted");
+    st_close(r);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    size_t len;
+    char *text = ct_read_file(path, &len, &err);
+    REQUIRE(text, "read config");
+    CHECK(strstr(text, target) != NULL, "adapter_config.json names %s", target);
+    free(text);
+    size_t n = f.lora.n_params;
+    float *before = ct_malloc(n * 4), *after = ct_malloc(n * 4);
+    be->download(be, before, f.lora.params, n * 4);
+    be->zero(be, f.lora.params, n * 4);
+    CHECK(lora_load_peft(&f.lora, &f.model, dir, &err) == CT_OK, "load: %s", err.msg);
+    be->download(be, after, f.lora.params, n * 4);
+    CHECK(memcmp(before, after, n * 4) == 0, "adapter round trip changed parameters");
+    free(before); free(after);
+    fixture_close(&f);
+}
+
+TEST(peft_adapter_names_each_expert_qwen3_moe)
+{
+    /* 3 layers x 4 attention modules + dense layer 1: 3 MLP modules + 2 sparse layers x 4 experts x 3, A and B */
+    check_adapter(fixture_qwen3_moe_json, "base_model.model.model.layers.2.mlp.experts.3.up_proj.lora_A.weight", 4, 32,
+                  "base_model.model.model.layers.0.mlp.experts.1.down_proj.lora_B.weight", 32, 4, "\"gate_proj\"",
+                  2 * (3 * 4 + 3 + 2 * 4 * 3));
+}
+
+TEST(peft_adapter_names_each_expert_mixtral_w1_w3_w2)
+{
+    check_adapter(fixture_mixtral_json, "base_model.model.model.layers.1.block_sparse_moe.experts.2.w3.lora_A.weight",
+                  4, 32, "base_model.model.model.layers.0.block_sparse_moe.experts.0.w2.lora_B.weight", 32, 4,
+                  "\"w1\"", 2 * (2 * 4 + 2 * 4 * 3));
+}
+
+TEST(peft_adapter_gpt_oss_experts_use_target_parameters_layout)
+{
+    /* gate_up: A [R*E, H], B [2I, R*E] (inner wrapper: base_layer); down: A [R*E, I], B [H, R*E] */
+    check_adapter(fixture_gpt_oss_json, "base_model.model.model.layers.0.mlp.experts.base_layer.lora_A.weight", 16, 32,
+                  "base_model.model.model.layers.1.mlp.experts.lora_B.weight", 32, 16, "\"mlp.experts.gate_up_proj\"",
+                  2 * (2 * 4 + 2 * 2));
+}
+
+TEST(moe_model_on_a_backend_without_moe_ops_is_an_input_error)
+{
+    char dir[] = "/tmp/ctune_moe_XXXXXX";
+    REQUIRE(mkdtemp(dir) && fixture_write_model(dir, fixture_mixtral_json, 1) == 0, "fixture");
+    ct_backend *nomoe = backend_cpu_new();
+    nomoe->moe_route = NULL; /* as the CUDA backend is today */
+    ct_model m;
+    ct_error err = {0};
+    CHECK(model_load(&m, nomoe, dir, &err) == CT_ERR_INPUT && strstr(err.msg, "mixture of experts") &&
+          strstr(err.msg, "device: cpu"), "%s", err.msg);
+    nomoe->destroy(nomoe);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {}
+}
+
+int main(void)
+{
+    be = backend_cpu_new();
+    ct_rng_seed(&rng, 2024);
+    RUN(route_softmax_topk_picks_the_largest_probabilities_in_decreasing_order);
+    RUN(route_ties_go_to_the_lower_expert_index);
+    RUN(route_k1_takes_the_argmax_and_k8_of_8_ranks_every_expert);
+    RUN(route_gpt_oss_takes_the_top_logits_then_a_softmax_over_them);
+    RUN(counts_and_offsets_handle_experts_that_get_no_tokens);
+    RUN(permutation_is_stable_and_scatter_undoes_gather);
+    RUN(grouped_gemm_reads_offsets_and_matches_each_expert_alone);
+    RUN(route_bwd_matches_finite_differences_for_every_rule);
+    RUN(clamped_swiglu_bwd_matches_finite_differences_and_stops_at_the_limits);
+    RUN(lora_gradients_match_finite_differences_qwen3_moe_experts_and_dense_layer);
+    RUN(lora_gradients_match_finite_differences_mixtral);
+    RUN(lora_gradients_match_finite_differences_gpt_oss);
+    RUN(attention_lora_gradients_through_moe_blocks_include_the_router_path);
+    RUN(lora_gradients_match_finite_differences_with_router_aux_loss);
+    RUN(packed_batch_equals_documents_one_by_one_moe);
+    RUN(checkpointing_on_and_off_give_identical_moe_gradients);
+    RUN(router_aux_loss_is_hf_switch_loss_over_all_sparse_layers);
+    RUN(router_aux_loss_is_refused_for_a_dense_model);
+    RUN(peft_adapter_names_each_expert_qwen3_moe);
+    RUN(peft_adapter_names_each_expert_mixtral_w1_w3_w2);
+    RUN(peft_adapter_gpt_oss_experts_use_target_parameters_layout);
+    RUN(moe_model_on_a_backend_without_moe_ops_is_an_input_error);
+    be->destroy(be);
+    return check_summary();
+}

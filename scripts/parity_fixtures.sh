@@ -71,7 +71,7 @@ local_half() {
         cp -r "$d/run/final" "$d/adapter"
         rm -rf "$d/run"
     done
-    echo "done; now run 'bash scripts/parity_fixtures.sh hf' where torch, transformers and peft are installed"
+    echo "done; now run 'bash scripts/parity_fixtures.sh hf $NAMES' where torch, transformers and peft are installed"
 }
 
 hf_half() {

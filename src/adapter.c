@@ -11,8 +11,18 @@ static const char *const projection_names[] = {"q_proj", "k_proj", "v_proj", "o_
                                                "gate_proj", "up_proj", "down_proj"};
 #define N_PROJECTIONS 7
 
+/* Mixtral's experts are w1 (gate), w3 (up), w2 (down) in PEFT's target_modules. */
+static const char *canonical_target(const char *name)
+{
+    if (!strcmp(name, "w1")) return "gate_proj";
+    if (!strcmp(name, "w3")) return "up_proj";
+    if (!strcmp(name, "w2")) return "down_proj";
+    return name;
+}
+
 static int add_target(ct_lora_config *c, const char *name, const char *src, ct_error *err)
 {
+    name = canonical_target(name);
     bool known = false;
     for (int i = 0; i < N_PROJECTIONS; i++) known |= !strcmp(name, projection_names[i]);
     if (!known)
@@ -55,10 +65,29 @@ static int parse_config(const json_value *root, const char *src, ct_lora_config 
     c->lora_alpha = alpha;
     c->lora_dropout = dropout >= 0 && dropout < 1 ? dropout : 0;
     static const char *const unsupported[] = {"use_dora", "fan_in_fan_out", "bias", "rank_pattern", "alpha_pattern",
-                                              "modules_to_save", "layers_to_transform", "target_parameters",
-                                              "lora_bias"};
+                                              "modules_to_save", "layers_to_transform", "lora_bias"};
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++)
         if ((rc = expect_neutral(root, unsupported[i], src, err))) return rc;
+    /* gpt_oss experts are parameters: gate_up_proj adapts gate and up together. */
+    const json_value *tp = json_get(root, "target_parameters");
+    if (tp && tp->type == JSON_ARRAY) {
+        for (size_t i = 0; i < tp->count && !rc; i++) {
+            const json_value *v = tp->items[i];
+            if (v->type != JSON_STRING) return CT_FAIL_INPUT(err, "%s: target_parameters[%zu]: expected a string", src, i);
+            if (!strcmp(v->string, "mlp.experts.gate_up_proj")) {
+                rc = add_target(c, "gate_proj", src, err);
+                if (!rc) rc = add_target(c, "up_proj", src, err);
+            } else if (!strcmp(v->string, "mlp.experts.down_proj")) {
+                rc = add_target(c, "down_proj", src, err);
+            } else {
+                return CT_FAIL_INPUT(err, "%s: target_parameters: '%s' is not mlp.experts.gate_up_proj or "
+                                     "mlp.experts.down_proj", src, v->string);
+            }
+        }
+        if (rc) return rc;
+    } else if ((rc = expect_neutral(root, "target_parameters", src, err))) {
+        return rc;
+    }
     const json_value *t = json_get(root, "target_modules");
     if (!t) return CT_FAIL_INPUT(err, "%s: target_modules is missing", src);
     if (t->type == JSON_STRING) {
@@ -69,7 +98,7 @@ static int parse_config(const json_value *root, const char *src, ct_lora_config 
         for (int i = 0; i < N_PROJECTIONS && !rc; i++) rc = add_target(c, projection_names[i], src, err);
         return rc;
     }
-    if (t->type != JSON_ARRAY || t->count == 0)
+    if (t->type != JSON_ARRAY || (t->count == 0 && c->n_target_modules == 0))
         return CT_FAIL_INPUT(err, "%s: target_modules: expected a non-empty list of names", src);
     for (size_t i = 0; i < t->count && !rc; i++) {
         if (t->items[i]->type != JSON_STRING)

@@ -174,8 +174,8 @@ int graph_set_router_aux_loss(ct_graph *g, bool on, ct_error *err)
         return CT_FAIL_INPUT(err, "training.router_aux_loss: model_type '%s' has no mixture-of-experts layer",
                              c->model_type);
     if (on && c->arch == CT_ARCH_GPT_OSS)
-        return CT_FAIL_INPUT(err, "training.router_aux_loss: not implemented for gpt_oss (ctune implements the "
-                             "Switch loss of qwen3_moe and mixtral)");
+        return CT_FAIL_INPUT(err, "training.router_aux_loss: not implemented for gpt_oss yet (ctune has the "
+                             "load-balancing loss of qwen3_moe and mixtral, checked against HF)");
     g->router_aux = on;
     return CT_OK;
 }
@@ -204,7 +204,10 @@ typedef struct lora_ctx {
     bool moe_stats;      /* sparse layers record the load-balancing statistics */
 } lora_ctx;
 
-static moe_lora moe_lora_of(const lora_ctx *lc) { return (moe_lora){.lo = lc->lo, .dropout = lc->dropout, .step_seed = lc->seed}; }
+static moe_lora moe_lora_of(const lora_ctx *lc)
+{
+    return (moe_lora){.lo = lc->lo, .dropout = lc->dropout, .step_seed = lc->seed};
+}
 
 static void lora_fwd(ct_graph *g, const lora_ctx *lc, int l, ct_module mod,
                      void *y, int ldy, const void *x, int ldx)
@@ -291,7 +294,7 @@ static void layer_backward(ct_graph *g, const lora_ctx *lc, int l, const void *x
     be->copy_2d(be, g->dh, H, d, H, T, H);
     if (c->layer_sparse[l]) {
         moe_lora ml = moe_lora_of(lc);
-        moe_backward(g->moe, &ml, l, ws_of(g, l), a->hn, d, g->dhn, T, g->router_aux);
+        moe_backward(g->moe, &ml, l, ws_of(g, l), d, g->dhn, T, g->router_aux);
     } else {
         be->linear_bwd_input(be, g->dact, I, d, H, w->wdown, T, I, H, 0);
         lora_bwd(g, lc, l, CT_MOD_DOWN, g->dact, I, d, H, a->act, I);

@@ -188,8 +188,7 @@ void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, 
     be->moe_scatter(be, out, H, a->ye, a->slot_row, a->w, T, K, H, 1);
 }
 
-void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, const void *dout, void *dhn,
-                  int T, bool aux)
+void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dout, void *dhn, int T, bool aux)
 {
     const ct_model_config *c = &mo->m->cfg;
     const ct_layer_weights *w = &mo->m->layers[l];

@@ -33,11 +33,11 @@ void moe_free(ct_moe *mo);
  * softmax sums for the load-balancing loss (first forward of a step only;
  * a checkpointing recompute must not count twice). */
 void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, void *out, int T, bool record_stats);
-/* dhn (T,H) = the gradient of the block's output wrt hn (through the experts and
- * through the router's weights), given dout (T,H); LoRA gradients accumulate.
+/* dhn (T,H) = the gradient of the block's output wrt its input hn (through the
+ * experts and through the router's weights), given dout (T,H), from what
+ * moe_forward kept in workspace ws; LoRA gradients accumulate.
  * aux: include the load-balancing loss's gradient (moe_aux_loss ran this step). */
-void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, const void *dout, void *dhn,
-                  int T, bool aux);
+void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dout, void *dhn, int T, bool aux);
 
 /* Load-balancing loss of one micro-batch: moe_aux_begin zeroes the softmax sums
  * before the forward that records them; moe_aux_loss then adds the loss into

@@ -97,7 +97,10 @@ void lora_free(ct_lora *lo, ct_backend *be)
     memset(lo, 0, sizeof *lo);
 }
 
-const ct_lora_slot *lora_slot(const ct_lora *lo, int layer, ct_module mod) { return &lo->slots[slot_index(layer, mod)]; }
+const ct_lora_slot *lora_slot(const ct_lora *lo, int layer, ct_module mod)
+{
+    return &lo->slots[slot_index(layer, mod)];
+}
 
 static float *at(const ct_lora *lo, float *base, int layer, ct_module mod, bool is_B)
 {
@@ -228,8 +231,8 @@ static void write_config_json(const ct_lora *lo, const char *base_model, json_wr
     if (lo->arch == CT_ARCH_GPT_OSS && (lo->targeted[CT_MOD_GATE] || lo->targeted[CT_MOD_DOWN])) {
         json_write_raw(w, ",\n  \"target_parameters\": [");
         if (lo->targeted[CT_MOD_GATE]) json_write_raw(w, "\n    \"mlp.experts.gate_up_proj\"");
-        if (lo->targeted[CT_MOD_DOWN])
-            json_write_raw(w, lo->targeted[CT_MOD_GATE] ? ",\n    \"mlp.experts.down_proj\"" : "\n    \"mlp.experts.down_proj\"");
+        if (lo->targeted[CT_MOD_GATE] && lo->targeted[CT_MOD_DOWN]) json_write_raw(w, ",");
+        if (lo->targeted[CT_MOD_DOWN]) json_write_raw(w, "\n    \"mlp.experts.down_proj\"");
         json_write_raw(w, "\n  ]");
     }
     json_write_raw(w, ",\n  \"task_type\": \"CAUSAL_LM\",\n  \"use_dora\": false,\n  \"use_rslora\": ");

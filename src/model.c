@@ -156,7 +156,8 @@ static int load_sparse(loader *ld, const ct_model_config *c, int l, ct_layer_wei
     }
     bool mixtral = c->arch == CT_ARCH_MIXTRAL;
     const char *block = mixtral ? "block_sparse_moe" : "mlp";
-    const char *gate = mixtral ? "w1" : "gate_proj", *up = mixtral ? "w3" : "up_proj", *down = mixtral ? "w2" : "down_proj";
+    const char *gate = mixtral ? "w1" : "gate_proj", *up = mixtral ? "w3" : "up_proj";
+    const char *down = mixtral ? "w2" : "down_proj";
     if (!(w->router = load_one(ld, NAME("model.layers.%d.%s.gate.weight", l, block), E * H))) return ld->err->code;
     for (size_t e = 0; e < E; e++) {
         size_t gu = e * 2 * I * H;

@@ -29,6 +29,7 @@
 #include "check.h"
 #include "config.h"
 #include "graph.h"
+#include "json.h"
 #include "packer.h"
 
 /* Loss and gradients of all documents as one optimizer step. */
@@ -144,9 +145,15 @@ static void check_parity(const char *dir, bool packing, bool optional)
     st_close(want);
 }
 
-TEST(llama_loss_and_lora_gradients_match_hf_peft_documents_one_by_one) { check_parity("tests/fixtures/parity_llama", false, false); }
+TEST(llama_loss_and_lora_gradients_match_hf_peft_documents_one_by_one)
+{
+    check_parity("tests/fixtures/parity_llama", false, false);
+}
 TEST(llama_packed_batch_matches_hf_peft) { check_parity("tests/fixtures/parity_llama", true, false); }
-TEST(qwen3_loss_and_lora_gradients_match_hf_peft_documents_one_by_one) { check_parity("tests/fixtures/parity_qwen3", false, false); }
+TEST(qwen3_loss_and_lora_gradients_match_hf_peft_documents_one_by_one)
+{
+    check_parity("tests/fixtures/parity_qwen3", false, false);
+}
 TEST(qwen3_packed_batch_matches_hf_peft) { check_parity("tests/fixtures/parity_qwen3", true, false); }
 TEST(qwen3_moe_loss_and_lora_gradients_match_hf_peft_documents_one_by_one)
 {
@@ -164,6 +171,73 @@ TEST(mixtral_loss_and_lora_gradients_match_hf_peft_documents_one_by_one)
 }
 TEST(mixtral_packed_batch_matches_hf_peft) { check_parity("tests/fixtures/parity_mixtral", true, true); }
 
+/* The router load-balancing loss of the base model on one document alone,
+ * against HF's outputs.aux_loss (load_balancing_loss_func over the sparse
+ * layers; model(input_ids, position_ids, output_router_logits=True) in train
+ * mode, fp32; torch 2.11, transformers 5.17). ctune's sum includes
+ * router_aux_loss_coef; it is divided out here. */
+static void check_aux_loss(const char *dir, int doc, double hf_aux)
+{
+    char path[512];
+    ct_error err = {0};
+    snprintf(path, sizeof path, "%s/docs.jsonl", dir);
+    size_t len;
+    char *text = ct_read_file(path, &len, &err);
+    REQUIRE(text, "%s", err.msg);
+    char *line = text;
+    for (int i = 0; i < doc && line; i++) line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL;
+    REQUIRE(line, "%s has no document %d", path, doc);
+    json_doc *jd = json_parse(line, strcspn(line, "\n"), path, &err);
+    REQUIRE(jd, "%s", err.msg);
+    const json_value *ids = json_get_type(json_root(jd), "input_ids", JSON_ARRAY);
+    REQUIRE(ids && ids->count >= 2 && ids->count <= 64, "input_ids");
+    ct_batch b;
+    batch_alloc(&b, 64);
+    int T = (int)ids->count;
+    b.n_tokens = T;
+    b.n_docs = 1;
+    b.max_seqlen = T;
+    b.cu_seqlens[0] = 0;
+    b.cu_seqlens[1] = T;
+    b.n_targets = T - 1;
+    for (int t = 0; t < T; t++) {
+        b.tokens[t] = (int32_t)ids->items[t]->integer;
+        b.positions[t] = t;
+    }
+    for (int t = 0; t + 1 < T; t++) {
+        b.target_rows[t] = t;
+        b.target_ids[t] = b.tokens[t + 1];
+    }
+    json_free(jd);
+    free(text);
+    ct_backend *be = backend_cpu_new();
+    ct_model m;
+    snprintf(path, sizeof path, "%s/model", dir);
+    REQUIRE(model_load(&m, be, path, &err) == CT_OK, "%s", err.msg);
+    ct_graph *g = graph_new(&m, 64, true, &err);
+    REQUIRE(g && graph_set_router_aux_loss(g, true, &err) == CT_OK, "%s", err.msg);
+    be->zero(be, graph_aux_loss_sum(g), 4);
+    be->zero(be, graph_loss_sum(g), 4);
+    graph_set_batch(g, &b);
+    graph_train_step(g, NULL, 1.0f, 0);
+    float aux;
+    be->download(be, &aux, graph_aux_loss_sum(g), 4);
+    double mine = aux / m.cfg.router_aux_loss_coef;
+    CHECK(check_rel_err(mine, hf_aux, 0) <= 1e-5, "%s document %d: aux loss ctune %.7f vs HF %.7f", dir, doc, mine,
+          hf_aux);
+    graph_free(g);
+    model_free(&m);
+    be->destroy(be);
+    batch_free(&b);
+}
+
+TEST(router_aux_loss_matches_hf_load_balancing_loss)
+{
+    check_aux_loss("tests/fixtures/parity_mixtral", 0, 2.4459047317504883);
+    check_aux_loss("tests/fixtures/parity_mixtral", 5, 2.467245101928711);
+    check_aux_loss("tests/fixtures/parity_qwen3_moe", 3, 2.758314847946167);
+}
+
 int main(void)
 {
     RUN(llama_loss_and_lora_gradients_match_hf_peft_documents_one_by_one);
@@ -176,5 +250,6 @@ int main(void)
     RUN(gpt_oss_packed_batch_matches_hf_peft);
     RUN(mixtral_loss_and_lora_gradients_match_hf_peft_documents_one_by_one);
     RUN(mixtral_packed_batch_matches_hf_peft);
+    RUN(router_aux_loss_matches_hf_load_balancing_loss);
     return check_summary();
 }

@@ -523,8 +523,9 @@ TEST(checkpointing_on_and_off_give_identical_moe_gradients)
     fixture_close(&f2);
 }
 
-/* HF load_balancing_loss_func, written out on the host from the routers' logits. */
-TEST(router_aux_loss_is_hf_switch_loss_over_all_sparse_layers)
+/* Its value against HF is in test_hf_parity.c; here: it is what the loss grows
+ * by, and it lies within the Switch loss's range. */
+TEST(router_aux_loss_adds_to_the_loss_within_its_bounds)
 {
     fixture f;
     REQUIRE(fixture_open(&f, fixture_mixtral_json, true, all_targets, 7) == 0, "fixture");
@@ -652,7 +653,7 @@ int main(void)
     RUN(lora_gradients_match_finite_differences_with_router_aux_loss);
     RUN(packed_batch_equals_documents_one_by_one_moe);
     RUN(checkpointing_on_and_off_give_identical_moe_gradients);
-    RUN(router_aux_loss_is_hf_switch_loss_over_all_sparse_layers);
+    RUN(router_aux_loss_adds_to_the_loss_within_its_bounds);
     RUN(router_aux_loss_is_refused_for_a_dense_model);
     RUN(peft_adapter_names_each_expert_qwen3_moe);
     RUN(peft_adapter_names_each_expert_mixtral_w1_w3_w2);

@@ -13,7 +13,7 @@ typedef struct command {
 
 static const command commands[] = {
     {"train",   cmd_train,   "train CONFIG.yaml [--set key=value]... [--print-config]"},
-    {"eval",    cmd_eval,    "eval CONFIG.yaml [--set key=value]... [--adapter DIR]"},
+    {"eval",    cmd_eval,    "eval CONFIG.yaml [--set key=value]... [--adapter DIR] | eval --model DIR [--adapter DIR] --data SHARD..."},
     {"prepare", cmd_prepare, "prepare --in FILE.jsonl --out DIR [--vocab-size V] [--eval-fraction F] [--seed S]"},
     {"init",    cmd_init,    "init --config CONFIG.json --out DIR [--seed S]"},
     {"inspect", cmd_inspect, "inspect SHARD... | MODEL_DIR | CHECKPOINT_DIR"},

@@ -72,6 +72,15 @@ eval_reports_loss_for_base_and_adapter() {
     grep -q 'perplexity' out.txt
 }
 
+eval_takes_model_and_data_without_a_config() {
+    small_run run --set training.max_steps=2 2>log || { cat log; false; }
+    "$CTUNE" eval --model "$MODEL" --adapter run/final --data "$ROOT/data/arith/eval.shard" --device cpu >with.txt
+    "$CTUNE" eval --model "$MODEL" --data "$ROOT/data/arith/eval.shard" --device cpu >base.txt
+    grep -q 'run/final' with.txt && grep -q 'base model' base.txt
+    expect_exit 2 "$CTUNE" eval --model "$MODEL"
+    grep -q -- '--data missing' err.txt
+}
+
 run_test resume_continues_bit_identically
 run_test training_lowers_the_loss_and_writes_the_run_folder
 run_test save_total_limit_keeps_the_newest_checkpoints
@@ -79,5 +88,6 @@ run_test bad_config_is_an_input_error_naming_the_line
 run_test bad_override_is_an_input_error
 run_test missing_model_folder_is_an_input_error
 run_test eval_reports_loss_for_base_and_adapter
+run_test eval_takes_model_and_data_without_a_config
 rm -rf "$(dirname "$MODEL")"
 summary

@@ -48,6 +48,8 @@ void log_train(ct_log *lg, const ct_train_record *r)
 {
     double gib = (double)r->memory_used / (1 << 30);
     char mem_json[48] = "", mem_text[32] = "", skip_json[48] = "", skip_text[48] = "", lb[32], gb[32];
+    char aux_json[48] = "";
+    if (isfinite(r->aux_loss)) snprintf(aux_json, sizeof aux_json, ", \"aux_loss\": %.6f", r->aux_loss);
     if (r->memory_used) {
         snprintf(mem_json, sizeof mem_json, ", \"memory_gib\": %.3f", gib);
         snprintf(mem_text, sizeof mem_text, "  mem %.1f GiB", gib);
@@ -58,9 +60,9 @@ void log_train(ct_log *lg, const ct_train_record *r)
     }
     fprintf(lg->metrics,
             "{\"step\": %d, \"loss\": %s, \"lr\": %.6e, \"grad_norm\": %s, \"tokens\": %.0f, "
-            "\"tokens_per_second\": %.1f, \"elapsed\": %.3f%s%s}\n",
+            "\"tokens_per_second\": %.1f, \"elapsed\": %.3f%s%s%s}\n",
             r->step, json_num(lb, sizeof lb, r->loss), r->lr, json_num(gb, sizeof gb, r->grad_norm), r->tokens,
-            r->tokens_per_second, r->elapsed, mem_json, skip_json);
+            r->tokens_per_second, r->elapsed, mem_json, skip_json, aux_json);
     fflush(lg->metrics);
     char eta[32];
     double per_step = r->step > 0 ? r->elapsed / r->step : NAN;

@@ -23,6 +23,8 @@ typedef struct ct_train_record {
     double elapsed;         /* seconds */
     size_t memory_used;     /* device bytes in use (backend memory_used); 0 when unknown (CPU) */
     int skipped_steps;      /* steps since the last record whose update a non-finite gradient skipped */
+    double aux_loss;        /* mean router load-balancing loss per micro-batch since the last record
+                             * (coefficient included); NAN when training.router_aux_loss is off */
 } ct_train_record;
 
 int log_open(ct_log *lg, const char *output_dir, ct_error *err);

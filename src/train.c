@@ -45,7 +45,7 @@ ct_backend *train_backend(const ct_config *cfg, ct_error *err)
         CT_FAIL_RUNTIME(err, "device: cuda was asked for but no GPU is usable: %s", why.msg);
         return NULL;
     }
-    fprintf(stderr, "note: no GPU (%s); training on the CPU reference backend\n", why.msg);
+    fprintf(stderr, "note: no GPU (%s); running on the CPU reference backend\n", why.msg);
     return backend_cpu_new();
 }
 
@@ -76,9 +76,12 @@ static ct_packer_options packer_options(const ct_config *cfg)
                                .seed = (uint64_t)cfg->training.seed};
 }
 
+/* Most tokens one micro-batch holds: with packing off a document is cut to
+ * max_length (and never exceeds tokens_per_micro_batch, the packer's bound). */
 static int capacity_of(const ct_config *cfg)
 {
-    return cfg->data.packing ? cfg->data.tokens_per_micro_batch : cfg->data.max_length;
+    int tpmb = cfg->data.tokens_per_micro_batch;
+    return cfg->data.packing || cfg->data.max_length > tpmb ? tpmb : cfg->data.max_length;
 }
 
 /* Opens model, data, adapter and graph (everything but the run directory). */
@@ -108,7 +111,8 @@ static int run_setup(run *r, const ct_config *cfg, bool need_train, ct_error *er
     if (rc) return rc;
     if ((rc = optim_guard_init(&r->guard, r->be, &cfg->training, err))) return rc;
     r->graph = graph_new(&r->model, capacity_of(cfg), cfg->memory.gradient_checkpointing, err);
-    return r->graph ? CT_OK : err->code;
+    if (!r->graph) return err->code;
+    return need_train && cfg->training.router_aux_loss ? graph_set_router_aux_loss(r->graph, true, err) : CT_OK;
 }
 
 /* Mean loss over one pass of the packer's epoch 0 (no dropout). */
@@ -116,7 +120,7 @@ static double evaluate(run *r, ct_packer *p, const ct_lora *lo, int *targets_out
 {
     ct_backend *be = r->be;
     ct_batch b;
-    batch_alloc(&b, capacity_of(r->cfg));
+    batch_alloc(&b, r->cfg->data.tokens_per_micro_batch); /* the packer fills up to this bound */
     size_t n = packer_batches_per_epoch(p);
     packer_seek(p, (ct_data_pos){0});
     be->zero(be, graph_loss_sum(r->graph), sizeof(float));
@@ -215,8 +219,10 @@ static int train_loop(run *r, ct_error *err)
     const ct_batch **batches = ct_calloc(ga, sizeof *batches);
     double window_loss = 0, window_targets = 0, t_start = ct_now(), elapsed0 = r->state.elapsed;
     double window_tokens = 0, window_t0 = t_start;
-    float *loss_sum = graph_loss_sum(r->graph);
+    float *loss_sum = graph_loss_sum(r->graph), *aux_sum = graph_aux_loss_sum(r->graph);
     be->zero(be, loss_sum, sizeof(float));
+    be->zero(be, aux_sum, sizeof(float));
+    int window_micro = 0; /* micro-batches since the last record: the aux loss is per micro-batch */
     int rc = CT_OK;
     uint64_t step_syncs = 0; /* host waits inside steps, not counting logging reads */
     int steps_run = 0;
@@ -245,6 +251,7 @@ static int train_loop(run *r, ct_error *err)
         r->state.tokens_seen += (double)tokens;
         window_targets += (double)targets;
         window_tokens += (double)tokens;
+        window_micro += ga;
 
         bool last = step == r->total_steps, log_now = step % t->logging_steps == 0 || last;
         if (log_now || optim_guard_full(&r->guard)) optim_guard_read(&r->guard, be);
@@ -253,17 +260,25 @@ static int train_loop(run *r, ct_error *err)
             float sum = 0;
             be->download(be, &sum, loss_sum, sizeof sum);
             be->zero(be, loss_sum, sizeof(float));
+            double aux = NAN;
+            if (cfg->training.router_aux_loss) {
+                float a = 0;
+                be->download(be, &a, aux_sum, sizeof a);
+                be->zero(be, aux_sum, sizeof(float));
+                aux = a / (window_micro > 0 ? window_micro : 1);
+            }
             double now = ct_now();
             ct_train_record rec = {.step = step, .total_steps = r->total_steps,
                                    .loss = (window_loss + sum) / (window_targets > 0 ? window_targets : 1),
                                    .lr = lr, .grad_norm = sqrt(r->guard.last_norm_sq), .tokens = r->state.tokens_seen,
-                                   .skipped_steps = r->guard.skipped_since_log,
+                                   .skipped_steps = r->guard.skipped_since_log, .aux_loss = aux,
                                    .tokens_per_second = window_tokens / (now - window_t0),
                                    .elapsed = elapsed0 + now - t_start,
                                    .memory_used = be->memory_used ? be->memory_used(be) : 0};
             log_train(&r->log, &rec);
             r->guard.skipped_since_log = 0;
             window_loss = window_targets = window_tokens = 0;
+            window_micro = 0;
             window_t0 = now;
         }
         if (r->has_eval && t->eval_steps > 0 && (step % t->eval_steps == 0 || last)) {

@@ -67,6 +67,14 @@ qwen3_moe_adapter_changes_the_eval_loss() {
 run_test qwen3_moe_trains_and_resumes_bit_identically
 run_test mixtral_trains_and_resumes_bit_identically
 run_test gpt_oss_trains_and_resumes_bit_identically
+router_aux_loss_is_logged_when_on() {
+    moe_run tiny-mixtral run --set training.max_steps=2 --set training.router_aux_loss=true
+    [ "$(grep -c '"aux_loss": 0\.[0-9]' run/metrics.jsonl)" -ge 1 ]
+    moe_run tiny-mixtral off --set training.max_steps=2
+    ! grep -q aux_loss off/metrics.jsonl
+}
+
 run_test qwen3_moe_adapter_changes_the_eval_loss
+run_test router_aux_loss_is_logged_when_on
 rm -rf "$MODELS"
 summary

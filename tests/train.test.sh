@@ -81,7 +81,13 @@ eval_takes_model_and_data_without_a_config() {
     grep -q -- '--data missing' err.txt
 }
 
+training_and_eval_without_packing_run_one_document_per_micro_batch() {
+    small_run run --set training.max_steps=2 --set data.packing=false --set training.eval_steps=2 2>log || { cat log; false; }
+    grep -q '"eval_loss"' run/metrics.jsonl
+}
+
 run_test resume_continues_bit_identically
+run_test training_and_eval_without_packing_run_one_document_per_micro_batch
 run_test training_lowers_the_loss_and_writes_the_run_folder
 run_test save_total_limit_keeps_the_newest_checkpoints
 run_test bad_config_is_an_input_error_naming_the_line

@@ -48,7 +48,7 @@ else
 endif
 ALL_OBJS := $(C_OBJS) $(CU_OBJS)
 
-.PHONY: all tests test demo bench bench-bins clean deps test-asan fuzz fuzz-bins
+.PHONY: all tests test demo bench bench-bins clean deps test-asan fuzz fuzz-bins fuzz-cc
 all: $(BUILD)/deps.ok $(BUILD)/ctune
 
 # Missing build dependencies are installed when we are root, else named exactly.
@@ -99,7 +99,7 @@ bench: bench-bins
 # GCC leaves float-cast-overflow out of 'undefined'; it is what a huge config value trips.
 # CFLAGS goes through the environment so the Makefile's own flags still append
 # to it; libyaml/zlib link shared (their static archives gain nothing here).
-ASAN_FLAGS := -O1 -g -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=all
+ASAN_FLAGS := -O2 -g -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=all
 test-asan:
 	CFLAGS="$(ASAN_FLAGS)" LDFLAGS="-fsanitize=address,undefined,float-cast-overflow" $(MAKE) BUILD=build-asan CUDA=0 STATIC=0 tests
 	CTUNE_SANITIZED=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -117,7 +117,11 @@ FUZZ_LIB     := src/common.c src/json.c src/config.c src/safetensors.c src/shard
 FUZZ_OBJS    := $(FUZZ_LIB:src/%.c=build-fuzz/obj/%.o)
 FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
 
-build-fuzz/obj/%.o: src/%.c
+fuzz-cc:
+	@command -v $(FUZZ_CC) >/dev/null || { echo "error: make fuzz needs clang" >&2; \
+	    echo "HINT: run: sudo apt-get install -y clang" >&2; exit 2; }
+
+build-fuzz/obj/%.o: src/%.c | fuzz-cc
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,$(FUZZ_SAN) -c $< -o $@
 

@@ -157,7 +157,8 @@ int checkpoint_verify(const char *dir, ct_error *err)
             rc = CT_FAIL_INPUT(err, "%s: %lld bytes, the manifest says %lld (truncated or replaced)", fpath,
                                (long long)st.st_size, size->integer);
         } else if (file_crc(fpath, &got_size, &got_crc, err) != CT_OK) {
-            rc = CT_ERR_INPUT;
+            rc = CT_ERR_INPUT; /* an unreadable file: this checkpoint is unusable, not the run */
+            if (err) err->code = rc;
         } else if ((long long)got_crc != crc->integer) {
             rc = CT_FAIL_INPUT(err, "%s: CRC32 %08x, the manifest says %08llx (corrupt)", fpath, got_crc,
                                (unsigned long long)crc->integer);

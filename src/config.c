@@ -337,6 +337,8 @@ static int set_files(const src *s, const key_spec *k, const yaml_node_t *n, ct_c
     *count = 0;
     if (is_null(n)) return CT_OK;
     if (n->type == YAML_SCALAR_NODE) {
+        /* a quoted "" or an empty block scalar: empty like a list entry, not null */
+        if (!n->data.scalar.length) return fail_at(s, n, err, "%s: empty (expected %s)", k->name, k->expect);
         *count = 1;
         return set_path(s, n, err, k->name, files[0]);
     }
@@ -683,13 +685,16 @@ static void print_string(FILE *out, const char *v)
     for (const unsigned char *p = (const unsigned char *)v; *p; p++) {
         if (*p == '"' || *p == '\\') fprintf(out, "\\%c", *p);
         else if (*p < 0x20 || *p == 0x7f) fprintf(out, "\\x%02x", *p);
-        /* YAML folds the Unicode line breaks NEL, LS and PS inside quotes: escape them */
-        else if (p[0] == 0xc2 && p[1] == 0x85) { fputs("\\N", out); p++; }
+        /* YAML refuses C1 controls and U+FFFE/U+FFFF written raw, and folds the
+         * line breaks NEL (a C1 code), LS and PS: escape them (and the BOM) */
+        else if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) { fprintf(out, "\\x%02x", p[1]); p++; }
         else if (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9)) {
             fputs(p[2] == 0xa8 ? "\\L" : "\\P", out);
             p += 2;
-        }
-        else fputc(*p, out);
+        } else if (p[0] == 0xef && ((p[1] == 0xbb && p[2] == 0xbf) || (p[1] == 0xbf && p[2] >= 0xbe))) {
+            fprintf(out, "\\u%04x", (unsigned)(p[0] & 0x0f) << 12 | (unsigned)(p[1] & 0x3f) << 6 | (p[2] & 0x3f));
+            p += 2;
+        } else fputc(*p, out);
     }
     fputc('"', out);
 }

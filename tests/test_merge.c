@@ -251,7 +251,7 @@ TEST(bad_adapters_and_output_folders_are_input_errors)
         {"ad_dora", "[\"q_proj\", \"down_proj\"]", ", \"use_dora\": true", "use_dora"},
         {"ad_untargeted", "[\"q_proj\"]", "", "target_modules"},
         {"ad_pattern", "\".*q_proj\"", "", "pattern"},
-        {"ad_unknown", "[\"q_proj\", \"down_proj\", \"w1\"]", "", "w1"},
+        {"ad_unknown", "[\"q_proj\", \"down_proj\", \"lm_head\"]", "", "lm_head"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         path_in(adapter, sizeof adapter, cases[i].name);

@@ -87,13 +87,14 @@ generate_refuses_text_prompts_without_the_byte_tokenizer() {
     expect_exit 2 "$CTUNE" generate --model m512 --prompt-ids 600 --device cpu
 }
 
-# Starts a 12-step run in the background (pid in $run_pid) and waits for step $1.
+# Starts a 12-step run in the background (pid in $run_pid) and waits (up to 300 s:
+# sanitizer builds on a loaded 2-core machine are slow) for step $1.
 start_run() {
     local at=$1; shift
     "$CTUNE" train "$ROOT/configs/tiny.yaml" "${COMMON[@]}" --set output_dir=run --set training.max_steps=12 \
         --set training.eval_steps=0 --set training.save_steps=0 "$@" 2>train.log &
     run_pid=$!
-    for _ in $(seq 600); do
+    for _ in $(seq 3000); do
         grep -q "\"step\": $at," run/metrics.jsonl 2>/dev/null && return 0
         kill -0 $run_pid 2>/dev/null || break
         sleep 0.1

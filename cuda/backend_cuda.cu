@@ -237,7 +237,8 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     be->cross_entropy = cuda_cross_entropy;
     be->sum_squares = cuda_sum_squares;
     be->adamw = cuda_adamw;
-    /* The mixture-of-experts ops (be->moe_*) are not implemented on the GPU yet:
-     * they stay NULL (ct_calloc), and model_load refuses MoE models here. */
+    /* Mixture of experts. An op left NULL makes model_load refuse MoE models. */
+    cuda_fill_moe_route_ops(be);
+    cuda_fill_moe_gemm_ops(be);
     return be;
 }

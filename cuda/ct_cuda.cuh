@@ -167,4 +167,11 @@ void cuda_adamw(ct_backend *be, float *p, const float *grad, float *m, float *v,
                 const float *norm_sq, float max_norm, float lr, float b1, float b2, float eps,
                 float wd, int step);
 
+/* moe_route.cu: routing, permutation, gather/scatter, activation, router backward,
+ * load-balancing statistics (every be->moe_* op except the GEMM and LoRA ones). */
+void cuda_fill_moe_route_ops(ct_backend *be);
+/* moe_gemm.cu: the grouped expert GEMMs and the expert LoRA
+ * (be->moe_linear_fwd, moe_linear_bwd_input, moe_lora_fwd, moe_lora_bwd). */
+void cuda_fill_moe_gemm_ops(ct_backend *be);
+
 #endif

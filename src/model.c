@@ -213,6 +213,15 @@ static int load_layer(loader *ld, const ct_model_config *c, int l, ct_layer_weig
     return CT_OK;
 }
 
+/* Every MoE op, or none usable: a backend may have some while others are written. */
+static bool backend_has_moe(const ct_backend *be)
+{
+    return be->moe_route && be->moe_count && be->moe_offsets && be->moe_permute && be->moe_gather &&
+           be->moe_scatter && be->moe_scatter_bwd && be->moe_linear_fwd && be->moe_linear_bwd_input &&
+           be->moe_lora_fwd && be->moe_lora_bwd && be->moe_clamped_swiglu_fwd && be->moe_clamped_swiglu_bwd &&
+           be->moe_route_bwd && be->moe_prob_sum && be->moe_aux_loss;
+}
+
 int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
 {
     memset(m, 0, sizeof *m);
@@ -220,7 +229,7 @@ int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
     int rc = model_config_load(&m->cfg, dir, err);
     if (rc) return rc;
     const ct_model_config *c = &m->cfg;
-    if (c->num_experts > 0 && !be->moe_route)
+    if (c->num_experts > 0 && !backend_has_moe(be))
         return CT_FAIL_INPUT(err, "%s: model_type '%s' is a mixture of experts; the %s backend does not implement "
                              "the MoE ops yet (set device: cpu to train it on the CPU reference backend)",
                              dir, c->model_type, be->name);

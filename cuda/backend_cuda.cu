@@ -159,6 +159,7 @@ static void cuda_destroy(ct_backend *be)
     if (!be) return;
     cuda_ctx *c = ctx_of(be);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    cuda_offload_destroy(c);
     gemm_plans_free(c);
     if (c->scratch) CUDA_CHECK(cudaFreeAsync(c->scratch, c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
@@ -202,6 +203,7 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     CUDA_CHECK(cudaMalloc(&c->workspace, c->workspace_bytes));
     CUDA_CHECK(cudaMalloc(&c->partials, SUMSQ_BLOCKS * sizeof(double)));
     attention_init();
+    cuda_offload_init(c);
 
     ct_backend *be = (ct_backend *)ct_calloc(1, sizeof *be);
     be->name = "cuda";
@@ -219,6 +221,7 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     be->sync = cuda_sync;
     be->destroy = cuda_destroy;
     be->memory_used = cuda_memory_used;
+    cuda_fill_offload_ops(be);
     be->embedding = cuda_embedding;
     be->rmsnorm_fwd = cuda_rmsnorm_fwd;
     be->rmsnorm_bwd = cuda_rmsnorm_bwd;

@@ -42,6 +42,10 @@ struct cuda_ctx {
     size_t scratch_bytes;
     double *partials;           /* (SUMSQ_BLOCKS) sum_squares partial sums, fixed size */
     int num_sms;
+    /* activation offload (offload.cu): copies run here, ordered by events */
+    cudaStream_t copy_stream;
+    cudaEvent_t compute_mark;                  /* "everything queued on stream so far" */
+    cudaEvent_t slot_done[CT_OFFLOAD_SLOTS];   /* last copy issued on each slot */
 };
 
 static inline cuda_ctx *ctx_of(ct_backend *be) { return (cuda_ctx *)be->ctx; }
@@ -166,6 +170,12 @@ void cuda_sum_squares(ct_backend *be, float *out, const float *g, size_t n);
 void cuda_adamw(ct_backend *be, float *p, const float *grad, float *m, float *v, size_t n,
                 const float *norm_sq, float max_norm, float lr, float b1, float b2, float eps,
                 float wd, int step);
+
+/* offload.cu: memory queries, scratch reservation, host memory and the
+ * copy-stream transfers of activation offload. */
+void cuda_offload_init(cuda_ctx *c);
+void cuda_offload_destroy(cuda_ctx *c);
+void cuda_fill_offload_ops(ct_backend *be);
 
 /* moe_route.cu: routing, permutation, gather/scatter, activation, router backward,
  * load-balancing statistics (every be->moe_* op except the GEMM and LoRA ones). */

@@ -55,6 +55,30 @@ struct ct_backend {
     /* Device memory in use now, in bytes (all processes), for the progress line;
      * NULL where there is no device (CPU). */
     size_t (*memory_used)(ct_backend *be);
+    /* Device memory that can still be allocated, in bytes; NULL where there is no
+     * device (CPU: the memory plan then checks nothing). */
+    size_t (*memory_free)(ct_backend *be);
+    /* Grows the ops' scratch (temporary memory valid within one op) to at least
+     * `bytes` now, so that the first step cannot run out of memory; false when it
+     * cannot be had. NULL where ops need no scratch reservation (CPU). */
+    bool (*reserve_scratch)(ct_backend *be, size_t bytes);
+
+    /* ---- activation offload (graph.c): saved layer inputs in host memory ----
+     * Copies run on a second (copy) stream, ordered against the compute stream by
+     * events, so the host never waits: store/load first wait for everything queued
+     * on the compute stream so far, then copy, then mark `slot` (0 <= slot <
+     * CT_OFFLOAD_SLOTS) done; offload_wait makes later compute work wait for the
+     * last copy marked on `slot`. The CPU backend copies at once (waits are no-ops),
+     * so the schedule's logic is checked there bit for bit. */
+#define CT_OFFLOAD_SLOTS 4
+    /* Host memory for offloaded activations: page-locked when possible (*pinned
+     * true), else plain malloc (*pinned false; copies are then slower and not
+     * asynchronous). NULL when neither can be had. */
+    void *(*host_alloc)(ct_backend *be, size_t bytes, bool *pinned);
+    void (*host_free)(ct_backend *be, void *p, bool pinned);
+    void (*offload_store)(ct_backend *be, void *host_dst, const void *src, size_t bytes, int slot);
+    void (*offload_load)(ct_backend *be, void *dst, const void *host_src, size_t bytes, int slot);
+    void (*offload_wait)(ct_backend *be, int slot);
 
     /* ---- model ops ---- */
     /* out (T,H) act = table[ids[t]] ; table (V,H) weight */

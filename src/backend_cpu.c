@@ -90,6 +90,26 @@ static void cpu_act_to_f32(ct_backend *be, float *host_dst, const void *src, siz
 
 static void cpu_destroy(ct_backend *be) { free(be); }
 
+/* Activation offload: host memory is the CPU's memory, copies happen at once.
+ * CTUNE_INJECT_PIN_FAIL=1 reports the memory as not page-locked, so tests can
+ * reach the fallback path (its warning) without a GPU. */
+static void *cpu_host_alloc(ct_backend *be, size_t bytes, bool *pinned)
+{
+    const char *inj = getenv("CTUNE_INJECT_PIN_FAIL");
+    *pinned = !(inj && *inj == '1');
+    return malloc(bytes ? bytes : 1);
+}
+static void cpu_host_free(ct_backend *be, void *p, bool pinned) { free(p); }
+static void cpu_offload_copy(ct_backend *be, void *dst, const void *src, size_t bytes, int slot)
+{
+    CT_ASSERT(slot >= 0 && slot < CT_OFFLOAD_SLOTS, "offload slot %d out of range", slot);
+    memcpy(dst, src, bytes);
+}
+static void cpu_offload_wait(ct_backend *be, int slot)
+{
+    CT_ASSERT(slot >= 0 && slot < CT_OFFLOAD_SLOTS, "offload slot %d out of range", slot);
+}
+
 // ---- model ops ----
 
 static void cpu_embedding(ct_backend *be, void *out, const int32_t *ids, const void *table, int T, int H)
@@ -408,6 +428,11 @@ ct_backend *backend_cpu_new(void)
     be->act_to_f32 = cpu_act_to_f32;
     be->sync = cpu_sync;
     be->destroy = cpu_destroy;
+    be->host_alloc = cpu_host_alloc;
+    be->host_free = cpu_host_free;
+    be->offload_store = cpu_offload_copy;
+    be->offload_load = cpu_offload_copy;
+    be->offload_wait = cpu_offload_wait;
     be->embedding = cpu_embedding;
     be->rmsnorm_fwd = cpu_rmsnorm_fwd;
     be->rmsnorm_bwd = cpu_rmsnorm_bwd;

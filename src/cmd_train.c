@@ -11,6 +11,7 @@
 typedef struct train_args {
     const char *config_path;
     bool print_config;
+    bool dry_run;
     const char *adapter;    /* eval only */
 } train_args;
 
@@ -39,12 +40,14 @@ static int parse(int argc, char **argv, ct_config *cfg, train_args *a, bool allo
             if ((rc = config_set(cfg, argv[++i], err))) return rc;
         } else if (!strcmp(argv[i], "--print-config")) {
             a->print_config = true;
+        } else if (!allow_adapter && !strcmp(argv[i], "--dry-run")) {
+            a->dry_run = true;
         } else if (allow_adapter && !strcmp(argv[i], "--adapter")) {
             if (i + 1 >= argc) return CT_FAIL_INPUT(err, "usage: --adapter needs a folder");
             a->adapter = argv[++i];
         } else {
             return CT_FAIL_INPUT(err, "usage: unknown option '%s' (ctune %s CONFIG.yaml [--set key=value]... %s)",
-                                 argv[i], argv[0], allow_adapter ? "[--adapter DIR]" : "[--print-config]");
+                                 argv[i], argv[0], allow_adapter ? "[--adapter DIR]" : "[--print-config] [--dry-run]");
         }
     }
     return config_validate(cfg, err);
@@ -60,7 +63,7 @@ int cmd_train(int argc, char **argv, ct_error *err)
         config_print(&cfg, stdout);
         return CT_OK;
     }
-    return train_run(&cfg, err);
+    return a.dry_run ? train_dry_run(&cfg, err) : train_run(&cfg, err);
 }
 
 /* `ctune eval --model DIR [--adapter DIR] --data SHARD... [--device D]

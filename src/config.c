@@ -663,6 +663,9 @@ int config_validate(const ct_config *cfg, ct_error *err)
     if (cfg->data.packing && cfg->data.max_length > cfg->data.tokens_per_micro_batch)
         return CT_FAIL_INPUT(err, "%s: data.max_length %d exceeds data.tokens_per_micro_batch %d (a sample must fit one "
                              "micro-batch)", w, cfg->data.max_length, cfg->data.tokens_per_micro_batch);
+    if (cfg->memory.activation_offload == CT_TRI_ON && !cfg->memory.gradient_checkpointing)
+        return CT_FAIL_INPUT(err, "%s: memory.activation_offload: on needs memory.gradient_checkpointing: true "
+                             "(offload moves the saved layer inputs, which exist only with checkpointing)", w);
     if (cfg->training.max_steps > 0 && cfg->training.warmup_steps > cfg->training.max_steps)
         return CT_FAIL_INPUT(err, "%s: training.warmup_steps %d exceeds training.max_steps %d (expected warmup_steps <= "
                              "max_steps)", w, cfg->training.warmup_steps, cfg->training.max_steps);

@@ -28,25 +28,32 @@ typedef struct layer_acts {
     void *h;         /* (T, H) */
     void *hn;        /* (T, H) */
     float *rstd2;    /* (T) */
-    void *gu;        /* (T, 2I), dense layers */
-    void *act;       /* (T, I), dense layers */
+    void *gu;        /* (C, 2I), dense layers: C = T without checkpointing, else one MLP chunk */
+    void *act;       /* (C, I), dense layers */
 } layer_acts;
 
 struct ct_graph {
     const ct_model *m;
     ct_backend *be;
+    ct_graph_options opt;
     int capacity;
     bool checkpointing;
+    int mlp_chunk;        /* tokens per dense-MLP chunk (capacity without checkpointing) */
+    int n_off, n_stage;   /* offloaded layer inputs (0 .. n_off-1); device staging buffers (1|2) */
     int n_ws;             /* workspaces: 1 with checkpointing, else L */
     layer_acts *ws;
-    void **xs;            /* (L + 1) layer inputs, each (T, H) */
+    void **xs;            /* (L + 1) layer inputs on the device, each (T, H); NULL when offloaded */
+    void *stage[2];       /* (T, H) device copies of offloaded layer inputs */
+    int stage_holds[2];   /* which layer's input each stage buffer holds now (-1: none) */
+    char *host_xs;        /* (n_off, T, H) offloaded layer inputs in host memory */
+    bool host_pinned;
     void *xf;             /* (T, H) final-norm output */
     float *rstd_f;        /* (T) */
     void *dxf;            /* (T, H) */
     void *dstream;        /* (T, H) gradient of the residual stream; see layer_backward */
     void *dh, *dhn, *dxn; /* (T, H) */
-    void *dact;           /* (T, I) */
-    void *dgu;            /* (T, 2I) */
+    void *dact;           /* (C, I) */
+    void *dgu;            /* (C, 2I) */
     void *dattn;          /* (T, Q) */
     void *dqkv, *dqkv2;   /* (T, QKV) */
     int32_t *tokens, *positions, *cu_seqlens, *target_rows, *target_ids; /* device copies */
@@ -54,116 +61,161 @@ struct ct_graph {
     ct_moe *moe;          /* sparse layers' buffers; NULL for a dense model */
     bool router_aux;      /* add the load-balancing loss in training steps */
     float *aux_loss_sum;  /* (1) its sum over micro-batches */
+    void *arena;          /* the one backend allocation every buffer above lives in */
+    ct_graph_sizes sizes;
     /* current batch (host-side sizes; no device read needed) */
     int T, n_docs, max_seqlen, n_targets;
-    size_t bytes;
-    bool failed;
 };
-
-static void *galloc(ct_graph *g, size_t bytes)
-{
-    if (g->failed) return NULL;
-    void *p = g->be->alloc(g->be, bytes);
-    if (!p) g->failed = true;
-    g->bytes += bytes;
-    return p;
-}
 
 static void *act_at(const ct_graph *g, void *p, size_t elems) { return (char *)p + elems * g->be->act_bytes; }
 
-ct_graph *graph_new(const ct_model *m, int capacity, bool checkpointing, ct_error *err)
+/* Every device buffer, in the arena's order: saved layer inputs, staging, the
+ * working set (layer intermediates, backward scratch, MoE), batch metadata.
+ * Run twice (measure, then carve); sizes record each category. */
+static void graph_layout(ct_graph *g, ct_arena *ar)
 {
-    const ct_model_config *c = &m->cfg;
-    ct_graph *g = ct_calloc(1, sizeof *g);
-    g->m = m;
-    g->be = m->be;
-    g->capacity = capacity;
-    g->checkpointing = checkpointing;
-    size_t T = capacity, H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    const ct_model_config *c = &g->m->cfg;
+    size_t T = g->capacity, C = g->mlp_chunk, H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
     size_t nq = c->num_attention_heads, nkv = c->num_key_value_heads, L = c->num_hidden_layers;
     size_t Q = nq * D, QKV = Q + 2 * nkv * D, A = g->be->act_bytes, F = sizeof(float);
     bool dense_mlp = false; /* only a model with a dense MLP layer needs its buffers */
     for (size_t l = 0; l < L; l++) dense_mlp |= !c->layer_sparse[l];
-    g->n_ws = checkpointing ? 1 : (int)L;
-    g->ws = ct_calloc(g->n_ws, sizeof *g->ws);
+
+    size_t mark = ar->used;
+    for (size_t l = 0; l <= L; l++) g->xs[l] = (int)l < g->n_off ? NULL : arena_take(ar, T * H * A);
+    g->sizes.saved_device = ar->used - mark;
+    mark = ar->used;
+    for (int i = 0; i < 2; i++) g->stage[i] = i < g->n_stage && g->n_off > 0 ? arena_take(ar, T * H * A) : NULL;
+    g->sizes.staging = ar->used - mark;
+    mark = ar->used;
     for (int i = 0; i < g->n_ws; i++) {
         layer_acts *a = &g->ws[i];
-        a->xn = galloc(g, T * H * A);
-        a->rstd1 = galloc(g, T * F);
-        if (c->qk_norm) {
-            a->qkv_raw = galloc(g, T * QKV * A);
-            a->rstd_q = galloc(g, T * nq * F);
-            a->rstd_k = galloc(g, T * nkv * F);
-        }
-        a->qkv = galloc(g, T * QKV * A);
-        a->attn = galloc(g, T * Q * A);
-        a->lse = galloc(g, T * nq * F);
-        a->h = galloc(g, T * H * A);
-        a->hn = galloc(g, T * H * A);
-        a->rstd2 = galloc(g, T * F);
-        if (dense_mlp) {
-            a->gu = galloc(g, T * 2 * I * A);
-            a->act = galloc(g, T * I * A);
-        }
+        a->xn = arena_take(ar, T * H * A);
+        a->rstd1 = arena_take(ar, T * F);
+        a->qkv_raw = c->qk_norm ? arena_take(ar, T * QKV * A) : NULL;
+        a->rstd_q = c->qk_norm ? arena_take(ar, T * nq * F) : NULL;
+        a->rstd_k = c->qk_norm ? arena_take(ar, T * nkv * F) : NULL;
+        a->qkv = arena_take(ar, T * QKV * A);
+        a->attn = arena_take(ar, T * Q * A);
+        a->lse = arena_take(ar, T * nq * F);
+        a->h = arena_take(ar, T * H * A);
+        a->hn = arena_take(ar, T * H * A);
+        a->rstd2 = arena_take(ar, T * F);
+        a->gu = dense_mlp ? arena_take(ar, C * 2 * I * A) : NULL;
+        a->act = dense_mlp ? arena_take(ar, C * I * A) : NULL;
     }
+    g->xf = arena_take(ar, T * H * A);
+    g->rstd_f = arena_take(ar, T * F);
+    g->dxf = arena_take(ar, T * H * A);
+    g->dstream = arena_take(ar, T * H * A);
+    g->dh = arena_take(ar, T * H * A);
+    g->dhn = arena_take(ar, T * H * A);
+    g->dxn = arena_take(ar, T * H * A);
+    g->dact = dense_mlp ? arena_take(ar, C * I * A) : NULL;
+    g->dgu = dense_mlp ? arena_take(ar, C * 2 * I * A) : NULL;
+    g->dattn = arena_take(ar, T * Q * A);
+    g->dqkv = arena_take(ar, T * QKV * A);
+    g->dqkv2 = c->qk_norm ? arena_take(ar, T * QKV * A) : NULL;
+    if (g->moe) moe_layout(g->moe, ar);
+    g->sizes.working = ar->used - mark;
+    mark = ar->used;
+    g->tokens = arena_take(ar, T * 4);
+    g->positions = arena_take(ar, T * 4);
+    g->cu_seqlens = arena_take(ar, (T + 1) * 4);
+    g->target_rows = arena_take(ar, T * 4);
+    g->target_ids = arena_take(ar, T * 4);
+    g->loss_sum = arena_take(ar, F);
+    g->aux_loss_sum = arena_take(ar, F);
+    g->sizes.batch = ar->used - mark;
+    g->sizes.host = (size_t)g->n_off * T * H * A;
+}
+
+/* The graph's host-side skeleton for opt, buffers not yet placed. */
+static ct_graph *graph_shell(const ct_model *m, const ct_graph_options *opt)
+{
+    const ct_model_config *c = &m->cfg;
+    int L = c->num_hidden_layers;
+    ct_graph *g = ct_calloc(1, sizeof *g);
+    g->m = m;
+    g->be = m->be;
+    g->opt = *opt;
+    g->capacity = opt->capacity;
+    g->checkpointing = opt->checkpointing;
+    g->mlp_chunk = opt->checkpointing && opt->mlp_chunk > 0 && opt->mlp_chunk < opt->capacity ? opt->mlp_chunk
+                                                                                               : opt->capacity;
+    g->n_off = opt->checkpointing ? (opt->offload_layers < L ? opt->offload_layers : L) : 0;
+    g->n_stage = opt->offload_buffers >= 2 && g->n_off >= 2 ? 2 : 1;
+    g->n_ws = opt->checkpointing ? 1 : L;
+    g->ws = ct_calloc(g->n_ws, sizeof *g->ws);
     g->xs = ct_calloc(L + 1, sizeof *g->xs);
-    for (size_t l = 0; l <= L; l++) g->xs[l] = galloc(g, T * H * A);
-    g->xf = galloc(g, T * H * A);
-    g->rstd_f = galloc(g, T * F);
-    g->dxf = galloc(g, T * H * A);
-    g->dstream = galloc(g, T * H * A);
-    g->dh = galloc(g, T * H * A);
-    g->dhn = galloc(g, T * H * A);
-    g->dxn = galloc(g, T * H * A);
-    if (dense_mlp) {
-        g->dact = galloc(g, T * I * A);
-        g->dgu = galloc(g, T * 2 * I * A);
-    }
-    g->dattn = galloc(g, T * Q * A);
-    g->dqkv = galloc(g, T * QKV * A);
-    if (c->qk_norm) g->dqkv2 = galloc(g, T * QKV * A);
-    g->tokens = galloc(g, T * 4);
-    g->positions = galloc(g, T * 4);
-    g->cu_seqlens = galloc(g, (T + 1) * 4);
-    g->target_rows = galloc(g, T * 4);
-    g->target_ids = galloc(g, T * 4);
-    g->loss_sum = galloc(g, F);
-    g->aux_loss_sum = galloc(g, F);
-    if (!g->failed) g->moe = moe_new(m, capacity, g->n_ws, &g->bytes, &g->failed);
-    if (g->failed) {
-        size_t want = g->bytes;
-        graph_free(g);
-        CT_FAIL_RUNTIME(err, "out of %s memory for activations (%.2f GiB for %d tokens per micro-batch)",
-                        m->be->name, (double)want / (1 << 30), capacity);
-        return NULL;
-    }
+    g->moe = moe_new(m, opt->capacity, g->n_ws);
+    g->stage_holds[0] = g->stage_holds[1] = -1;
     return g;
 }
 
-void graph_free(ct_graph *g)
+static void graph_shell_free(ct_graph *g)
 {
-    if (!g) return;
-    ct_backend *be = g->be;
-#define FREE(p) do { if (p) be->free(be, p); } while (0)
-    for (int i = 0; i < g->n_ws; i++) {
-        layer_acts *a = &g->ws[i];
-        FREE(a->xn); FREE(a->rstd1); FREE(a->qkv_raw); FREE(a->qkv); FREE(a->rstd_q); FREE(a->rstd_k);
-        FREE(a->attn); FREE(a->lse); FREE(a->h); FREE(a->hn); FREE(a->rstd2); FREE(a->gu); FREE(a->act);
-    }
-    if (g->xs)
-        for (int l = 0; l <= g->m->cfg.num_hidden_layers; l++) FREE(g->xs[l]);
-    FREE(g->xf); FREE(g->rstd_f); FREE(g->dxf); FREE(g->dstream); FREE(g->dh); FREE(g->dhn); FREE(g->dxn);
-    FREE(g->dact); FREE(g->dgu); FREE(g->dattn); FREE(g->dqkv); FREE(g->dqkv2);
-    FREE(g->tokens); FREE(g->positions); FREE(g->cu_seqlens); FREE(g->target_rows); FREE(g->target_ids);
-    FREE(g->loss_sum); FREE(g->aux_loss_sum);
-#undef FREE
     moe_free(g->moe);
     free(g->ws);
     free(g->xs);
     free(g);
 }
 
-size_t graph_bytes(const ct_graph *g) { return g->bytes; }
+void graph_measure(const ct_model *m, const ct_graph_options *opt, ct_graph_sizes *sizes)
+{
+    ct_graph *g = graph_shell(m, opt);
+    ct_arena ar = {0};
+    graph_layout(g, &ar);
+    *sizes = g->sizes;
+    graph_shell_free(g);
+}
+
+ct_graph *graph_new_with(const ct_model *m, const ct_graph_options *opt, ct_error *err)
+{
+    ct_graph *g = graph_shell(m, opt);
+    ct_arena ar = {0};
+    graph_layout(g, &ar);
+    ct_backend *be = g->be;
+    if (!(g->arena = be->alloc(be, ar.used))) {
+        graph_shell_free(g);
+        CT_FAIL_RUNTIME(err, "out of %s memory for activations (%.2f GiB for %d tokens per micro-batch)",
+                        be->name, (double)ar.used / (1 << 30), opt->capacity);
+        return NULL;
+    }
+    ar = (ct_arena){.base = g->arena};
+    graph_layout(g, &ar);
+    if (g->n_off > 0) {
+        g->host_xs = be->host_alloc(be, g->sizes.host, &g->host_pinned);
+        if (!g->host_xs) {
+            CT_FAIL_RUNTIME(err, "out of host memory for offloaded activations (%.2f GiB)",
+                            (double)g->sizes.host / (1 << 30));
+            graph_free(g);
+            return NULL;
+        }
+    }
+    return g;
+}
+
+ct_graph *graph_new(const ct_model *m, int capacity, bool checkpointing, ct_error *err)
+{
+    ct_graph_options opt = {.capacity = capacity, .checkpointing = checkpointing};
+    return graph_new_with(m, &opt, err);
+}
+
+void graph_free(ct_graph *g)
+{
+    if (!g) return;
+    if (g->arena) g->be->free(g->be, g->arena);
+    if (g->host_xs) g->be->host_free(g->be, g->host_xs, g->host_pinned);
+    graph_shell_free(g);
+}
+
+size_t graph_bytes(const ct_graph *g)
+{
+    return g->sizes.saved_device + g->sizes.staging + g->sizes.working + g->sizes.batch;
+}
+const ct_graph_sizes *graph_sizes(const ct_graph *g) { return &g->sizes; }
+bool graph_host_pinned(const ct_graph *g) { return g->host_pinned; }
 float *graph_loss_sum(ct_graph *g) { return g->loss_sum; }
 float *graph_aux_loss_sum(ct_graph *g) { return g->aux_loss_sum; }
 
@@ -209,46 +261,116 @@ static moe_lora moe_lora_of(const lora_ctx *lc)
     return (moe_lora){.lo = lc->lo, .dropout = lc->dropout, .step_seed = lc->seed};
 }
 
-static void lora_fwd(ct_graph *g, const lora_ctx *lc, int l, ct_module mod,
-                     void *y, int ldy, const void *x, int ldx)
+/* The dropout seed of module mod of layer l for chunk c of its tokens. Chunk 0
+ * (all tokens, unless the MLP runs in chunks) uses the module's own seed, so
+ * that chunking changes nothing when there is one chunk; later chunks draw
+ * their own masks. */
+static uint64_t chunk_seed(const lora_ctx *lc, int l, ct_module mod, int chunk)
+{
+    uint64_t s = graph_module_seed(lc->seed, l, mod);
+    return chunk == 0 ? s : ct_hash64(s, (uint64_t)chunk);
+}
+
+/* LoRA of module mod over T rows (one chunk of the micro-batch, or all of it). */
+static void lora_fwd(ct_graph *g, const lora_ctx *lc, int l, ct_module mod, void *y, int ldy, const void *x,
+                     int ldx, int T, int chunk)
 {
     if (!lc->lo || !lc->lo->targeted[mod]) return;
     int in, out;
     model_module_shape(&g->m->cfg, mod, &in, &out);
-    g->be->lora_fwd(g->be, y, ldy, x, ldx, lora_A(lc->lo, l, mod), lora_B(lc->lo, l, mod), g->T, in, out,
-                    lc->lo->R, lc->lo->scale, lc->dropout, graph_module_seed(lc->seed, l, mod));
+    g->be->lora_fwd(g->be, y, ldy, x, ldx, lora_A(lc->lo, l, mod), lora_B(lc->lo, l, mod), T, in, out,
+                    lc->lo->R, lc->lo->scale, lc->dropout, chunk_seed(lc, l, mod, chunk));
 }
 
 static void lora_bwd(ct_graph *g, const lora_ctx *lc, int l, ct_module mod, void *dx, int lddx,
-                     const void *dy, int lddy, const void *x, int ldx)
+                     const void *dy, int lddy, const void *x, int ldx, int T, int chunk)
 {
     if (!lc->lo || !lc->lo->targeted[mod]) return;
     int in, out;
     model_module_shape(&g->m->cfg, mod, &in, &out);
     g->be->lora_bwd(g->be, dx, lddx, lora_grad_A(lc->lo, l, mod), lora_grad_B(lc->lo, l, mod), dy, lddy, x, ldx,
-                    lora_A(lc->lo, l, mod), lora_B(lc->lo, l, mod), g->T, in, out, lc->lo->R, lc->lo->scale,
-                    lc->dropout, graph_module_seed(lc->seed, l, mod));
+                    lora_A(lc->lo, l, mod), lora_B(lc->lo, l, mod), T, in, out, lc->lo->R, lc->lo->scale,
+                    lc->dropout, chunk_seed(lc, l, mod, chunk));
 }
 
 static int layer_window(const ct_model_config *c, int l) { return c->layer_sliding[l] ? c->sliding_window : 0; }
 
 static int ws_of(const ct_graph *g, int l) { return g->checkpointing ? 0 : l; }
 
+/* gu = hn Wgu^T (+LoRA gate|up) and act = swiglu(gu) for the n tokens of chunk c
+ * (hn already offset to its first token; gu and act start at row 0). */
+static void mlp_chunk_forward(ct_graph *g, const lora_ctx *lc, int l, const void *hn, void *gu, void *act, int n,
+                              int chunk)
+{
+    const ct_model_config *c = &g->m->cfg;
+    const ct_layer_weights *w = &g->m->layers[l];
+    int H = c->hidden_size, I = c->intermediate_size;
+    g->be->linear_fwd(g->be, gu, 2 * I, hn, H, w->wgu, w->bgu, n, H, 2 * I, 0);
+    lora_fwd(g, lc, l, CT_MOD_GATE, gu, 2 * I, hn, H, n, chunk);
+    lora_fwd(g, lc, l, CT_MOD_UP, act_at(g, gu, I), 2 * I, hn, H, n, chunk);
+    g->be->swiglu_fwd(g->be, act, gu, n, I);
+}
+
+/* Dense MLP forward, out = h + down(swiglu(gu(hn))), over chunks of mlp_chunk
+ * tokens: the (T, 2I) intermediates of a long micro-batch never exist at once. */
+static void mlp_forward(ct_graph *g, const lora_ctx *lc, int l, layer_acts *a, void *out)
+{
+    const ct_model_config *c = &g->m->cfg;
+    const ct_layer_weights *w = &g->m->layers[l];
+    ct_backend *be = g->be;
+    int T = g->T, H = c->hidden_size, I = c->intermediate_size;
+    for (int t0 = 0, ci = 0; t0 < T; t0 += g->mlp_chunk, ci++) {
+        int n = T - t0 < g->mlp_chunk ? T - t0 : g->mlp_chunk;
+        size_t row = (size_t)t0 * H;
+        mlp_chunk_forward(g, lc, l, act_at(g, a->hn, row), a->gu, a->act, n, ci);
+        be->copy_2d(be, act_at(g, out, row), H, act_at(g, a->h, row), H, n, H);
+        be->linear_fwd(be, act_at(g, out, row), H, a->act, I, w->wdown, w->bdown, n, I, H, 1);
+        lora_fwd(g, lc, l, CT_MOD_DOWN, act_at(g, out, row), H, a->act, I, n, ci);
+    }
+}
+
+/* dhn = the dense MLP's input gradient given d (its output gradient), chunk by
+ * chunk. With checkpointing, each chunk's gu and act are recomputed here (the
+ * layer recompute stops before the MLP); without, forward kept them (one chunk). */
+static void mlp_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_acts *a, const void *d)
+{
+    const ct_model_config *c = &g->m->cfg;
+    const ct_layer_weights *w = &g->m->layers[l];
+    ct_backend *be = g->be;
+    int T = g->T, H = c->hidden_size, I = c->intermediate_size;
+    for (int t0 = 0, ci = 0; t0 < T; t0 += g->mlp_chunk, ci++) {
+        int n = T - t0 < g->mlp_chunk ? T - t0 : g->mlp_chunk;
+        size_t row = (size_t)t0 * H;
+        const void *hn = act_at(g, a->hn, row), *dc = act_at(g, (void *)d, row);
+        void *dhn = act_at(g, g->dhn, row);
+        if (g->checkpointing) mlp_chunk_forward(g, lc, l, hn, a->gu, a->act, n, ci);
+        be->linear_bwd_input(be, g->dact, I, dc, H, w->wdown, n, I, H, 0);
+        lora_bwd(g, lc, l, CT_MOD_DOWN, g->dact, I, dc, H, a->act, I, n, ci);
+        be->swiglu_bwd(be, g->dgu, g->dact, a->gu, n, I);
+        be->linear_bwd_input(be, dhn, H, g->dgu, 2 * I, w->wgu, n, H, 2 * I, 0);
+        lora_bwd(g, lc, l, CT_MOD_GATE, dhn, H, g->dgu, 2 * I, hn, H, n, ci);
+        lora_bwd(g, lc, l, CT_MOD_UP, dhn, H, act_at(g, g->dgu, I), 2 * I, hn, H, n, ci);
+    }
+}
+
+/* out NULL: the checkpointing recompute, which needs what backward reads and
+ * not the output (already computed by the first forward): it stops after the
+ * MLP norm for dense layers and before the expert un-permute for sparse ones. */
 static void layer_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x, void *out, layer_acts *a)
 {
     const ct_model_config *c = &g->m->cfg;
     const ct_layer_weights *w = &g->m->layers[l];
     ct_backend *be = g->be;
-    int T = g->T, H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    int T = g->T, H = c->hidden_size, D = c->head_dim;
     int nq = c->num_attention_heads, nkv = c->num_key_value_heads, Q = nq * D, KV = nkv * D, QKV = Q + 2 * KV;
     float eps = (float)c->rms_norm_eps;
 
     be->rmsnorm_fwd(be, a->xn, H, a->rstd1, x, H, w->attn_norm, T, 1, H, eps);
     void *qkv_lin = c->qk_norm ? a->qkv_raw : a->qkv;
     be->linear_fwd(be, qkv_lin, QKV, a->xn, H, w->wqkv, w->bqkv, T, H, QKV, 0);
-    lora_fwd(g, lc, l, CT_MOD_Q, qkv_lin, QKV, a->xn, H);
-    lora_fwd(g, lc, l, CT_MOD_K, act_at(g, qkv_lin, Q), QKV, a->xn, H);
-    lora_fwd(g, lc, l, CT_MOD_V, act_at(g, qkv_lin, Q + KV), QKV, a->xn, H);
+    lora_fwd(g, lc, l, CT_MOD_Q, qkv_lin, QKV, a->xn, H, T, 0);
+    lora_fwd(g, lc, l, CT_MOD_K, act_at(g, qkv_lin, Q), QKV, a->xn, H, T, 0);
+    lora_fwd(g, lc, l, CT_MOD_V, act_at(g, qkv_lin, Q + KV), QKV, a->xn, H, T, 0);
     void *q = a->qkv, *k = act_at(g, a->qkv, Q), *v = act_at(g, a->qkv, Q + KV);
     if (c->qk_norm) {
         be->rmsnorm_fwd(be, q, QKV, a->rstd_q, a->qkv_raw, QKV, w->q_norm, T, nq, D, eps);
@@ -262,22 +384,16 @@ static void layer_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x,
 
     be->copy_2d(be, a->h, H, x, H, T, H);
     be->linear_fwd(be, a->h, H, a->attn, Q, w->wo, w->bo, T, Q, H, 1);
-    lora_fwd(g, lc, l, CT_MOD_O, a->h, H, a->attn, Q);
+    lora_fwd(g, lc, l, CT_MOD_O, a->h, H, a->attn, Q, T, 0);
 
     be->rmsnorm_fwd(be, a->hn, H, a->rstd2, a->h, H, w->mlp_norm, T, 1, H, eps);
     if (c->layer_sparse[l]) {
         moe_lora ml = moe_lora_of(lc);
-        be->copy_2d(be, out, H, a->h, H, T, H);
+        if (out) be->copy_2d(be, out, H, a->h, H, T, H);
         moe_forward(g->moe, &ml, l, ws_of(g, l), a->hn, out, T, lc->moe_stats);
-        return;
+    } else if (out) {
+        mlp_forward(g, lc, l, a, out);
     }
-    be->linear_fwd(be, a->gu, 2 * I, a->hn, H, w->wgu, w->bgu, T, H, 2 * I, 0);
-    lora_fwd(g, lc, l, CT_MOD_GATE, a->gu, 2 * I, a->hn, H);
-    lora_fwd(g, lc, l, CT_MOD_UP, act_at(g, a->gu, I), 2 * I, a->hn, H);
-    be->swiglu_fwd(be, a->act, a->gu, T, I);
-    be->copy_2d(be, out, H, a->h, H, T, H);
-    be->linear_fwd(be, out, H, a->act, I, w->wdown, w->bdown, T, I, H, 1);
-    lora_fwd(g, lc, l, CT_MOD_DOWN, out, H, a->act, I);
 }
 
 /* d holds the gradient of the layer's output on entry and of its input on exit:
@@ -287,7 +403,7 @@ static void layer_backward(ct_graph *g, const lora_ctx *lc, int l, const void *x
     const ct_model_config *c = &g->m->cfg;
     const ct_layer_weights *w = &g->m->layers[l];
     ct_backend *be = g->be;
-    int T = g->T, H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    int T = g->T, H = c->hidden_size, D = c->head_dim;
     int nq = c->num_attention_heads, nkv = c->num_key_value_heads, Q = nq * D, KV = nkv * D, QKV = Q + 2 * KV;
 
     /* MLP: out = h + down(swiglu(gu(norm(h)))), or out = h + MoE(norm(h)) */
@@ -296,18 +412,13 @@ static void layer_backward(ct_graph *g, const lora_ctx *lc, int l, const void *x
         moe_lora ml = moe_lora_of(lc);
         moe_backward(g->moe, &ml, l, ws_of(g, l), d, g->dhn, T, g->router_aux);
     } else {
-        be->linear_bwd_input(be, g->dact, I, d, H, w->wdown, T, I, H, 0);
-        lora_bwd(g, lc, l, CT_MOD_DOWN, g->dact, I, d, H, a->act, I);
-        be->swiglu_bwd(be, g->dgu, g->dact, a->gu, T, I);
-        be->linear_bwd_input(be, g->dhn, H, g->dgu, 2 * I, w->wgu, T, H, 2 * I, 0);
-        lora_bwd(g, lc, l, CT_MOD_GATE, g->dhn, H, g->dgu, 2 * I, a->hn, H);
-        lora_bwd(g, lc, l, CT_MOD_UP, g->dhn, H, act_at(g, g->dgu, I), 2 * I, a->hn, H);
+        mlp_backward(g, lc, l, a, d);
     }
     be->rmsnorm_bwd(be, g->dh, H, g->dhn, H, a->h, H, a->rstd2, w->mlp_norm, T, 1, H, 1);
 
     /* attention: h = x + o(attn(rope(norm_qk(qkv(norm(x)))))) */
     be->linear_bwd_input(be, g->dattn, Q, g->dh, H, w->wo, T, Q, H, 0);
-    lora_bwd(g, lc, l, CT_MOD_O, g->dattn, Q, g->dh, H, a->attn, Q);
+    lora_bwd(g, lc, l, CT_MOD_O, g->dattn, Q, g->dh, H, a->attn, Q, T, 0);
     void *q = a->qkv, *k = act_at(g, a->qkv, Q), *v = act_at(g, a->qkv, Q + KV);
     void *dq = g->dqkv, *dk = act_at(g, g->dqkv, Q), *dv = act_at(g, g->dqkv, Q + KV);
     be->attention_bwd(be, dq, QKV, dk, QKV, dv, QKV, g->dattn, Q, a->attn, Q, a->lse, q, QKV, k, QKV, v, QKV,
@@ -324,23 +435,83 @@ static void layer_backward(ct_graph *g, const lora_ctx *lc, int l, const void *x
         be->copy_2d(be, act_at(g, dlin, Q + KV), QKV, dv, QKV, T, KV);
     }
     be->linear_bwd_input(be, g->dxn, H, dlin, QKV, w->wqkv, T, H, QKV, 0);
-    lora_bwd(g, lc, l, CT_MOD_Q, g->dxn, H, dlin, QKV, a->xn, H);
-    lora_bwd(g, lc, l, CT_MOD_K, g->dxn, H, act_at(g, dlin, Q), QKV, a->xn, H);
-    lora_bwd(g, lc, l, CT_MOD_V, g->dxn, H, act_at(g, dlin, Q + KV), QKV, a->xn, H);
+    lora_bwd(g, lc, l, CT_MOD_Q, g->dxn, H, dlin, QKV, a->xn, H, T, 0);
+    lora_bwd(g, lc, l, CT_MOD_K, g->dxn, H, act_at(g, dlin, Q), QKV, a->xn, H, T, 0);
+    lora_bwd(g, lc, l, CT_MOD_V, g->dxn, H, act_at(g, dlin, Q + KV), QKV, a->xn, H, T, 0);
     be->copy_2d(be, d, H, g->dh, H, T, H);
     be->rmsnorm_bwd(be, d, H, g->dxn, H, x, H, a->rstd1, w->attn_norm, T, 1, H, 1);
 }
 
 static layer_acts *acts_of(ct_graph *g, int l) { return &g->ws[ws_of(g, l)]; }
 
+/* ---- activation offload ----
+ * Layer inputs 0 .. n_off-1 live in host memory; on the device they pass
+ * through n_stage staging buffers, layer l's through stage[l % n_stage].
+ * Slot b of the backend's copy ordering belongs to stage[b].
+ *  Forward: layer l reads its input from stage[l % n] and the copy to the host
+ *    starts at once; with two buffers, layer l's output overwrites the buffer
+ *    whose store began one layer earlier, so the compute stream waits on that
+ *    store just before layer l; with one, it waits at once (no overlap).
+ *  Backward (layers L-1 .. 0): with two buffers, while layer l computes from
+ *    one, the other is loaded with layer l-1's input; with one, the load follows
+ *    layer l's backward. stage_holds skips loads of inputs still resident after
+ *    forward (the last one or two offloaded layers). */
+static void *layer_input(const ct_graph *g, int l) { return l < g->n_off ? g->stage[l % g->n_stage] : g->xs[l]; }
+
+static size_t input_bytes(const ct_graph *g) { return (size_t)g->T * g->m->cfg.hidden_size * g->be->act_bytes; }
+
+static char *host_input(const ct_graph *g, int l)
+{
+    return g->host_xs + (size_t)l * g->capacity * g->m->cfg.hidden_size * g->be->act_bytes;
+}
+
+/* Before layer l runs forward (save: training, whose backward needs the inputs). */
+static void offload_before_forward(ct_graph *g, int l, bool save)
+{
+    if (l >= g->n_off) return;
+    ct_backend *be = g->be;
+    int b = l % g->n_stage, out_b = (l + 1) % g->n_stage;
+    g->stage_holds[b] = l;
+    if (l + 1 < g->n_off) g->stage_holds[out_b] = l + 1;
+    if (!save) return;
+    be->offload_store(be, host_input(g, l), g->stage[b], input_bytes(g), b);
+    /* layer l writes its output into stage[out_b] when l+1 is offloaded too */
+    if (l + 1 < g->n_off) be->offload_wait(be, out_b);
+}
+
+/* Makes layer l's input resident in its staging buffer (issuing the load if it
+ * is not) and makes compute wait for it. */
+static void offload_fetch(ct_graph *g, int l)
+{
+    ct_backend *be = g->be;
+    int b = l % g->n_stage;
+    if (g->stage_holds[b] == l) return;
+    be->offload_load(be, g->stage[b], host_input(g, l), input_bytes(g), b);
+    g->stage_holds[b] = l;
+}
+
+static void offload_before_backward(ct_graph *g, int l)
+{
+    if (l >= g->n_off) return;
+    offload_fetch(g, l);   /* no-op when prefetched or resident */
+    g->be->offload_wait(g->be, l % g->n_stage);
+    if (g->n_stage == 2 && l >= 1) offload_fetch(g, l - 1); /* overlaps layer l's work */
+}
+
 /* Embedding, every layer, final norm: xf holds the head's input afterwards. */
-static void forward_all(ct_graph *g, const lora_ctx *lc)
+static void forward_all(ct_graph *g, const lora_ctx *lc, bool save)
 {
     const ct_model_config *c = &g->m->cfg;
     ct_backend *be = g->be;
     int T = g->T, H = c->hidden_size, L = c->num_hidden_layers;
-    be->embedding(be, g->xs[0], g->tokens, g->m->embed, T, H);
-    for (int l = 0; l < L; l++) layer_forward(g, lc, l, g->xs[l], g->xs[l + 1], acts_of(g, l));
+    /* A store of the previous micro-batch may still read a staging buffer that
+     * backward found resident (and never reloaded): wait before overwriting it. */
+    for (int b = 0; b < g->n_stage && g->n_off > 0; b++) be->offload_wait(be, b);
+    be->embedding(be, layer_input(g, 0), g->tokens, g->m->embed, T, H);
+    for (int l = 0; l < L; l++) {
+        offload_before_forward(g, l, save);
+        layer_forward(g, lc, l, layer_input(g, l), l + 1 < L ? layer_input(g, l + 1) : g->xs[L], acts_of(g, l));
+    }
     be->rmsnorm_fwd(be, g->xf, H, g->rstd_f, g->xs[L], H, g->m->final_norm, T, 1, H, (float)c->rms_norm_eps);
 }
 
@@ -351,7 +522,7 @@ void graph_train_step(ct_graph *g, const ct_lora *lo, float grad_scale, uint64_t
     int T = g->T, H = c->hidden_size, L = c->num_hidden_layers;
     lora_ctx lc = {.lo = lo, .seed = dropout_seed, .dropout = lo ? lo->dropout : 0.0f, .moe_stats = g->router_aux};
     if (g->router_aux) moe_aux_begin(g->moe);
-    forward_all(g, &lc);
+    forward_all(g, &lc, g->n_targets > 0);
     if (g->n_targets == 0) return; /* nothing to learn from: no loss, no gradient */
     if (g->router_aux) moe_aux_loss(g->moe, g->aux_loss_sum, T);
     lc.moe_stats = false; /* a checkpointing recompute must not count the statistics twice */
@@ -360,16 +531,16 @@ void graph_train_step(ct_graph *g, const ct_lora *lo, float grad_scale, uint64_t
                       H, c->vocab_size, grad_scale);
     be->rmsnorm_bwd(be, g->dstream, H, g->dxf, H, g->xs[L], H, g->rstd_f, g->m->final_norm, T, 1, H, 0);
     for (int l = L - 1; l >= 0; l--) {
-        /* Recomputing writes xs[l+1] again with identical values; it is not read any more. */
-        if (g->checkpointing) layer_forward(g, &lc, l, g->xs[l], g->xs[l + 1], acts_of(g, l));
-        layer_backward(g, &lc, l, g->xs[l], g->dstream, acts_of(g, l));
+        offload_before_backward(g, l);
+        if (g->checkpointing) layer_forward(g, &lc, l, layer_input(g, l), NULL, acts_of(g, l));
+        layer_backward(g, &lc, l, layer_input(g, l), g->dstream, acts_of(g, l));
     }
 }
 
 void graph_eval(ct_graph *g, const ct_lora *lo)
 {
     lora_ctx lc = {.lo = lo, .seed = 0, .dropout = 0.0f};
-    forward_all(g, &lc);
+    forward_all(g, &lc, false);
     if (g->n_targets == 0) return;
     g->be->cross_entropy(g->be, g->loss_sum, NULL, g->xf, g->m->lm_head, g->target_rows, g->target_ids,
                          g->n_targets, g->m->cfg.hidden_size, g->m->cfg.vocab_size, 1.0f);

@@ -13,12 +13,43 @@
 
 typedef struct ct_graph ct_graph;
 
-/* capacity: most tokens in one micro-batch. checkpointing: keep only layer
- * inputs and recompute in backward (else keep every layer's intermediates). */
+typedef struct ct_graph_options {
+    int capacity;         /* most tokens in one micro-batch */
+    bool checkpointing;   /* keep only layer inputs and recompute in backward
+                           * (else keep every layer's intermediates) */
+    int offload_layers;   /* with checkpointing: the inputs of layers 0 .. n-1 live in
+                           * host memory (memory plan); 0 = none */
+    int offload_buffers;  /* device staging buffers for them: 2 overlaps copies with
+                           * compute, 1 does not */
+    int mlp_chunk;        /* with checkpointing: the dense MLP runs over chunks of this
+                           * many tokens (0 = the whole micro-batch). Later chunks draw
+                           * their own LoRA dropout masks. */
+} ct_graph_options;
+
+/* Bytes by what they are for (the memory plan prints them). */
+typedef struct ct_graph_sizes {
+    size_t saved_device;  /* layer inputs kept on the device */
+    size_t staging;       /* device buffers offloaded inputs pass through */
+    size_t working;       /* one layer's intermediates (all layers' without
+                           * checkpointing), backward scratch, MoE routing */
+    size_t batch;         /* tokens and packing metadata */
+    size_t host;          /* offloaded layer inputs in host memory */
+} ct_graph_sizes;
+
+/* All device buffers are one backend allocation ("arena"), planned before it is
+ * made; CT_ERR_RUNTIME when it (or the host memory for offload) cannot be had. */
+ct_graph *graph_new_with(const ct_model *m, const ct_graph_options *opt, ct_error *err);
+/* graph_new_with with checkpointing as given and nothing else. */
 ct_graph *graph_new(const ct_model *m, int capacity, bool checkpointing, ct_error *err);
 void graph_free(ct_graph *g);
+/* What graph_new_with(m, opt) would allocate, without allocating. */
+void graph_measure(const ct_model *m, const ct_graph_options *opt, ct_graph_sizes *sizes);
+const ct_graph_sizes *graph_sizes(const ct_graph *g);
 /* Backend bytes the graph holds (activations and scratch). */
 size_t graph_bytes(const ct_graph *g);
+/* Whether the offloaded inputs' host memory is page-locked (false: the backend
+ * fell back to pageable memory; copies are slower). */
+bool graph_host_pinned(const ct_graph *g);
 
 /* Uploads a micro-batch's tokens and metadata (one upload each). */
 void graph_set_batch(ct_graph *g, const ct_batch *b);

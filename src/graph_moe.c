@@ -38,7 +38,7 @@ typedef struct moe_acts {
 struct ct_moe {
     const ct_model *m;
     ct_backend *be;
-    int E, K, I, H, n_sparse, n_ws;
+    int capacity, E, K, I, H, n_sparse, n_ws;
     ct_moe_rule rule;
     int *sparse_index;   /* (L): index among sparse layers, -1 for dense */
     moe_acts *ws;        /* (n_ws) */
@@ -53,25 +53,16 @@ struct ct_moe {
     void *dlogits;       /* (T, E) */
 };
 
-static void *moe_alloc(ct_backend *be, size_t bytes, size_t *total, bool *failed)
-{
-    if (*failed) return NULL;
-    void *p = be->alloc(be, bytes);
-    if (!p) *failed = true;
-    *total += bytes;
-    return p;
-}
-
-ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, size_t *bytes, bool *failed)
+ct_moe *moe_new(const ct_model *m, int capacity, int n_ws)
 {
     const ct_model_config *c = &m->cfg;
     int n_sparse = 0;
     for (int l = 0; l < c->num_hidden_layers; l++) n_sparse += c->layer_sparse[l];
     if (n_sparse == 0) return NULL;
     ct_moe *mo = ct_calloc(1, sizeof *mo);
-    ct_backend *be = m->be;
     mo->m = m;
-    mo->be = be;
+    mo->be = m->be;
+    mo->capacity = capacity;
     mo->E = c->num_experts;
     mo->K = c->num_experts_per_tok;
     mo->I = c->moe_intermediate_size;
@@ -83,48 +74,40 @@ ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, size_t *bytes, bool *
                                           : CT_MOE_SOFTMAX_TOPK;
     mo->sparse_index = ct_malloc(sizeof(int) * (size_t)c->num_hidden_layers);
     for (int l = 0, i = 0; l < c->num_hidden_layers; l++) mo->sparse_index[l] = c->layer_sparse[l] ? i++ : -1;
-    size_t T = capacity, E = mo->E, n = T * mo->K, H = mo->H, I = mo->I, A = be->act_bytes, F = 4;
-#define ALLOC(bytes_) moe_alloc(be, (bytes_), bytes, failed)
     mo->ws = ct_calloc(n_ws, sizeof *mo->ws);
-    for (int i = 0; i < n_ws; i++) {
-        moe_acts *a = &mo->ws[i];
-        a->logits = ALLOC(T * E * A);
-        a->idx = ALLOC(n * 4);
-        a->w = ALLOC(n * F);
-        a->offsets = ALLOC((E + 1) * 4);
-        a->row_slot = ALLOC(n * 4);
-        a->slot_row = ALLOC(n * 4);
-        a->xe = ALLOC(n * H * A);
-        a->gu = ALLOC(n * 2 * I * A);
-        a->act = ALLOC(n * I * A);
-        a->ye = ALLOC(n * H * A);
-    }
-    mo->counts = ALLOC((size_t)n_sparse * E * 4);
-    mo->prob_sum = ALLOC((size_t)n_sparse * E * F);
-    mo->aux_grad = ALLOC(E * F);
-    mo->dye = ALLOC(n * H * A);
-    mo->dxe = ALLOC(n * H * A);
-    mo->dact = ALLOC(n * I * A);
-    mo->dgu = ALLOC(n * 2 * I * A);
-    mo->dw = ALLOC(n * F);
-    mo->dlogits = ALLOC(T * E * A);
-#undef ALLOC
     return mo;
+}
+
+void moe_layout(ct_moe *mo, ct_arena *ar)
+{
+    size_t T = mo->capacity, E = mo->E, n = T * mo->K, H = mo->H, I = mo->I, A = mo->be->act_bytes, F = 4;
+    for (int i = 0; i < mo->n_ws; i++) {
+        moe_acts *a = &mo->ws[i];
+        a->logits = arena_take(ar, T * E * A);
+        a->idx = arena_take(ar, n * 4);
+        a->w = arena_take(ar, n * F);
+        a->offsets = arena_take(ar, (E + 1) * 4);
+        a->row_slot = arena_take(ar, n * 4);
+        a->slot_row = arena_take(ar, n * 4);
+        a->xe = arena_take(ar, n * H * A);
+        a->gu = arena_take(ar, n * 2 * I * A);
+        a->act = arena_take(ar, n * I * A);
+        a->ye = arena_take(ar, n * H * A);
+    }
+    mo->counts = arena_take(ar, (size_t)mo->n_sparse * E * 4);
+    mo->prob_sum = arena_take(ar, (size_t)mo->n_sparse * E * F);
+    mo->aux_grad = arena_take(ar, E * F);
+    mo->dye = arena_take(ar, n * H * A);
+    mo->dxe = arena_take(ar, n * H * A);
+    mo->dact = arena_take(ar, n * I * A);
+    mo->dgu = arena_take(ar, n * 2 * I * A);
+    mo->dw = arena_take(ar, n * F);
+    mo->dlogits = arena_take(ar, T * E * A);
 }
 
 void moe_free(ct_moe *mo)
 {
     if (!mo) return;
-    ct_backend *be = mo->be;
-#define FREE(p) do { if (p) be->free(be, p); } while (0)
-    for (int i = 0; i < mo->n_ws; i++) {
-        moe_acts *a = &mo->ws[i];
-        FREE(a->logits); FREE(a->idx); FREE(a->w); FREE(a->offsets); FREE(a->row_slot); FREE(a->slot_row);
-        FREE(a->xe); FREE(a->gu); FREE(a->act); FREE(a->ye);
-    }
-    FREE(mo->counts); FREE(mo->prob_sum); FREE(mo->aux_grad);
-    FREE(mo->dye); FREE(mo->dxe); FREE(mo->dact); FREE(mo->dgu); FREE(mo->dw); FREE(mo->dlogits);
-#undef FREE
     free(mo->ws);
     free(mo->sparse_index);
     free(mo);
@@ -185,7 +168,7 @@ void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, 
     else be->swiglu_fwd(be, a->act, a->gu, n, I);
     be->moe_linear_fwd(be, a->ye, H, a->act, I, w->wdown_e, w->bdown_e, a->offsets, E, I, H, 0);
     lora_fwd(mo, ml, l, CT_MOD_DOWN, a, a->ye, H, a->act, I);
-    be->moe_scatter(be, out, H, a->ye, a->slot_row, a->w, T, K, H, 1);
+    if (out) be->moe_scatter(be, out, H, a->ye, a->slot_row, a->w, T, K, H, 1);
 }
 
 void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dout, void *dhn, int T, bool aux)

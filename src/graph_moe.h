@@ -11,6 +11,7 @@
 #ifndef CT_GRAPH_MOE_H
 #define CT_GRAPH_MOE_H
 
+#include "arena.h"
 #include "lora.h"
 
 typedef struct ct_moe ct_moe;
@@ -22,14 +23,16 @@ typedef struct moe_lora {
     uint64_t step_seed;
 } moe_lora;
 
-/* n_ws workspaces of per-layer intermediates (1 with checkpointing, else L).
- * NULL when the model has no sparse layer, or out of memory (*failed set).
- * *bytes grows by what was allocated. */
-ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, size_t *bytes, bool *failed);
-void moe_free(ct_moe *mo);
+/* n_ws workspaces of per-layer intermediates (1 with checkpointing, else L);
+ * NULL when the model has no sparse layer. Its device buffers come from the
+ * graph's arena: moe_layout takes them (in both of the arena's passes). */
+ct_moe *moe_new(const ct_model *m, int capacity, int n_ws);
+void moe_layout(ct_moe *mo, ct_arena *ar);
+void moe_free(ct_moe *mo);   /* host side only: the arena's owner frees the memory */
 
 /* out (T,H) += the MoE block of sparse layer l on hn (T,H), keeping what
- * backward needs in workspace ws. record_stats: also add this layer's
+ * backward needs in workspace ws. out NULL: only what backward needs (the
+ * checkpointing recompute). record_stats: also add this layer's
  * softmax sums for the load-balancing loss (first forward of a step only;
  * a checkpointing recompute must not count twice). */
 void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, void *out, int T, bool record_stats);

@@ -12,7 +12,7 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
-    {"train",   cmd_train,   "train CONFIG.yaml [--set key=value]... [--print-config]"},
+    {"train",   cmd_train,   "train CONFIG.yaml [--set key=value]... [--print-config] [--dry-run]"},
     {"eval",    cmd_eval,    "eval CONFIG.yaml [--set key=value]... [--adapter DIR] | eval --model DIR [--adapter DIR] --data SHARD..."},
     {"prepare", cmd_prepare, "prepare --in FILE.jsonl --out DIR [--vocab-size V] [--eval-fraction F] [--seed S]"},
     {"init",    cmd_init,    "init --config CONFIG.json --out DIR [--seed S]"},

@@ -15,6 +15,7 @@
 #include "checkpoint.h"
 #include "graph.h"
 #include "interrupt.h"
+#include "memory_plan.h"
 #include "log.h"
 #include "optim.h"
 
@@ -110,8 +111,18 @@ static int run_setup(run *r, const ct_config *cfg, bool need_train, ct_error *er
     rc = lora_init(&r->lora, &r->model, &cfg->lora, (uint64_t)cfg->training.seed, err);
     if (rc) return rc;
     if ((rc = optim_guard_init(&r->guard, r->be, &cfg->training, err))) return rc;
-    r->graph = graph_new(&r->model, capacity_of(cfg), cfg->memory.gradient_checkpointing, err);
+    ct_memory_plan plan;
+    rc = memory_plan_make(&r->model, &r->lora, &cfg->memory, capacity_of(cfg), &plan, err);
+    if (need_train && plan.opt.capacity > 0) memory_plan_print(&plan, stdout);
+    if (rc) return rc;
+    if (r->be->reserve_scratch && !r->be->reserve_scratch(r->be, plan.workspace))
+        return CT_FAIL_RUNTIME(err, "out of %s memory for the %.2f GiB op workspace the memory plan reserves",
+                               r->be->name, (double)plan.workspace / (1 << 30));
+    r->graph = graph_new_with(&r->model, &plan.opt, err);
     if (!r->graph) return err->code;
+    if (plan.opt.offload_layers > 0 && !graph_host_pinned(r->graph))
+        fprintf(stderr, "warning: page-locked host memory for offloaded activations could not be had; using "
+                        "pageable memory (copies are slower and do not overlap compute)\n");
     return need_train && cfg->training.router_aux_loss ? graph_set_router_aux_loss(r->graph, true, err) : CT_OK;
 }
 
@@ -346,6 +357,16 @@ int train_run(const ct_config *cfg, ct_error *err)
         rc = train_loop(&r, err);
         interrupt_restore();
     }
+    run_free(&r);
+    return rc;
+}
+
+int train_dry_run(const ct_config *cfg, ct_error *err)
+{
+    run r = {0};
+    int rc = run_setup(&r, cfg, true, err);
+    if (!rc) printf("dry run: the plan fits; nothing was trained or written\n");
+    r.log.metrics = NULL;
     run_free(&r);
     return rc;
 }

@@ -1,0 +1,201 @@
+/* memory_plan.c — see memory_plan.h. */
+#include "memory_plan.h"
+
+#include <stdint.h>
+#include <string.h>
+
+static size_t round256(size_t b) { return (b + 255) & ~(size_t)255; }
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+/* Mirrors the CUDA ops' cuda_scratch requests, each an upper bound over the
+ * micro-batch (T tokens, at most T documents and T targets); the largest one is
+ * what the scratch must hold, since scratch lives for one op:
+ *   lora.cu       bf16 A and B, u and g (T,R), drop(x) (T,in) with dropout
+ *   loss.cu       per-row losses, a (chunk,V) fp32 + bf16 logits chunk sized by
+ *                 its 256 MiB logits budget, (chunk,H) gathers
+ *   attention     2 (T,nq) fp32 rows in backward + the tile list (24 B/token)
+ *   moe_gemm.cu   as lora.cu over T*K expert rows, plus the tile list */
+size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
+{
+    if (strcmp(m->be->name, "cuda") != 0) return 0;
+    const ct_model_config *c = &m->cfg;
+    size_t T = capacity, H = c->hidden_size, V = c->vocab_size, nq = c->num_attention_heads;
+    size_t need = 0;
+    for (int mod = 0; lo && mod < CT_MOD_COUNT; mod++) {
+        if (!lo->targeted[mod]) continue;
+        int in, out;
+        model_module_shape(c, mod, &in, &out);
+        size_t rows = T;
+        if (c->num_experts > 0 && (mod == CT_MOD_GATE || mod == CT_MOD_UP || mod == CT_MOD_DOWN))
+            rows = T * (size_t)c->num_experts_per_tok; /* expert LoRA runs over routed rows */
+        size_t R = lo->R, b = round256(R * in * 2) + round256(out * R * 2) + 2 * round256(rows * R * 2);
+        if (c->num_experts > 0) b += round256((size_t)c->num_experts * R * ((size_t)in + out) * 2) + round256(rows * 16);
+        if (lo->dropout > 0) b += round256(rows * in * 2);
+        need = max_sz(need, b);
+    }
+    size_t fit = ((size_t)256 << 20) / (V * 4), chunk = fit < 64 ? 64 : fit / 64 * 64;
+    need = max_sz(need, round256(T * 4) + 2 * round256(chunk * H * 2) + round256(chunk * V * 4) +
+                            round256(chunk * V * 2));
+    need = max_sz(need, 2 * round256(T * nq * 4) + round256(24 * T + 64));
+    return need + ((size_t)1 << 20);
+}
+
+static void fill(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const ct_graph_options *opt)
+{
+    p->opt = *opt;
+    graph_measure(m, opt, &p->graph);
+    p->weights = m->weight_bytes;
+    p->lora_optim = lo ? lo->n_params * 4 * sizeof(float) : 0;
+    p->workspace = memory_plan_workspace(m, lo, opt->capacity);
+    size_t graph_dev = p->graph.saved_device + p->graph.staging + p->graph.working + p->graph.batch;
+    p->device_total = p->weights + p->lora_optim + graph_dev + p->workspace;
+    p->fits = (p->available == SIZE_MAX || graph_dev + p->workspace <= p->available) &&
+              (p->host_available == SIZE_MAX || p->graph.host <= p->host_available);
+}
+
+/* The first layout that fits, in the order `mode` prefers; false if none. */
+static bool choose_layout(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const ct_memory_config *mem,
+                          int capacity)
+{
+    int L = m->cfg.num_hidden_layers;
+    ct_graph_options o = {.capacity = capacity, .checkpointing = mem->gradient_checkpointing,
+                          .mlp_chunk = mem->gradient_checkpointing ? CT_MLP_CHUNK_TOKENS : 0};
+    if (!o.checkpointing || mem->activation_offload == CT_TRI_OFF) {
+        fill(p, m, lo, &o);
+        return p->fits;
+    }
+    if (mem->activation_offload == CT_TRI_AUTO) {
+        fill(p, m, lo, &o);
+        if (p->fits) return true;
+        /* the fewest offloaded layers that fit: device memory falls as k grows */
+        o.offload_buffers = 2;
+        int lo_k = 1, hi_k = L;
+        o.offload_layers = L;
+        fill(p, m, lo, &o);
+        if (p->fits) {
+            while (lo_k < hi_k) {
+                o.offload_layers = (lo_k + hi_k) / 2;
+                fill(p, m, lo, &o);
+                if (p->fits) hi_k = o.offload_layers;
+                else lo_k = o.offload_layers + 1;
+            }
+            o.offload_layers = hi_k;
+            fill(p, m, lo, &o);
+            return true;
+        }
+    }
+    o.offload_layers = L;
+    o.offload_buffers = 2;
+    fill(p, m, lo, &o);
+    if (p->fits) return true;
+    o.offload_buffers = 1;
+    fill(p, m, lo, &o);
+    return p->fits;
+}
+
+int memory_plan_choose(const ct_model *m, const ct_lora *lo, const ct_memory_config *mem, int capacity,
+                       size_t available, size_t host_available, ct_memory_plan *plan, ct_error *err)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->backend = m->be->name;
+    plan->available = available;
+    plan->host_available = host_available;
+    if (mem->activation_offload == CT_TRI_ON && !mem->gradient_checkpointing)
+        return CT_FAIL_INPUT(err, "memory.activation_offload: on needs memory.gradient_checkpointing: true "
+                             "(offload moves the saved layer inputs, which exist only with checkpointing)");
+    if (choose_layout(plan, m, lo, mem, capacity)) return CT_OK;
+
+    /* Does not fit: find the largest micro-batch that would, with every saving on. */
+    ct_memory_config best = {.gradient_checkpointing = true, .activation_offload = CT_TRI_AUTO};
+    ct_memory_plan probe = *plan;
+    int good = 0, lo_t = 1, hi_t = capacity - 1;
+    while (lo_t <= hi_t) {
+        int mid = lo_t + (hi_t - lo_t) / 2;
+        if (choose_layout(&probe, m, lo, &best, mid)) good = mid, lo_t = mid + 1;
+        else hi_t = mid - 1;
+    }
+    double gib = 1.0 / (1 << 30);
+    size_t need = plan->device_total - plan->weights - plan->lora_optim;
+    char fix[256];
+    if (good > 0)
+        snprintf(fix, sizeof fix, "lower data.tokens_per_micro_batch to %d or less%s", good,
+                 mem->gradient_checkpointing && mem->activation_offload != CT_TRI_OFF
+                     ? "" : " with memory.gradient_checkpointing: true and memory.activation_offload: auto");
+    else
+        snprintf(fix, sizeof fix, "the weights and LoRA state alone leave too little: use a larger GPU");
+    if (plan->graph.host > host_available && host_available != SIZE_MAX)
+        return CT_FAIL_INPUT(err, "memory plan: %d tokens per micro-batch need %.2f GiB of host memory for "
+                             "offloaded activations, %.2f GiB available; %s",
+                             capacity, plan->graph.host * gib, host_available * gib, fix);
+    return CT_FAIL_INPUT(err, "memory plan: %d tokens per micro-batch need %.2f GiB of %s memory for activations "
+                         "and workspace, %.2f GiB available after weights and LoRA; %s",
+                         capacity, need * gib, plan->backend, available * gib, fix);
+}
+
+/* MemAvailable from /proc/meminfo, or SIZE_MAX when it cannot be read. */
+static size_t host_memory_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return SIZE_MAX;
+    char line[256];
+    size_t kib = 0;
+    bool found = false;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %zu kB", &kib) == 1) {
+            found = true;
+            break;
+        }
+    fclose(f);
+    return found ? kib * 1024 : SIZE_MAX;
+}
+
+int memory_plan_make(const ct_model *m, const ct_lora *lo, const ct_memory_config *mem, int capacity,
+                     ct_memory_plan *plan, ct_error *err)
+{
+    ct_backend *be = m->be;
+    size_t avail = SIZE_MAX;
+    if (be->memory_free) {
+        size_t f = be->memory_free(be);
+        avail = f > CT_PLAN_MARGIN ? f - CT_PLAN_MARGIN : 0;
+    }
+    size_t host = host_memory_available();
+    /* leave the host a quarter of what is free for everything else (data, page cache) */
+    if (host != SIZE_MAX) host -= host / 4;
+    return memory_plan_choose(m, lo, mem, capacity, avail, host, plan, err);
+}
+
+/* "1.23 GiB" or "45.6 MiB": tiny models stay readable. */
+static const char *size_str(char *buf, size_t len, size_t bytes)
+{
+    if (bytes >= ((size_t)1 << 30)) snprintf(buf, len, "%7.2f GiB", (double)bytes / (1 << 30));
+    else snprintf(buf, len, "%7.1f MiB", (double)bytes / (1 << 20));
+    return buf;
+}
+
+void memory_plan_print(const ct_memory_plan *p, FILE *f)
+{
+    const ct_graph_options *o = &p->opt;
+    char b[32], h[32];
+    fprintf(f, "memory plan (%s, %d tokens per micro-batch):\n", p->backend, o->capacity);
+    fprintf(f, "  weights              %s\n", size_str(b, sizeof b, p->weights));
+    fprintf(f, "  LoRA + optimizer     %s  (parameters, gradients, 2 AdamW moments)\n",
+            size_str(b, sizeof b, p->lora_optim));
+    fprintf(f, "  saved layer inputs   %s  %s\n", size_str(b, sizeof b, p->graph.saved_device),
+            o->checkpointing ? "(checkpointing: layer inputs only)" : "(no checkpointing: every intermediate)");
+    if (o->offload_layers > 0)
+        fprintf(f, "  offload staging      %s  (%d buffer%s; inputs of layers 0-%d in host memory: %s)\n",
+                size_str(b, sizeof b, p->graph.staging), o->offload_buffers,
+                o->offload_buffers == 1 ? ", copies not overlapped" : "s", o->offload_layers - 1,
+                size_str(h, sizeof h, p->graph.host));
+    fprintf(f, "  layer working set    %s", size_str(b, sizeof b, p->graph.working));
+    if (o->checkpointing && o->mlp_chunk > 0 && o->mlp_chunk < o->capacity)
+        fprintf(f, "  (MLP in chunks of %d tokens)", o->mlp_chunk);
+    fprintf(f, "\n  op workspace         %s\n", size_str(b, sizeof b, p->workspace));
+    fprintf(f, "  batch metadata       %s\n", size_str(b, sizeof b, p->graph.batch));
+    fprintf(f, "  total on the device  %s", size_str(b, sizeof b, p->device_total));
+    if (p->available != SIZE_MAX)
+        fprintf(f, "  (%s available for activations and workspace: %s)\n", size_str(h, sizeof h, p->available),
+                p->fits ? "fits" : "does NOT fit");
+    else
+        fprintf(f, "\n");
+}

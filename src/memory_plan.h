@@ -1,0 +1,56 @@
+/* memory_plan.h — before step 1: what the run will hold in device (and host)
+ * memory, how it is laid out (checkpointing, which layer inputs are offloaded,
+ * staging buffers, MLP chunking), and whether it fits. A run that does not fit
+ * refuses to start with what to change; it never runs out of memory mid-run.
+ *
+ * The graph's share comes from graph_measure (the same layout code that then
+ * allocates, so it is exact); the ops' scratch is estimated from the shapes
+ * (see memory_plan.c) and reserved up front. */
+#ifndef CT_MEMORY_PLAN_H
+#define CT_MEMORY_PLAN_H
+
+#include <stdio.h>
+
+#include "config.h"
+#include "graph.h"
+
+/* Tokens per dense-MLP chunk with checkpointing: (16384, 2I) intermediates are
+ * 0.9 GiB at llama3.1-8b's I, and the GEMMs stay large enough to run at speed. */
+#define CT_MLP_CHUNK_TOKENS 16384
+/* Device memory the plan leaves unplanned: the CUDA context's own growth,
+ * cuBLAS internals, allocator rounding. */
+#define CT_PLAN_MARGIN ((size_t)1 << 30)
+
+typedef struct ct_memory_plan {
+    const char *backend;
+    ct_graph_options opt;     /* what graph_new_with gets */
+    ct_graph_sizes graph;
+    size_t weights;           /* model weights on the device */
+    size_t lora_optim;        /* LoRA parameters, gradients, AdamW moments */
+    size_t workspace;         /* op scratch (reserved before step 1) */
+    size_t device_total;      /* weights + lora_optim + graph (device) + workspace */
+    size_t available;         /* for graph + workspace: free memory after weights and
+                               * LoRA, less the margin; SIZE_MAX when unknown (CPU) */
+    size_t host_available;    /* host memory for offloaded inputs (SIZE_MAX: unknown) */
+    bool fits;
+} ct_memory_plan;
+
+/* The layout for a run of `capacity` tokens per micro-batch under cfg's memory
+ * settings, given `available` bytes for the graph and workspace and
+ * `host_available` for offloaded inputs (SIZE_MAX: unlimited).
+ * activation_offload: off = none; on = every layer input, two staging buffers
+ * (one if two do not fit); auto = none if that fits, else the fewest layers
+ * (from layer 0) with two buffers, else all with one. CT_ERR_INPUT, naming what
+ * to change, when nothing fits or offload is asked without checkpointing;
+ * *plan is filled either way (plan->fits says which). */
+int memory_plan_choose(const ct_model *m, const ct_lora *lo, const ct_memory_config *mem, int capacity,
+                       size_t available, size_t host_available, ct_memory_plan *plan, ct_error *err);
+/* memory_plan_choose with what the backend and the host have free now. */
+int memory_plan_make(const ct_model *m, const ct_lora *lo, const ct_memory_config *mem, int capacity,
+                     ct_memory_plan *plan, ct_error *err);
+/* The op scratch the CUDA backend needs for these shapes (0 on the CPU, whose
+ * ops allocate per call). */
+size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity);
+void memory_plan_print(const ct_memory_plan *p, FILE *f);
+
+#endif

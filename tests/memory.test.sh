@@ -1,0 +1,50 @@
+# memory.test.sh — the memory plan from the command line: --dry-run, offload
+# on the CPU backend (its copies are immediate, so the losses must equal a run
+# without offload to every printed digit), the pageable-memory fallback and a
+# config that asks for offload without checkpointing. Helpers: tests/lib.sh.
+source "$(dirname "$0")/lib.sh"
+
+MODEL=$(mktemp -d)/tiny
+"$CTUNE" init --config "$ROOT/configs/models/tiny/config.json" --out "$MODEL" --seed 1 >/dev/null
+
+run_tiny() {
+    local out=$1; shift
+    "$CTUNE" train "$ROOT/configs/tiny.yaml" --set model="$MODEL" --set output_dir="$out" --set device=cpu \
+        --set "data.train_files=[$ROOT/data/arith/train.shard]" --set "data.eval_files=[]" \
+        --set data.tokens_per_micro_batch=256 --set data.max_length=256 --set training.logging_steps=1 \
+        --set training.save_total_limit=0 --set training.max_steps=3 --set training.warmup_steps=1 "$@"
+}
+
+dry_run_prints_the_plan_and_writes_nothing() {
+    run_tiny out --dry-run >log 2>&1 || { cat log; false; }
+    grep -q "memory plan (cpu, 256 tokens per micro-batch)" log
+    grep -q "saved layer inputs" log && grep -q "layer working set" log && grep -q "total on the device" log
+    grep -q "dry run: the plan fits" log
+    [ ! -e out ]
+}
+
+offload_on_trains_to_the_same_losses() {
+    run_tiny plain --set memory.activation_offload=off >log1 2>&1 || { cat log1; false; }
+    run_tiny off --set memory.activation_offload=on >log2 2>&1 || { cat log2; false; }
+    grep -q "offload staging" log2 && grep -q "inputs of layers 0-3 in host memory" log2
+    diff <(sed 's/"tokens_per_second.*//' plain/metrics.jsonl) <(sed 's/"tokens_per_second.*//' off/metrics.jsonl)
+}
+
+pageable_fallback_warns_and_trains() {
+    CTUNE_INJECT_PIN_FAIL=1 run_tiny out --set memory.activation_offload=on >log 2>&1 || { cat log; false; }
+    grep -q "warning: page-locked host memory for offloaded activations could not be had" log
+    [ -f out/final/adapter_model.safetensors ]
+}
+
+offload_without_checkpointing_is_a_config_error() {
+    expect_exit 2 run_tiny out --set memory.activation_offload=on --set memory.gradient_checkpointing=false
+    grep -q "tiny.yaml: memory.activation_offload: on needs memory.gradient_checkpointing: true" err.txt
+    [ "$(wc -l < err.txt)" -eq 1 ]
+}
+
+run_test dry_run_prints_the_plan_and_writes_nothing
+run_test offload_on_trains_to_the_same_losses
+run_test pageable_fallback_warns_and_trains
+run_test offload_without_checkpointing_is_a_config_error
+rm -rf "$(dirname "$MODEL")"
+summary

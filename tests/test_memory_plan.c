@@ -1,0 +1,159 @@
+/* test_memory_plan.c — the memory plan's choices (memory_plan_choose) for a
+ * given amount of free memory: no offload when everything fits, the fewest
+ * offloaded layers when not, one staging buffer as the last resort, and a
+ * refusal that names a micro-batch size which does fit. Sizes come from
+ * graph_measure, so the plan is checked against the layout that allocates. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "memory_plan.h"
+#include "model_fixture.h"
+
+static const char *const llama6_json =
+    "{\"model_type\": \"llama\", \"vocab_size\": 64, \"hidden_size\": 64, \"intermediate_size\": 96,"
+    " \"num_hidden_layers\": 6, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-5,"
+    " \"rope_theta\": 10000.0, \"max_position_embeddings\": 4096, \"tie_word_embeddings\": false,"
+    " \"hidden_act\": \"silu\"}";
+
+static char dir[64];
+static ct_backend *be;
+static ct_model model;
+
+enum { T = 1024 };
+
+/* Device bytes a plan needs for activations and workspace. */
+static size_t graph_need(const ct_memory_plan *p)
+{
+    return p->graph.saved_device + p->graph.staging + p->graph.working + p->graph.batch + p->workspace;
+}
+
+static ct_memory_config mem(bool ckpt, ct_tristate off)
+{
+    return (ct_memory_config){.gradient_checkpointing = ckpt, .activation_offload = off};
+}
+
+TEST(everything_fits_no_offload)
+{
+    ct_memory_config m = mem(true, CT_TRI_AUTO);
+    ct_memory_plan p;
+    ct_error err = {0};
+    CHECK(memory_plan_choose(&model, NULL, &m, T, SIZE_MAX, SIZE_MAX, &p, &err) == CT_OK, "%s", err.msg);
+    CHECK(p.fits && p.opt.offload_layers == 0 && p.opt.checkpointing, "offload %d", p.opt.offload_layers);
+    CHECK(p.graph.host == 0 && p.graph.staging == 0, "host %zu staging %zu", p.graph.host, p.graph.staging);
+}
+
+TEST(auto_offloads_the_fewest_layers_that_fit)
+{
+    ct_memory_config m = mem(true, CT_TRI_AUTO);
+    ct_memory_plan none, p;
+    ct_error err = {0};
+    REQUIRE(memory_plan_choose(&model, NULL, &m, T, SIZE_MAX, SIZE_MAX, &none, &err) == CT_OK, "%s", err.msg);
+    size_t layer = (size_t)T * model.cfg.hidden_size * be->act_bytes;
+    /* 2 layers short: two staging buffers cost two layers, so 4 must go to the host */
+    size_t avail = graph_need(&none) - 2 * layer;
+    REQUIRE(memory_plan_choose(&model, NULL, &m, T, avail, SIZE_MAX, &p, &err) == CT_OK, "%s", err.msg);
+    CHECK(p.fits && p.opt.offload_layers == 4 && p.opt.offload_buffers == 2, "k=%d buffers=%d",
+          p.opt.offload_layers, p.opt.offload_buffers);
+    CHECK(graph_need(&p) <= avail, "chosen plan needs %zu > %zu", graph_need(&p), avail);
+    CHECK(p.graph.host == 4 * layer, "host %zu", p.graph.host);
+}
+
+TEST(one_staging_buffer_when_two_do_not_fit)
+{
+    ct_memory_config m = mem(true, CT_TRI_AUTO);
+    ct_memory_plan all2, p;
+    ct_error err = {0};
+    ct_memory_config on = mem(true, CT_TRI_ON);
+    REQUIRE(memory_plan_choose(&model, NULL, &on, T, SIZE_MAX, SIZE_MAX, &all2, &err) == CT_OK, "%s", err.msg);
+    REQUIRE(all2.opt.offload_layers == model.cfg.num_hidden_layers && all2.opt.offload_buffers == 2, "on: k=%d",
+            all2.opt.offload_layers);
+    size_t avail = graph_need(&all2) - 1; /* one byte short of two buffers */
+    REQUIRE(memory_plan_choose(&model, NULL, &m, T, avail, SIZE_MAX, &p, &err) == CT_OK, "%s", err.msg);
+    CHECK(p.opt.offload_buffers == 1 && p.opt.offload_layers == model.cfg.num_hidden_layers, "k=%d buffers=%d",
+          p.opt.offload_layers, p.opt.offload_buffers);
+    CHECK(graph_need(&p) <= avail, "needs %zu > %zu", graph_need(&p), avail);
+}
+
+TEST(refusal_names_a_micro_batch_that_fits)
+{
+    ct_memory_config m = mem(true, CT_TRI_OFF);
+    ct_memory_plan p;
+    ct_error err = {0};
+    REQUIRE(memory_plan_choose(&model, NULL, &m, T, SIZE_MAX, SIZE_MAX, &p, &err) == CT_OK, "%s", err.msg);
+    size_t avail = graph_need(&p) / 3;
+    int rc = memory_plan_choose(&model, NULL, &m, T, avail, SIZE_MAX, &p, &err);
+    REQUIRE(rc == CT_ERR_INPUT && !p.fits, "rc %d", rc);
+    const char *s = strstr(err.msg, "tokens_per_micro_batch to ");
+    REQUIRE(s, "message names no size: %s", err.msg);
+    int good = atoi(s + strlen("tokens_per_micro_batch to "));
+    CHECK(good > 0 && good < T, "suggested %d", good);
+    CHECK(strstr(err.msg, "activation_offload: auto") != NULL, "offload not suggested: %s", err.msg);
+    ct_memory_config best = mem(true, CT_TRI_AUTO);
+    ct_memory_plan q;
+    CHECK(memory_plan_choose(&model, NULL, &best, good, avail, SIZE_MAX, &q, &err) == CT_OK, "%d does not fit",
+          good);
+    CHECK(memory_plan_choose(&model, NULL, &best, good + 1, avail, SIZE_MAX, &q, &err) == CT_ERR_INPUT,
+          "%d fits too: the suggestion is not the largest", good + 1);
+}
+
+TEST(offload_needs_host_memory)
+{
+    ct_memory_config m = mem(true, CT_TRI_ON);
+    ct_memory_plan p;
+    ct_error err = {0};
+    int rc = memory_plan_choose(&model, NULL, &m, T, SIZE_MAX, 1000, &p, &err);
+    CHECK(rc == CT_ERR_INPUT && strstr(err.msg, "host memory"), "rc %d: %s", rc, err.msg);
+}
+
+TEST(no_checkpointing_keeps_every_layer)
+{
+    ct_memory_config off = mem(false, CT_TRI_AUTO), on = mem(true, CT_TRI_AUTO);
+    ct_memory_plan a, b;
+    ct_error err = {0};
+    REQUIRE(memory_plan_choose(&model, NULL, &off, T, SIZE_MAX, SIZE_MAX, &a, &err) == CT_OK, "%s", err.msg);
+    REQUIRE(memory_plan_choose(&model, NULL, &on, T, SIZE_MAX, SIZE_MAX, &b, &err) == CT_OK, "%s", err.msg);
+    CHECK(!a.opt.checkpointing && a.opt.offload_layers == 0, "offload without checkpointing");
+    CHECK(a.graph.working > 3 * b.graph.working, "working set %zu vs %zu with checkpointing", a.graph.working,
+          b.graph.working);
+    ct_memory_config bad = mem(false, CT_TRI_ON);
+    CHECK(memory_plan_choose(&model, NULL, &bad, T, SIZE_MAX, SIZE_MAX, &a, &err) == CT_ERR_INPUT,
+          "offload on without checkpointing accepted");
+}
+
+TEST(mlp_chunking_bounds_the_working_set)
+{
+    /* the long-context mode: the MLP intermediates are per chunk, not per token */
+    ct_graph_options whole = {.capacity = 4096, .checkpointing = true};
+    ct_graph_options chunked = {.capacity = 4096, .checkpointing = true, .mlp_chunk = 512};
+    ct_graph_sizes a, b;
+    graph_measure(&model, &whole, &a);
+    graph_measure(&model, &chunked, &b);
+    size_t I = model.cfg.intermediate_size, A = be->act_bytes;
+    size_t saved = (size_t)(4096 - 512) * I * A * 6; /* gu, act, dgu, dact: 2I + I + 2I + I per token */
+    CHECK(a.working - b.working == saved, "saved %zu, expected %zu", a.working - b.working, saved);
+}
+
+int main(void)
+{
+    (void)fixture_batch;
+    snprintf(dir, sizeof dir, "/tmp/ctune_plan_XXXXXX");
+    if (!mkdtemp(dir) || fixture_write_model(dir, llama6_json, 3)) return 1;
+    be = backend_cpu_new();
+    ct_error err = {0};
+    if (model_load(&model, be, dir, &err)) return printf("model_load: %s\n", err.msg), 1;
+    RUN(everything_fits_no_offload);
+    RUN(auto_offloads_the_fewest_layers_that_fit);
+    RUN(one_staging_buffer_when_two_do_not_fit);
+    RUN(refusal_names_a_micro_batch_that_fits);
+    RUN(offload_needs_host_memory);
+    RUN(no_checkpointing_keeps_every_layer);
+    RUN(mlp_chunking_bounds_the_working_set);
+    model_free(&model);
+    be->destroy(be);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {}
+    return check_summary();
+}

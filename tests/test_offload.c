@@ -1,0 +1,200 @@
+/* test_offload.c — activation offload and MLP chunking on the CPU reference
+ * backend, whose offload copies happen at once: any mistake in the schedule
+ * (a layer reading the wrong staging buffer, a missing store or load, a
+ * recompute overwriting an input) changes the loss or the gradients, so
+ * every layout must match no checkpointing bit for bit.
+ *
+ * The GPU side (copies on a second stream, ordered by events) is checked by
+ * test_backend_cuda's offload tests and the training-step comparison in
+ * scripts/gpu_check.sh. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "graph.h"
+#include "model_fixture.h"
+
+/* 4 layers, so that offloading 1, 2, 3 or all of them are different schedules. */
+static const char *const llama4_json =
+    "{\"model_type\": \"llama\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 48,"
+    " \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-5,"
+    " \"rope_theta\": 10000.0, \"max_position_embeddings\": 256, \"tie_word_embeddings\": false,"
+    " \"hidden_act\": \"silu\"}";
+
+/* qwen3_moe, 3 layers (layer 1 dense): the sparse recompute path too. */
+static const char *const moe3_json =
+    "{\"model_type\": \"qwen3_moe\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 40,"
+    " \"moe_intermediate_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
+    " \"norm_topk_prob\": false, \"decoder_sparse_step\": 1, \"mlp_only_layers\": [1],"
+    " \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0, \"max_position_embeddings\": 256,"
+    " \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}";
+
+typedef struct fixture {
+    char dir[256];
+    ct_backend *be;
+    ct_model model;
+    ct_lora lora;
+} fixture;
+
+static int fixture_open(fixture *f, const char *json, double dropout)
+{
+    snprintf(f->dir, sizeof f->dir, "/tmp/ctune_offload_XXXXXX");
+    if (!mkdtemp(f->dir) || fixture_write_model(f->dir, json, 7)) return -1;
+    ct_error err = {0};
+    f->be = backend_cpu_new();
+    if (model_load(&f->model, f->be, f->dir, &err)) return printf("model_load: %s\n", err.msg), -1;
+    ct_lora_config lc = {.r = 4, .lora_alpha = 8, .lora_dropout = dropout, .n_target_modules = 7};
+    const char *names[7] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    for (int i = 0; i < 7; i++) strcpy(lc.target_modules[i], names[i]);
+    strcpy(lc.init_lora_weights, "gaussian"); /* B != 0: every gradient is non-trivial */
+    if (lora_init(&f->lora, &f->model, &lc, 3, &err)) return printf("lora_init: %s\n", err.msg), -1;
+    size_t n = f->lora.n_params;
+    float *p = ct_malloc(n * sizeof(float));
+    ct_rng r;
+    ct_rng_seed(&r, 5);
+    for (size_t i = 0; i < n; i++) p[i] = 0.1f * ct_rng_normal(&r);
+    f->be->upload(f->be, f->lora.params, p, n * sizeof(float));
+    free(p);
+    return 0;
+}
+
+static void fixture_close(fixture *f)
+{
+    lora_free(&f->lora, f->be);
+    model_free(&f->model);
+    f->be->destroy(f->be);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
+    if (system(cmd)) {}
+}
+
+/* Two micro-batches of different lengths (the second shorter: stale rows in the
+ * staging buffers must not matter). */
+static void batches(ct_batch b[2])
+{
+    static int32_t d0[40], d1[17], d2[1], d3[23];
+    for (int i = 0; i < 40; i++) d0[i] = (i * 7 + 3) % 64;
+    for (int i = 0; i < 17; i++) d1[i] = (i * 11 + 5) % 64;
+    d2[0] = 9;
+    for (int i = 0; i < 23; i++) d3[i] = (i * 13 + 1) % 64;
+    const int32_t *docs0[] = {d0, d1, d2}, *docs1[] = {d3};
+    int lens0[] = {40, 17, 1}, lens1[] = {23};
+    batch_alloc(&b[0], 64);
+    batch_alloc(&b[1], 64);
+    fixture_batch(&b[0], docs0, lens0, 3);
+    fixture_batch(&b[1], docs1, lens1, 1);
+}
+
+typedef struct result {
+    float loss, eval_loss;
+    float *grads;
+} result;
+
+/* One optimizer step over both micro-batches, then an eval of the first. */
+static int run_graph(fixture *f, const ct_graph_options *opt, result *out)
+{
+    ct_error err = {0};
+    ct_graph *g = graph_new_with(&f->model, opt, &err);
+    if (!g) return printf("graph_new_with: %s\n", err.msg), -1;
+    ct_backend *be = f->be;
+    ct_batch b[2];
+    batches(b);
+    int targets = b[0].n_targets + b[1].n_targets;
+    be->zero(be, f->lora.grads, f->lora.n_params * sizeof(float));
+    be->zero(be, graph_loss_sum(g), sizeof(float));
+    for (int i = 0; i < 2; i++) {
+        graph_set_batch(g, &b[i]);
+        graph_train_step(g, &f->lora, 1.0f / targets, 77 + i);
+    }
+    be->download(be, &out->loss, graph_loss_sum(g), sizeof(float));
+    out->grads = ct_malloc(f->lora.n_params * sizeof(float));
+    be->download(be, out->grads, f->lora.grads, f->lora.n_params * sizeof(float));
+    be->zero(be, graph_loss_sum(g), sizeof(float));
+    graph_set_batch(g, &b[0]);
+    graph_eval(g, &f->lora);
+    be->download(be, &out->eval_loss, graph_loss_sum(g), sizeof(float));
+    batch_free(&b[0]);
+    batch_free(&b[1]);
+    graph_free(g);
+    return 0;
+}
+
+static void check_layouts_match(const char *json, double dropout)
+{
+    fixture f;
+    REQUIRE(fixture_open(&f, json, dropout) == 0, "fixture");
+    int L = f.model.cfg.num_hidden_layers;
+    ct_graph_options ref_opt = {.capacity = 64, .checkpointing = false};
+    result ref;
+    REQUIRE(run_graph(&f, &ref_opt, &ref) == 0, "reference run");
+    REQUIRE(isfinite(ref.loss) && ref.loss > 0, "reference loss %g", ref.loss);
+    double gsum = 0;
+    for (size_t i = 0; i < f.lora.n_params; i++) gsum += fabs(ref.grads[i]);
+    REQUIRE(gsum > 0, "reference gradients are all zero");
+    for (int k = 0; k <= L; k++)
+        for (int nb = 1; nb <= 2; nb++) {
+            ct_graph_options o = {.capacity = 64, .checkpointing = true, .offload_layers = k, .offload_buffers = nb};
+            result r;
+            REQUIRE(run_graph(&f, &o, &r) == 0, "run k=%d buffers=%d", k, nb);
+            CHECK(r.loss == ref.loss, "k=%d buffers=%d: loss %.9g != %.9g", k, nb, r.loss, ref.loss);
+            CHECK(r.eval_loss == ref.eval_loss, "k=%d buffers=%d: eval loss %.9g != %.9g", k, nb, r.eval_loss,
+                  ref.eval_loss);
+            CHECK(memcmp(r.grads, ref.grads, f.lora.n_params * sizeof(float)) == 0,
+                  "k=%d buffers=%d: gradients differ (l2 rel %.3g)", k, nb,
+                  check_l2_rel_err(r.grads, ref.grads, f.lora.n_params));
+            free(r.grads);
+        }
+    free(ref.grads);
+    fixture_close(&f);
+}
+
+TEST(offload_layouts_match_no_checkpointing_bit_for_bit)
+{
+    check_layouts_match(llama4_json, 0.0);
+}
+
+TEST(offload_layouts_match_with_dropout)
+{
+    check_layouts_match(llama4_json, 0.1);
+}
+
+TEST(offload_layouts_match_for_a_moe_model)
+{
+    check_layouts_match(moe3_json, 0.0);
+}
+
+/* Chunks sum the LoRA weight gradients in another order: equal to rounding. */
+TEST(mlp_chunks_match_the_whole_micro_batch)
+{
+    fixture f;
+    REQUIRE(fixture_open(&f, llama4_json, 0.0) == 0, "fixture");
+    ct_graph_options whole = {.capacity = 64, .checkpointing = true};
+    result a;
+    REQUIRE(run_graph(&f, &whole, &a) == 0, "whole");
+    int chunks[] = {1, 7, 16, 39};
+    for (int i = 0; i < 4; i++) {
+        ct_graph_options o = {.capacity = 64, .checkpointing = true, .mlp_chunk = chunks[i], .offload_layers = 2,
+                              .offload_buffers = 2};
+        result r;
+        REQUIRE(run_graph(&f, &o, &r) == 0, "chunk %d", chunks[i]);
+        double el = check_rel_err(r.loss, a.loss, fabs(a.loss)), ee = check_rel_err(r.eval_loss, a.eval_loss,
+                                                                                   fabs(a.eval_loss));
+        double eg = check_l2_rel_err(r.grads, a.grads, f.lora.n_params);
+        CHECK(el <= 1e-6 && ee <= 1e-6, "chunk %d: loss rel err %.3g, eval %.3g", chunks[i], el, ee);
+        CHECK(eg <= 1e-5, "chunk %d: gradient l2 rel err %.3g", chunks[i], eg);
+        free(r.grads);
+    }
+    free(a.grads);
+    fixture_close(&f);
+}
+
+int main(void)
+{
+    RUN(offload_layouts_match_no_checkpointing_bit_for_bit);
+    RUN(offload_layouts_match_with_dropout);
+    RUN(offload_layouts_match_for_a_moe_model);
+    RUN(mlp_chunks_match_the_whole_micro_batch);
+    return check_summary();
+}

@@ -112,6 +112,7 @@ static const key_spec keys[] = {
     BOOLK("training.router_aux_loss", training.router_aux_loss),
     BOOLK("memory.gradient_checkpointing", memory.gradient_checkpointing),
     ENUMK("memory.activation_offload", memory.activation_offload, tri_names, "auto, on or off"),
+    INTK("memory.offload_buffers", memory.offload_buffers, 1, 2, 0, "1 or 2"),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 
@@ -168,6 +169,7 @@ void config_defaults(ct_config *cfg)
     t->resume_mode = CT_RESUME_AUTO;
     cfg->memory.gradient_checkpointing = true;
     cfg->memory.activation_offload = CT_TRI_AUTO;
+    cfg->memory.offload_buffers = 2;
 }
 
 double config_lora_scaling(const ct_lora_config *lora)

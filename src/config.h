@@ -69,6 +69,7 @@ typedef struct ct_training_config {
 typedef struct ct_memory_config {
     bool gradient_checkpointing;
     ct_tristate activation_offload;
+    int offload_buffers;       /* device staging buffers for offloaded inputs: 2 overlaps copies (default), 1 saves one */
 } ct_memory_config;
 
 typedef struct ct_config {

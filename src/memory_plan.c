@@ -57,7 +57,7 @@ static void fill(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const 
 static bool choose_layout(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const ct_memory_config *mem,
                           int capacity)
 {
-    int L = m->cfg.num_hidden_layers;
+    int L = m->cfg.num_hidden_layers, max_buffers = mem->offload_buffers == 1 ? 1 : 2;
     ct_graph_options o = {.capacity = capacity, .checkpointing = mem->gradient_checkpointing,
                           .mlp_chunk = mem->gradient_checkpointing ? CT_MLP_CHUNK_TOKENS : 0};
     if (!o.checkpointing || mem->activation_offload == CT_TRI_OFF) {
@@ -68,7 +68,7 @@ static bool choose_layout(ct_memory_plan *p, const ct_model *m, const ct_lora *l
         fill(p, m, lo, &o);
         if (p->fits) return true;
         /* the fewest offloaded layers that fit: device memory falls as k grows */
-        o.offload_buffers = 2;
+        o.offload_buffers = max_buffers;
         int lo_k = 1, hi_k = L;
         o.offload_layers = L;
         fill(p, m, lo, &o);
@@ -85,9 +85,9 @@ static bool choose_layout(ct_memory_plan *p, const ct_model *m, const ct_lora *l
         }
     }
     o.offload_layers = L;
-    o.offload_buffers = 2;
+    o.offload_buffers = max_buffers;
     fill(p, m, lo, &o);
-    if (p->fits) return true;
+    if (p->fits || max_buffers == 1) return p->fits;
     o.offload_buffers = 1;
     fill(p, m, lo, &o);
     return p->fits;

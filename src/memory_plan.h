@@ -40,7 +40,8 @@ typedef struct ct_memory_plan {
  * `host_available` for offloaded inputs (SIZE_MAX: unlimited).
  * activation_offload: off = none; on = every layer input, two staging buffers
  * (one if two do not fit); auto = none if that fits, else the fewest layers
- * (from layer 0) with two buffers, else all with one. CT_ERR_INPUT, naming what
+ * (from layer 0) with two buffers, else all with one. offload_buffers 1 caps
+ * the staging buffers at one. CT_ERR_INPUT, naming what
  * to change, when nothing fits or offload is asked without checkpointing;
  * *plan is filled either way (plan->fits says which). */
 int memory_plan_choose(const ct_model *m, const ct_lora *lo, const ct_memory_config *mem, int capacity,

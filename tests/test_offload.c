@@ -4,9 +4,10 @@
  * recompute overwriting an input) changes the loss or the gradients, so
  * every layout must match no checkpointing bit for bit.
  *
- * The GPU side (copies on a second stream, ordered by events) is checked by
- * test_backend_cuda's offload tests and the training-step comparison in
- * scripts/gpu_check.sh. */
+ * On the GPU the same comparison runs with copies on a second stream ordered
+ * by events, on a model large enough (2048 tokens per micro-batch) that copies
+ * and compute overlap: a missing wait shows up as a different bit. Its kernels
+ * are deterministic (no atomics), so bit-identical is the right bar there too. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,19 +32,30 @@ static const char *const moe3_json =
     " \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0, \"max_position_embeddings\": 256,"
     " \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}";
 
+/* A wider llama for the GPU: head_dim 64, 2048-token micro-batches. */
+static const char *const llama4_wide_json =
+    "{\"model_type\": \"llama\", \"vocab_size\": 512, \"hidden_size\": 256, \"intermediate_size\": 512,"
+    " \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-5,"
+    " \"rope_theta\": 10000.0, \"max_position_embeddings\": 4096, \"tie_word_embeddings\": false,"
+    " \"hidden_act\": \"silu\"}";
+
+static ct_backend *gpu; /* NULL without a GPU */
+
 typedef struct fixture {
     char dir[256];
     ct_backend *be;
     ct_model model;
     ct_lora lora;
+    int capacity;
 } fixture;
 
-static int fixture_open(fixture *f, const char *json, double dropout)
+static int fixture_open(fixture *f, ct_backend *be, const char *json, double dropout, int capacity)
 {
     snprintf(f->dir, sizeof f->dir, "/tmp/ctune_offload_XXXXXX");
     if (!mkdtemp(f->dir) || fixture_write_model(f->dir, json, 7)) return -1;
     ct_error err = {0};
-    f->be = backend_cpu_new();
+    f->be = be ? be : backend_cpu_new();
+    f->capacity = capacity;
     if (model_load(&f->model, f->be, f->dir, &err)) return printf("model_load: %s\n", err.msg), -1;
     ct_lora_config lc = {.r = 4, .lora_alpha = 8, .lora_dropout = dropout, .n_target_modules = 7};
     const char *names[7] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
@@ -64,27 +76,29 @@ static void fixture_close(fixture *f)
 {
     lora_free(&f->lora, f->be);
     model_free(&f->model);
-    f->be->destroy(f->be);
+    if (f->be != gpu) f->be->destroy(f->be);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
     if (system(cmd)) {}
 }
 
 /* Two micro-batches of different lengths (the second shorter: stale rows in the
- * staging buffers must not matter). */
-static void batches(ct_batch b[2])
+ * staging buffers must not matter), scaled to the capacity (64 on the CPU). */
+static void batches(ct_batch b[2], int capacity, int vocab)
 {
-    static int32_t d0[40], d1[17], d2[1], d3[23];
-    for (int i = 0; i < 40; i++) d0[i] = (i * 7 + 3) % 64;
-    for (int i = 0; i < 17; i++) d1[i] = (i * 11 + 5) % 64;
-    d2[0] = 9;
-    for (int i = 0; i < 23; i++) d3[i] = (i * 13 + 1) % 64;
-    const int32_t *docs0[] = {d0, d1, d2}, *docs1[] = {d3};
-    int lens0[] = {40, 17, 1}, lens1[] = {23};
-    batch_alloc(&b[0], 64);
-    batch_alloc(&b[1], 64);
-    fixture_batch(&b[0], docs0, lens0, 3);
-    fixture_batch(&b[1], docs1, lens1, 1);
+    int k = capacity / 64;
+    int lens0[] = {40 * k, 17 * k, 1 + 6 * k - 6, 1}, lens1[] = {23 * k};
+    int32_t *docs[5];
+    int lens[] = {lens0[0], lens0[1], lens0[2], lens0[3], lens1[0]};
+    for (int d = 0; d < 5; d++) {
+        docs[d] = ct_malloc((size_t)lens[d] * sizeof(int32_t));
+        for (int i = 0; i < lens[d]; i++) docs[d][i] = (int32_t)((i * (7 + 2 * d) + 3 * d + 1) % vocab);
+    }
+    batch_alloc(&b[0], capacity);
+    batch_alloc(&b[1], capacity);
+    fixture_batch(&b[0], (const int32_t *const *)docs, lens0, 4);
+    fixture_batch(&b[1], (const int32_t *const *)docs + 4, lens1, 1);
+    for (int d = 0; d < 5; d++) free(docs[d]);
 }
 
 typedef struct result {
@@ -100,7 +114,7 @@ static int run_graph(fixture *f, const ct_graph_options *opt, result *out)
     if (!g) return printf("graph_new_with: %s\n", err.msg), -1;
     ct_backend *be = f->be;
     ct_batch b[2];
-    batches(b);
+    batches(b, f->capacity, f->model.cfg.vocab_size);
     int targets = b[0].n_targets + b[1].n_targets;
     be->zero(be, f->lora.grads, f->lora.n_params * sizeof(float));
     be->zero(be, graph_loss_sum(g), sizeof(float));
@@ -121,12 +135,12 @@ static int run_graph(fixture *f, const ct_graph_options *opt, result *out)
     return 0;
 }
 
-static void check_layouts_match(const char *json, double dropout)
+static void check_layouts_match(ct_backend *be, const char *json, double dropout, int capacity)
 {
     fixture f;
-    REQUIRE(fixture_open(&f, json, dropout) == 0, "fixture");
+    REQUIRE(fixture_open(&f, be, json, dropout, capacity) == 0, "fixture");
     int L = f.model.cfg.num_hidden_layers;
-    ct_graph_options ref_opt = {.capacity = 64, .checkpointing = false};
+    ct_graph_options ref_opt = {.capacity = capacity, .checkpointing = false};
     result ref;
     REQUIRE(run_graph(&f, &ref_opt, &ref) == 0, "reference run");
     REQUIRE(isfinite(ref.loss) && ref.loss > 0, "reference loss %g", ref.loss);
@@ -135,7 +149,8 @@ static void check_layouts_match(const char *json, double dropout)
     REQUIRE(gsum > 0, "reference gradients are all zero");
     for (int k = 0; k <= L; k++)
         for (int nb = 1; nb <= 2; nb++) {
-            ct_graph_options o = {.capacity = 64, .checkpointing = true, .offload_layers = k, .offload_buffers = nb};
+            ct_graph_options o = {.capacity = capacity, .checkpointing = true, .offload_layers = k,
+                                  .offload_buffers = nb};
             result r;
             REQUIRE(run_graph(&f, &o, &r) == 0, "run k=%d buffers=%d", k, nb);
             CHECK(r.loss == ref.loss, "k=%d buffers=%d: loss %.9g != %.9g", k, nb, r.loss, ref.loss);
@@ -152,24 +167,36 @@ static void check_layouts_match(const char *json, double dropout)
 
 TEST(offload_layouts_match_no_checkpointing_bit_for_bit)
 {
-    check_layouts_match(llama4_json, 0.0);
+    check_layouts_match(NULL, llama4_json, 0.0, 64);
 }
 
 TEST(offload_layouts_match_with_dropout)
 {
-    check_layouts_match(llama4_json, 0.1);
+    check_layouts_match(NULL, llama4_json, 0.1, 64);
 }
 
 TEST(offload_layouts_match_for_a_moe_model)
 {
-    check_layouts_match(moe3_json, 0.0);
+    check_layouts_match(NULL, moe3_json, 0.0, 64);
+}
+
+TEST(gpu_offload_layouts_match_no_checkpointing_bit_for_bit)
+{
+    if (!gpu) SKIP("skipped: no GPU");
+    check_layouts_match(gpu, llama4_wide_json, 0.0, 2048);
+}
+
+TEST(gpu_offload_layouts_match_with_dropout)
+{
+    if (!gpu) SKIP("skipped: no GPU");
+    check_layouts_match(gpu, llama4_wide_json, 0.1, 2048);
 }
 
 /* Chunks sum the LoRA weight gradients in another order: equal to rounding. */
 TEST(mlp_chunks_match_the_whole_micro_batch)
 {
     fixture f;
-    REQUIRE(fixture_open(&f, llama4_json, 0.0) == 0, "fixture");
+    REQUIRE(fixture_open(&f, NULL, llama4_json, 0.0, 64) == 0, "fixture");
     ct_graph_options whole = {.capacity = 64, .checkpointing = true};
     result a;
     REQUIRE(run_graph(&f, &whole, &a) == 0, "whole");
@@ -192,9 +219,14 @@ TEST(mlp_chunks_match_the_whole_micro_batch)
 
 int main(void)
 {
+    ct_error err = {0};
+    gpu = backend_cuda_new(&err);
     RUN(offload_layouts_match_no_checkpointing_bit_for_bit);
     RUN(offload_layouts_match_with_dropout);
     RUN(offload_layouts_match_for_a_moe_model);
     RUN(mlp_chunks_match_the_whole_micro_batch);
+    RUN(gpu_offload_layouts_match_no_checkpointing_bit_for_bit);
+    RUN(gpu_offload_layouts_match_with_dropout);
+    if (gpu) gpu->destroy(gpu);
     return check_summary();
 }

@@ -7,7 +7,8 @@
  * window > 0); query head h reads kv head h / (nq / nkv). sinks (nq) fp32 or
  * NULL add one value-less logit per head to the softmax denominator.
  *
- * One block of 128 threads per (query, head), three passes:
+ * One block of 128 threads per (query, head), on a 1-D grid (block i*nq + h:
+ * gridDim.y would cap the queries of one call at 65535), three passes:
  *   1. threads take keys round-robin, s_j = scale * q . k_j (q staged in shared
  *      memory as fp32), written to a scratch row; block max;
  *   2. e_j = exp(s_j - max) written back; block sum (+ the sink);
@@ -41,14 +42,14 @@ __device__ __forceinline__ float block_reduce(float v, float *red, bool is_max)
 }
 
 __global__ void attention_decode_kernel(bf16 *out, int ldo, const bf16 *q, int ldq, const bf16 *k, int ldk,
-                                        const bf16 *v, int ldv, float *logits, int n_past, int nq, int nkv,
-                                        int D, float scale, int window, const float *sinks)
+                                        const bf16 *v, int ldv, float *logits, int Tq, int n_past, int nq,
+                                        int nkv, int D, float scale, int window, const float *sinks)
 {
     extern __shared__ float qs[]; /* (D) */
     __shared__ float red[DECODE_THREADS / 32];
-    const int h = blockIdx.x, i = blockIdx.y, g = h / (nq / nkv);
+    const int h = blockIdx.x % nq, i = blockIdx.x / nq, g = h / (nq / nkv);
     const int p = n_past + i, lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-    const int n_keys = n_past + gridDim.y;
+    const int n_keys = n_past + Tq;
     float *s = logits + ((size_t)i * nq + h) * n_keys;
     for (int d = threadIdx.x; d < D; d += DECODE_THREADS)
         qs[d] = __bfloat162float(q[(size_t)i * ldq + (size_t)h * D + d]);
@@ -88,14 +89,14 @@ void cuda_attention_decode(ct_backend *be, void *out, int ldo, const void *q, in
 {
     CT_ASSERT(nkv > 0 && nq % nkv == 0, "attention_decode: nq %d is not a multiple of nkv %d", nq, nkv);
     CT_ASSERT(Tq >= 0 && n_past >= 0 && D > 0, "attention_decode: Tq %d, n_past %d, D %d", Tq, n_past, D);
-    CT_ASSERT(Tq <= 65535, "attention_decode: %d queries at once (feed at most 65535)", Tq);
+    CT_ASSERT((size_t)Tq * nq <= 0x7fffffffu && (size_t)n_past + Tq <= 0x7fffffffu,
+              "attention_decode: %d queries x %d heads after %d positions is too large", Tq, nq, n_past);
     if (Tq == 0) return;
     cuda_ctx *c = ctx_of(be);
     size_t n_keys = (size_t)n_past + Tq;
     float *logits = (float *)cuda_scratch(c, (size_t)Tq * nq * n_keys * sizeof(float));
-    dim3 grid(nq, Tq);
-    attention_decode_kernel<<<grid, DECODE_THREADS, D * sizeof(float), c->stream>>>(
-        (bf16 *)out, ldo, (const bf16 *)q, ldq, (const bf16 *)k, ldk, (const bf16 *)v, ldv, logits, n_past, nq,
-        nkv, D, scale, window, sinks);
+    attention_decode_kernel<<<(unsigned)((size_t)Tq * nq), DECODE_THREADS, D * sizeof(float), c->stream>>>(
+        (bf16 *)out, ldo, (const bf16 *)q, ldq, (const bf16 *)k, ldk, (const bf16 *)v, ldv, logits, Tq, n_past,
+        nq, nkv, D, scale, window, sinks);
     LAUNCH_CHECK();
 }

@@ -126,8 +126,8 @@ void cuda_cross_entropy(ct_backend *be, float *loss_sum, void *dx, const void *x
     if (n == 0) return;
     size_t fit = CE_LOGIT_BYTES / ((size_t)V * 4);
     int chunk = fit < CE_PAD ? CE_PAD : (int)(fit / CE_PAD * CE_PAD);
-    int max_pad = (int)((n + CE_PAD - 1) / CE_PAD * CE_PAD);
-    if (chunk > max_pad) chunk = max_pad;
+    size_t max_pad = ct_ceil_div((size_t)n, CE_PAD) * CE_PAD;
+    if ((size_t)chunk > max_pad) chunk = (int)max_pad;
 
     size_t bytes = scratch_round((size_t)n * 4) + scratch_round((size_t)chunk * H * 2) +
                    scratch_round((size_t)chunk * V * 4);

@@ -1,4 +1,743 @@
-/* moe_route.cu — placeholder: the routing ops are being written. */
+/* moe_route.cu — the mixture-of-experts ops around the grouped GEMMs: routing
+ * (top-K of the router logits), the stable permutation into expert order, token
+ * rows gathered into and scattered out of that order, gpt_oss's clamped SwiGLU,
+ * the router's backward and the load-balancing statistics. Contracts: backend.h,
+ * "mixture of experts"; the oracle is backend_cpu_moe.c.
+ *
+ * Layouts: logits and dlogits (T,E) bf16; topk_idx (T,K) int32, topk_w and dw
+ * (T,K) fp32 (slot s = t*K + k); counts (E), offsets (E+1), row_slot and slot_row
+ * (n = T*K) int32; x, y, dy (T,H) bf16 with a row stride; xe, ye, dye (n,H) bf16
+ * in expert order; gu, dgu (n,2I) with gate/up interleaved, h, dh (n,I).
+ *
+ * Nothing here waits for the host or reads a count on it, and no launch count
+ * depends on E (grid sizes may):
+ *   moe_route     1 kernel           one warp per token
+ *   moe_count     1 memset + 1       shared-memory histogram per chunk, atomics into counts
+ *   moe_offsets   1                  one block scans the E counts
+ *   moe_permute   3                  chunk histograms, per-expert scan, in-order ranking
+ * so one layer's routing is 6 kernels and a memset whatever E.
+ *
+ * Routing. Lane l of a token's warp holds experts l, l+32, ... in registers (E <=
+ * 256: the kernels are instantiated for 1, 2, 4 and 8 per lane). Probabilities
+ * are computed as the CPU computes them: fp32 max, exp and sum in double, each p
+ * rounded to fp32. So both backends rank the same fp32 numbers (up to one double
+ * ulp of exp, which moves an fp32 rounding about once in 2^29) and an exact tie
+ * is a tie on both. Top-K is K rounds of a warp argmax under (larger key, else
+ * lower expert): the CPU's selection scan with its strict '>'. NaN keys compare
+ * as -inf, so the order stays total and every lane agrees on each round's winner.
+ *
+ * Permutation. Slots are cut into chunks of PERM_CHUNK consecutive slots:
+ *   1. hist[e][c] = slots of expert e in chunk c;
+ *   2. one block per expert turns hist[e][*] into offsets[e] + its exclusive scan
+ *      over chunks: the first row of e that chunk c fills;
+ *   3. one block per chunk walks its slots in order, a tile of 256 at a time: a
+ *      slot's row is the chunk's cursor for its expert, plus the slots of that
+ *      expert in earlier warps of the tile (per-warp counts in shared memory),
+ *      plus the lanes before it in its own warp (__match_any_sync); then the
+ *      cursors advance by the tile's counts.
+ * Each step keeps slot order within an expert, so the permutation is the CPU's,
+ * bit for bit. An expert id outside [0, E) (moe_route never makes one; the CPU
+ * asserts) is skipped rather than written out of bounds.
+ *
+ * Rows. Gather, scatter and the scatter backward move whole rows with 16-byte
+ * accesses (8 bf16 per lane, coalesced along the row), so H and the strides must
+ * be multiples of 8 and the pointers 16-byte aligned: the launchers assert it, as
+ * norm_rope.cu does (every supported model's hidden size is a multiple of 64).
+ * Scatter sums a token's K rows in fp32, k ascending, and rounds once; the
+ * scatter backward writes dye and the dot product dw in one pass per slot.
+ *
+ * Statistics. moe_prob_sum adds each block's per-expert sums (double) to a
+ * scratch row, then one block per expert adds the rows in a fixed order:
+ * reproducible bit for bit, no float atomics. */
 #include "ct_cuda.cuh"
 
-void cuda_fill_moe_route_ops(ct_backend *be) { (void)be; }
+#define MOE_MAX_E 256      /* experts per token a routing warp holds (8 per lane) */
+#define MOE_MAX_K 32       /* one lane per chosen expert */
+#define MOE_WARPS 8        /* warps per block in the warp-per-row kernels */
+#define PERM_THREADS 256   /* the permutation's tile: slots ranked per step */
+#define PERM_CHUNK 1024    /* slots per chunk (4 tiles) */
+#define SCAN_THREADS 256
+#define PROB_BLOCKS_PER_SM 2
+#define FULL_MASK 0xffffffffu
+
+static void moe_check_vec8(const char *op, const void *p, int ld, int width)
+{
+    CT_ASSERT(aligned16(p) && ld % 8 == 0 && width % 8 == 0,
+              "%s: width %d and stride %d must be multiples of 8 and the pointer 16-byte aligned",
+              op, width, ld);
+}
+
+static void moe_check_experts(const char *op, int E)
+{
+    CT_ASSERT(E >= 1 && E <= MOE_MAX_E, "%s: E = %d experts; the CUDA backend supports 1..%d",
+              op, E, MOE_MAX_E);
+}
+
+// ---- kernels ----
+
+static __device__ __forceinline__ float moe_warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+static __device__ __forceinline__ float moe_warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ double moe_warp_sum_d(double v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+/* Does candidate (a, expert ia) rank above (b, ib)? ib < 0 is "none yet". */
+static __device__ __forceinline__ bool moe_beats(float a, int ia, float b, int ib)
+{
+    if (ia < 0) return false;
+    if (ib < 0) return true;
+    if (isnan(a)) a = -INFINITY;
+    if (isnan(b)) b = -INFINITY;
+    return a > b || (a == b && ia < ib);
+}
+
+/* p = softmax of one logits row, expert lane + 32*i in p[i] (0 past E); the CPU's
+ * softmax_row: fp32 max, exp and sum in double, rounded to fp32. */
+template <int V>
+static __device__ __forceinline__ void moe_warp_softmax(float p[V], const bf16 *row, int E, int lane)
+{
+    float l[V], mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        int j = lane + 32 * i;
+        l[i] = j < E ? __bfloat162float(row[j]) : -INFINITY;
+        mx = fmaxf(mx, l[i]);
+    }
+    mx = moe_warp_max(mx);
+    double e[V], s = 0.0;
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        e[i] = lane + 32 * i < E ? exp((double)l[i] - (double)mx) : 0.0;
+        s += e[i];
+    }
+    s = moe_warp_sum_d(s);
+#pragma unroll
+    for (int i = 0; i < V; i++) p[i] = (float)(e[i] / s);
+}
+
+/* One warp per token; V = experts per lane. Lane k keeps round k's winner. */
+template <int V>
+static __global__ void moe_route_kernel(int32_t *__restrict__ topk_idx, float *__restrict__ topk_w,
+                                        const bf16 *__restrict__ logits, int T, int E, int K, ct_moe_rule rule)
+{
+    int t = blockIdx.x * MOE_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (t >= T) return;
+    const bf16 *row = logits + (size_t)t * E;
+    float key[V];
+    if (rule == CT_MOE_TOPK_SOFTMAX) {
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            int j = lane + 32 * i;
+            key[i] = j < E ? __bfloat162float(row[j]) : -INFINITY;
+        }
+    } else {
+        moe_warp_softmax<V>(key, row, E, lane);
+    }
+    unsigned taken = 0; /* bit i: expert lane + 32*i is chosen */
+    int my_idx = 0;
+    float my_key = 0.0f, first = 0.0f, key_sum = 0.0f;
+    double my_e = 0.0, e_sum = 0.0;
+    for (int k = 0; k < K; k++) {
+        float bk = 0.0f;
+        int bi = -1;
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            int j = lane + 32 * i;
+            if (j < E && !((taken >> i) & 1u) && moe_beats(key[i], j, bk, bi)) {
+                bk = key[i];
+                bi = j;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ok = __shfl_xor_sync(FULL_MASK, bk, o);
+            int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+            if (moe_beats(ok, oi, bk, bi)) {
+                bk = ok;
+                bi = oi;
+            }
+        }
+        if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+        if (k == 0) first = bk;
+        if (lane == k) {
+            my_idx = bi;
+            my_key = bk;
+        }
+        if (rule == CT_MOE_TOPK_SOFTMAX) { /* the CPU's order: k ascending, relative to the largest */
+            double e = exp((double)bk - (double)first);
+            e_sum += e;
+            if (lane == k) my_e = e;
+        }
+        key_sum += bk; /* fp32, k ascending: torch's sum of the top-K weights */
+    }
+    if (lane < K) {
+        float w = rule == CT_MOE_TOPK_SOFTMAX        ? (float)(my_e / e_sum)
+                : rule == CT_MOE_SOFTMAX_TOPK_NORM   ? my_key / key_sum
+                                                     : my_key;
+        topk_idx[(size_t)t * K + lane] = my_idx;
+        topk_w[(size_t)t * K + lane] = w;
+    }
+}
+
+/* Exclusive scan of v over a block of SCAN_THREADS threads (all must call);
+ * *total = the block's sum. */
+static __device__ __forceinline__ int moe_block_exclusive_scan(int v, int *total)
+{
+    __shared__ int warp_tot[SCAN_THREADS / 32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(FULL_MASK, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_tot[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < SCAN_THREADS / 32 ? warp_tot[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(FULL_MASK, w, o);
+            if (lane >= o) w += y;
+        }
+        if (lane < SCAN_THREADS / 32) warp_tot[lane] = w;
+    }
+    __syncthreads();
+    int before = warp > 0 ? warp_tot[warp - 1] : 0;
+    *total = warp_tot[SCAN_THREADS / 32 - 1];
+    __syncthreads(); /* warp_tot is rewritten by the next call */
+    return before + x - v;
+}
+
+/* Histogram of chunk blockIdx.x's slots: stored to hist[e * n_chunks + c] for
+ * every e, or added into counts when hist is NULL. */
+static __global__ void moe_hist_kernel(int32_t *__restrict__ hist, int32_t *__restrict__ counts,
+                                       const int32_t *__restrict__ idx, int n, int E, int n_chunks)
+{
+    __shared__ int h[MOE_MAX_E];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) h[e] = 0;
+    __syncthreads();
+    int s0 = (int)blockIdx.x * PERM_CHUNK, s1 = min(n, s0 + PERM_CHUNK);
+    for (int s = s0 + threadIdx.x; s < s1; s += blockDim.x) {
+        int e = idx[s];
+        if ((unsigned)e < (unsigned)E) atomicAdd(&h[e], 1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        if (hist) hist[(size_t)e * n_chunks + blockIdx.x] = h[e];
+        else if (h[e]) atomicAdd(&counts[e], h[e]);
+    }
+}
+
+/* offsets[0..E) = exclusive scan of counts, offsets[E] = total. One block. */
+static __global__ void moe_offsets_kernel(int32_t *__restrict__ offsets, const int32_t *__restrict__ counts, int E)
+{
+    int running = 0;
+    for (int e0 = 0; e0 < E; e0 += SCAN_THREADS) {
+        int e = e0 + threadIdx.x, total;
+        int v = e < E ? counts[e] : 0;
+        int ex = moe_block_exclusive_scan(v, &total);
+        if (e < E) offsets[e] = running + ex;
+        running += total;
+    }
+    if (threadIdx.x == 0) offsets[E] = running;
+}
+
+/* Block e: hist[e][c] := offsets[e] + sum of hist[e][c'] for c' < c (in place). */
+static __global__ void moe_chunk_scan_kernel(int32_t *__restrict__ hist, const int32_t *__restrict__ offsets,
+                                             int n_chunks)
+{
+    int32_t *row = hist + (size_t)blockIdx.x * n_chunks;
+    int running = offsets[blockIdx.x];
+    for (int c0 = 0; c0 < n_chunks; c0 += SCAN_THREADS) {
+        int c = c0 + threadIdx.x, total;
+        int v = c < n_chunks ? row[c] : 0;
+        int ex = moe_block_exclusive_scan(v, &total);
+        if (c < n_chunks) row[c] = running + ex;
+        running += total;
+    }
+}
+
+/* Block c ranks the slots of chunk c in slot order; base[e * n_chunks + c] is
+ * the first row of expert e that this chunk fills. */
+static __global__ void __launch_bounds__(PERM_THREADS)
+moe_rank_kernel(int32_t *__restrict__ row_slot, int32_t *__restrict__ slot_row,
+                const int32_t *__restrict__ idx, const int32_t *__restrict__ base, int n, int E, int n_chunks)
+{
+    constexpr int W = PERM_THREADS / 32;
+    __shared__ int cursor[MOE_MAX_E];
+    __shared__ int wcnt[W][MOE_MAX_E]; /* this tile's slots of expert e in warp w */
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int e = threadIdx.x; e < E; e += PERM_THREADS) {
+        cursor[e] = base[(size_t)e * n_chunks + blockIdx.x];
+#pragma unroll
+        for (int w = 0; w < W; w++) wcnt[w][e] = 0;
+    }
+    __syncthreads();
+    unsigned lanes_before = (1u << lane) - 1;
+    int chunk = blockIdx.x, end = min(n, (chunk + 1) * PERM_CHUNK);
+    for (int s0 = chunk * PERM_CHUNK; s0 < end; s0 += PERM_THREADS) {
+        int s = s0 + threadIdx.x;
+        int e = s < n ? idx[s] : -1;
+        bool valid = (unsigned)e < (unsigned)E;
+        if (!valid) e = -1;
+        unsigned peers = __match_any_sync(FULL_MASK, e);
+        int before = __popc(peers & lanes_before);
+        if (valid && before == 0) wcnt[warp][e] = __popc(peers);
+        __syncthreads();
+        int r = 0;
+        if (valid) {
+            r = cursor[e] + before;
+            for (int w = 0; w < warp; w++) r += wcnt[w][e];
+        }
+        __syncthreads();
+        for (int x = threadIdx.x; x < E; x += PERM_THREADS) {
+            int add = 0;
+#pragma unroll
+            for (int w = 0; w < W; w++) {
+                add += wcnt[w][x];
+                wcnt[w][x] = 0;
+            }
+            cursor[x] += add;
+        }
+        __syncthreads();
+        if (valid) {
+            row_slot[r] = s;
+            slot_row[s] = r;
+        }
+    }
+}
+
+/* One warp per expert-ordered row: xe[r] = x[row_slot[r] / K]. */
+static __global__ void moe_gather_kernel(bf16 *__restrict__ xe, const bf16 *__restrict__ x, int ldx,
+                                         const int32_t *__restrict__ row_slot, int n, int K, int H)
+{
+    size_t r = (size_t)blockIdx.x * MOE_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (r >= (size_t)n) return;
+    const bf16 *src = x + (size_t)(row_slot[r] / K) * ldx;
+    bf16 *dst = xe + r * H;
+#pragma unroll 4
+    for (int i = lane * 8; i < H; i += 256) *(uint4 *)(dst + i) = *(const uint4 *)(src + i);
+}
+
+/* One warp per token: y[t] (=|+=) sum over k ascending of w[s] * ye[slot_row[s]],
+ * s = t*K + k, in fp32, rounded once. */
+static __global__ void moe_scatter_kernel(bf16 *__restrict__ y, int ldy, const bf16 *__restrict__ ye,
+                                          const int32_t *__restrict__ slot_row, const float *__restrict__ w,
+                                          int T, int K, int H, int accumulate)
+{
+    size_t t = (size_t)blockIdx.x * MOE_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (t >= (size_t)T) return;
+    const int32_t *rows = slot_row + t * K;
+    const float *wt = w ? w + t * K : NULL;
+    bf16 *yr = y + t * ldy;
+    for (int i = lane * 8; i < H; i += 256) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll 4
+        for (int k = 0; k < K; k++) {
+            float v[8], wk = wt ? wt[k] : 1.0f;
+            load8(v, ye + (size_t)rows[k] * H + i);
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[j] += wk * v[j];
+        }
+        if (accumulate) {
+            float o[8];
+            load8(o, yr + i);
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[j] = o[j] + acc[j];
+        }
+        store8(yr + i, acc);
+    }
+}
+
+/* One warp per slot s (t = s / K, r = slot_row[s]): dye[r] = w[s] * dy[t] and
+ * dw[s] = dy[t] . ye[r]. */
+static __global__ void moe_scatter_bwd_kernel(bf16 *__restrict__ dye, float *__restrict__ dw,
+                                              const bf16 *__restrict__ dy, int lddy, const bf16 *__restrict__ ye,
+                                              const int32_t *__restrict__ slot_row, const float *__restrict__ w,
+                                              int n, int K, int H)
+{
+    size_t s = (size_t)blockIdx.x * MOE_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (s >= (size_t)n) return;
+    size_t r = (size_t)slot_row[s];
+    const bf16 *d = dy + (s / K) * lddy, *v = ye + r * H;
+    bf16 *o = dye + r * H;
+    float ws = w ? w[s] : 1.0f, dot = 0.0f;
+    for (int i = lane * 8; i < H; i += 256) {
+        float a[8], b[8];
+        load8(a, d + i);
+        load8(b, v + i);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            dot += a[j] * b[j];
+            a[j] *= ws;
+        }
+        store8(o + i, a);
+    }
+    dot = moe_warp_sum(dot);
+    if (lane == 0) dw[s] = dot;
+}
+
+static __device__ __forceinline__ float clamped_swiglu(float graw, float uraw, float alpha, float limit)
+{
+    float g = fminf(graw, limit), u = fminf(fmaxf(uraw, -limit), limit);
+    return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+}
+
+/* 8 outputs per thread: h[r, i..i+8) from the 16 interleaved values gu[r, 2i..2i+16). */
+static __global__ void moe_clamped_swiglu_fwd_kernel(bf16 *__restrict__ h, const bf16 *__restrict__ gu, int n,
+                                                     int I, float alpha, float limit)
+{
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (idx >= (size_t)n * I) return;
+    size_t r = idx / I, i = idx % I;
+    const bf16 *src = gu + r * 2 * I + 2 * i;
+    float a[8], b[8], o[8];
+    load8(a, src);
+    load8(b, src + 8);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        o[j] = clamped_swiglu(a[2 * j], a[2 * j + 1], alpha, limit);
+        o[4 + j] = clamped_swiglu(b[2 * j], b[2 * j + 1], alpha, limit);
+    }
+    store8(h + idx, o);
+}
+
+/* With sg = sigmoid(alpha g): d(g sg)/dg = sg + alpha g sg (1 - sg). A clamp
+ * blocks the gradient only strictly past its limit, as torch.clamp does. */
+static __device__ __forceinline__ void clamped_swiglu_grad(float *dg, float *du, float d, float graw, float uraw,
+                                                           float alpha, float limit)
+{
+    float g = fminf(graw, limit), u = fminf(fmaxf(uraw, -limit), limit);
+    float sg = 1.0f / (1.0f + expf(-alpha * g));
+    *dg = graw <= limit ? d * (u + 1.0f) * (sg + alpha * g * sg * (1.0f - sg)) : 0.0f;
+    *du = uraw >= -limit && uraw <= limit ? d * g * sg : 0.0f;
+}
+
+static __global__ void moe_clamped_swiglu_bwd_kernel(bf16 *__restrict__ dgu, const bf16 *__restrict__ dh,
+                                                     const bf16 *__restrict__ gu, int n, int I, float alpha,
+                                                     float limit)
+{
+    size_t idx = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (idx >= (size_t)n * I) return;
+    size_t r = idx / I, i = idx % I;
+    const bf16 *src = gu + r * 2 * I + 2 * i;
+    bf16 *dst = dgu + r * 2 * I + 2 * i;
+    float a[8], b[8], d[8], da[8], db[8];
+    load8(a, src);
+    load8(b, src + 8);
+    load8(d, dh + idx);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        clamped_swiglu_grad(&da[2 * j], &da[2 * j + 1], d[j], a[2 * j], a[2 * j + 1], alpha, limit);
+        clamped_swiglu_grad(&db[2 * j], &db[2 * j + 1], d[4 + j], b[2 * j], b[2 * j + 1], alpha, limit);
+    }
+    store8(dst, da);
+    store8(dst + 8, db);
+}
+
+/* One warp per token: the router backward (backend.h), the CPU's arithmetic. */
+template <int V>
+static __global__ void moe_route_bwd_kernel(bf16 *__restrict__ dlogits, const float *__restrict__ dw,
+                                            const bf16 *__restrict__ logits, const int32_t *__restrict__ topk_idx,
+                                            const float *__restrict__ topk_w, const float *__restrict__ aux,
+                                            int T, int E, int K, ct_moe_rule rule)
+{
+    int t = blockIdx.x * MOE_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (t >= T) return;
+    const float *g = dw + (size_t)t * K, *w = topk_w + (size_t)t * K;
+    const int32_t *id = topk_idx + (size_t)t * K;
+    double c = 0.0;
+    for (int k = 0; k < K; k++) c += (double)g[k] * w[k];
+    float p[V], d[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) p[i] = 0.0f;
+    if (rule == CT_MOE_SOFTMAX_TOPK || aux) moe_warp_softmax<V>(p, logits + (size_t)t * E, E, lane);
+#pragma unroll
+    for (int i = 0; i < V; i++) d[i] = rule == CT_MOE_SOFTMAX_TOPK ? (float)(-p[i] * c) : 0.0f;
+    for (int k = 0; k < K; k++) {
+        int j = id[k];
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+            if (lane + 32 * i != j) continue;
+            if (rule == CT_MOE_SOFTMAX_TOPK) d[i] += p[i] * g[k];
+            else d[i] = (float)(w[k] * (g[k] - c));
+        }
+    }
+    if (aux) {
+        double ap = 0.0;
+#pragma unroll
+        for (int i = 0; i < V; i++)
+            if (lane + 32 * i < E) ap += (double)aux[lane + 32 * i] * p[i];
+        ap = moe_warp_sum_d(ap);
+#pragma unroll
+        for (int i = 0; i < V; i++)
+            if (lane + 32 * i < E) d[i] += (float)(p[i] * (aux[lane + 32 * i] - ap));
+    }
+    bf16 *out = dlogits + (size_t)t * E;
+#pragma unroll
+    for (int i = 0; i < V; i++)
+        if (lane + 32 * i < E) out[lane + 32 * i] = __float2bfloat16_rn(d[i]);
+}
+
+/* Block b: partial[b * E + e] = sum of softmax(logits[t])[e] over the tokens its
+ * warps visit (warp w of block b takes t = b*MOE_WARPS + w + m * gridDim.x*MOE_WARPS),
+ * in double, warps added in order. */
+template <int V>
+static __global__ void moe_prob_partial_kernel(double *__restrict__ partial, const bf16 *__restrict__ logits,
+                                               int T, int E)
+{
+    __shared__ double part[MOE_WARPS][MOE_MAX_E];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    double acc[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) acc[i] = 0.0;
+    for (int t = blockIdx.x * MOE_WARPS + warp; t < T; t += gridDim.x * MOE_WARPS) {
+        float p[V];
+        moe_warp_softmax<V>(p, logits + (size_t)t * E, E, lane);
+#pragma unroll
+        for (int i = 0; i < V; i++) acc[i] += p[i];
+    }
+#pragma unroll
+    for (int i = 0; i < V; i++)
+        if (lane + 32 * i < E) part[warp][lane + 32 * i] = acc[i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        double s = 0.0;
+        for (int w = 0; w < MOE_WARPS; w++) s += part[w][e];
+        partial[(size_t)blockIdx.x * E + e] = s;
+    }
+}
+
+/* Block e: prob_sum[e] += sum over b of partial[b * E + e] (a fixed tree). */
+static __global__ void moe_prob_final_kernel(float *__restrict__ prob_sum, const double *__restrict__ partial,
+                                             int n_blocks, int E)
+{
+    __shared__ double sh[SCAN_THREADS];
+    int e = blockIdx.x;
+    double s = 0.0;
+    for (int b = threadIdx.x; b < n_blocks; b += SCAN_THREADS) s += partial[(size_t)b * E + e];
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int half = SCAN_THREADS / 2; half > 0; half >>= 1) {
+        if (threadIdx.x < half) sh[threadIdx.x] += sh[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) prob_sum[e] += (float)sh[0];
+}
+
+/* One block: the Switch loss and its gradient wrt the probabilities (backend.h). */
+static __global__ void moe_aux_loss_kernel(float *__restrict__ loss, float *__restrict__ aux_grad,
+                                           const int32_t *__restrict__ counts, const float *__restrict__ prob_sum,
+                                           int n_layers, int T, int E, float coef)
+{
+    __shared__ double sh[SCAN_THREADS];
+    double N = (double)n_layers * T, part = 0.0;
+    for (int e = threadIdx.x; e < E; e += SCAN_THREADS) {
+        double c = 0.0, P = 0.0;
+        for (int l = 0; l < n_layers; l++) {
+            c += counts[(size_t)l * E + e];
+            P += prob_sum[(size_t)l * E + e];
+        }
+        part += (c / N) * (P / N);
+        aux_grad[e] = (float)(coef * E * c / (N * N));
+    }
+    sh[threadIdx.x] = part;
+    __syncthreads();
+    for (int half = SCAN_THREADS / 2; half > 0; half >>= 1) {
+        if (threadIdx.x < half) sh[threadIdx.x] += sh[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) loss[0] += (float)(coef * E * sh[0]);
+}
+
+// ---- launchers ----
+
+/* Experts per lane of a routing warp: 1, 2, 4 or 8. */
+static int lanes_per_expert_row(int E) { return E <= 32 ? 1 : E <= 64 ? 2 : E <= 128 ? 4 : 8; }
+
+#define MOE_DISPATCH_V(E, KERNEL, GRID, BLOCK, STREAM, ...) do { \
+    switch (lanes_per_expert_row(E)) { \
+    case 1: KERNEL<1><<<GRID, BLOCK, 0, STREAM>>>(__VA_ARGS__); break; \
+    case 2: KERNEL<2><<<GRID, BLOCK, 0, STREAM>>>(__VA_ARGS__); break; \
+    case 4: KERNEL<4><<<GRID, BLOCK, 0, STREAM>>>(__VA_ARGS__); break; \
+    default: KERNEL<8><<<GRID, BLOCK, 0, STREAM>>>(__VA_ARGS__); break; \
+    } \
+    LAUNCH_CHECK(); } while (0)
+
+static void cuda_moe_route(ct_backend *be, int32_t *topk_idx, float *topk_w, const void *logits,
+                           int T, int E, int K, ct_moe_rule rule)
+{
+    moe_check_experts("moe_route", E);
+    CT_ASSERT(K >= 1 && K <= E && K <= MOE_MAX_K, "moe_route: K = %d must be in [1, min(E = %d, %d)]",
+              K, E, MOE_MAX_K);
+    if (T <= 0) return;
+    MOE_DISPATCH_V(E, moe_route_kernel, grid_for(T, MOE_WARPS), MOE_WARPS * 32, ctx_of(be)->stream,
+                   topk_idx, topk_w, (const bf16 *)logits, T, E, K, rule);
+}
+
+static void cuda_moe_count(ct_backend *be, int32_t *counts, const int32_t *idx, int n, int E)
+{
+    moe_check_experts("moe_count", E);
+    cudaStream_t s = ctx_of(be)->stream;
+    CUDA_CHECK(cudaMemsetAsync(counts, 0, (size_t)E * sizeof(int32_t), s));
+    if (n <= 0) return;
+    moe_hist_kernel<<<grid_for(n, PERM_CHUNK), PERM_THREADS, 0, s>>>(NULL, counts, idx, n, E, 0);
+    LAUNCH_CHECK();
+}
+
+static void cuda_moe_offsets(ct_backend *be, int32_t *offsets, const int32_t *counts, int E)
+{
+    moe_check_experts("moe_offsets", E);
+    moe_offsets_kernel<<<1, SCAN_THREADS, 0, ctx_of(be)->stream>>>(offsets, counts, E);
+    LAUNCH_CHECK();
+}
+
+static void cuda_moe_permute(ct_backend *be, int32_t *row_slot, int32_t *slot_row, const int32_t *idx,
+                             const int32_t *offsets, int n, int E)
+{
+    moe_check_experts("moe_permute", E);
+    if (n <= 0) return;
+    cuda_ctx *c = ctx_of(be);
+    int n_chunks = (int)grid_for(n, PERM_CHUNK);
+    int32_t *hist = (int32_t *)cuda_scratch(c, (size_t)E * n_chunks * sizeof(int32_t));
+    moe_hist_kernel<<<n_chunks, PERM_THREADS, 0, c->stream>>>(hist, NULL, idx, n, E, n_chunks);
+    LAUNCH_CHECK();
+    moe_chunk_scan_kernel<<<E, SCAN_THREADS, 0, c->stream>>>(hist, offsets, n_chunks);
+    LAUNCH_CHECK();
+    moe_rank_kernel<<<n_chunks, PERM_THREADS, 0, c->stream>>>(row_slot, slot_row, idx, hist, n, E, n_chunks);
+    LAUNCH_CHECK();
+}
+
+static void cuda_moe_gather(ct_backend *be, void *xe, const void *x, int ldx, const int32_t *row_slot,
+                            int T, int K, int H)
+{
+    moe_check_vec8("moe_gather", xe, H, H);
+    moe_check_vec8("moe_gather", x, ldx, H);
+    size_t n = (size_t)T * K;
+    if (n == 0) return;
+    moe_gather_kernel<<<grid_for(n, MOE_WARPS), MOE_WARPS * 32, 0, ctx_of(be)->stream>>>(
+        (bf16 *)xe, (const bf16 *)x, ldx, row_slot, (int)n, K, H);
+    LAUNCH_CHECK();
+}
+
+static void cuda_moe_scatter(ct_backend *be, void *y, int ldy, const void *ye, const int32_t *slot_row,
+                             const float *w, int T, int K, int H, int accumulate)
+{
+    moe_check_vec8("moe_scatter", y, ldy, H);
+    moe_check_vec8("moe_scatter", ye, H, H);
+    if (T <= 0) return;
+    moe_scatter_kernel<<<grid_for(T, MOE_WARPS), MOE_WARPS * 32, 0, ctx_of(be)->stream>>>(
+        (bf16 *)y, ldy, (const bf16 *)ye, slot_row, w, T, K, H, accumulate);
+    LAUNCH_CHECK();
+}
+
+/* row_slot is not needed: dye[slot_row[s]] = w[s] dy[s/K] covers every row once. */
+static void cuda_moe_scatter_bwd(ct_backend *be, void *dye, float *dw, const void *dy, int lddy,
+                                 const void *ye, const int32_t *row_slot, const int32_t *slot_row,
+                                 const float *w, int T, int K, int H)
+{
+    (void)row_slot;
+    moe_check_vec8("moe_scatter_bwd", dye, H, H);
+    moe_check_vec8("moe_scatter_bwd", dy, lddy, H);
+    moe_check_vec8("moe_scatter_bwd", ye, H, H);
+    size_t n = (size_t)T * K;
+    if (n == 0) return;
+    moe_scatter_bwd_kernel<<<grid_for(n, MOE_WARPS), MOE_WARPS * 32, 0, ctx_of(be)->stream>>>(
+        (bf16 *)dye, dw, (const bf16 *)dy, lddy, (const bf16 *)ye, slot_row, w, (int)n, K, H);
+    LAUNCH_CHECK();
+}
+
+static void cuda_moe_clamped_swiglu_fwd(ct_backend *be, void *h, const void *gu, int n, int I,
+                                        float alpha, float limit)
+{
+    moe_check_vec8("moe_clamped_swiglu_fwd", h, I, I);
+    moe_check_vec8("moe_clamped_swiglu_fwd", gu, 2 * I, 2 * I);
+    size_t n8 = (size_t)n * I / 8;
+    if (n8 == 0) return;
+    moe_clamped_swiglu_fwd_kernel<<<grid_for(n8, 256), 256, 0, ctx_of(be)->stream>>>(
+        (bf16 *)h, (const bf16 *)gu, n, I, alpha, limit);
+    LAUNCH_CHECK();
+}
+
+static void cuda_moe_clamped_swiglu_bwd(ct_backend *be, void *dgu, const void *dh, const void *gu, int n,
+                                        int I, float alpha, float limit)
+{
+    moe_check_vec8("moe_clamped_swiglu_bwd", dgu, 2 * I, 2 * I);
+    moe_check_vec8("moe_clamped_swiglu_bwd", dh, I, I);
+    moe_check_vec8("moe_clamped_swiglu_bwd", gu, 2 * I, 2 * I);
+    size_t n8 = (size_t)n * I / 8;
+    if (n8 == 0) return;
+    moe_clamped_swiglu_bwd_kernel<<<grid_for(n8, 256), 256, 0, ctx_of(be)->stream>>>(
+        (bf16 *)dgu, (const bf16 *)dh, (const bf16 *)gu, n, I, alpha, limit);
+    LAUNCH_CHECK();
+}
+
+static void cuda_moe_route_bwd(ct_backend *be, void *dlogits, const float *dw, const void *logits,
+                               const int32_t *topk_idx, const float *topk_w, const float *aux,
+                               int T, int E, int K, ct_moe_rule rule)
+{
+    moe_check_experts("moe_route_bwd", E);
+    CT_ASSERT(K >= 1 && K <= E, "moe_route_bwd: K = %d must be in [1, E = %d]", K, E);
+    if (T <= 0) return;
+    MOE_DISPATCH_V(E, moe_route_bwd_kernel, grid_for(T, MOE_WARPS), MOE_WARPS * 32, ctx_of(be)->stream,
+                   (bf16 *)dlogits, dw, (const bf16 *)logits, topk_idx, topk_w, aux, T, E, K, rule);
+}
+
+static void cuda_moe_prob_sum(ct_backend *be, float *prob_sum, const void *logits, int T, int E)
+{
+    moe_check_experts("moe_prob_sum", E);
+    if (T <= 0) return;
+    cuda_ctx *c = ctx_of(be);
+    unsigned n_blocks = grid_for(T, MOE_WARPS);
+    if (n_blocks > (unsigned)(PROB_BLOCKS_PER_SM * c->num_sms)) n_blocks = PROB_BLOCKS_PER_SM * c->num_sms;
+    double *partial = (double *)cuda_scratch(c, (size_t)n_blocks * E * sizeof(double));
+    MOE_DISPATCH_V(E, moe_prob_partial_kernel, n_blocks, MOE_WARPS * 32, c->stream,
+                   partial, (const bf16 *)logits, T, E);
+    moe_prob_final_kernel<<<E, SCAN_THREADS, 0, c->stream>>>(prob_sum, partial, (int)n_blocks, E);
+    LAUNCH_CHECK();
+}
+
+static void cuda_moe_aux_loss(ct_backend *be, float *loss, float *aux_grad, const int32_t *counts,
+                              const float *prob_sum, int n_layers, int T, int E, float coef)
+{
+    CT_ASSERT(E >= 1 && n_layers >= 1 && T >= 1, "moe_aux_loss: E = %d, n_layers = %d, T = %d must be >= 1",
+              E, n_layers, T);
+    moe_aux_loss_kernel<<<1, SCAN_THREADS, 0, ctx_of(be)->stream>>>(loss, aux_grad, counts, prob_sum,
+                                                                     n_layers, T, E, coef);
+    LAUNCH_CHECK();
+}
+
+void cuda_fill_moe_route_ops(ct_backend *be)
+{
+    be->moe_route = cuda_moe_route;
+    be->moe_count = cuda_moe_count;
+    be->moe_offsets = cuda_moe_offsets;
+    be->moe_permute = cuda_moe_permute;
+    be->moe_gather = cuda_moe_gather;
+    be->moe_scatter = cuda_moe_scatter;
+    be->moe_scatter_bwd = cuda_moe_scatter_bwd;
+    be->moe_clamped_swiglu_fwd = cuda_moe_clamped_swiglu_fwd;
+    be->moe_clamped_swiglu_bwd = cuda_moe_clamped_swiglu_bwd;
+    be->moe_route_bwd = cuda_moe_route_bwd;
+    be->moe_prob_sum = cuda_moe_prob_sum;
+    be->moe_aux_loss = cuda_moe_aux_loss;
+}

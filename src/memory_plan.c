@@ -40,7 +40,8 @@ size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
     return need + ((size_t)1 << 20);
 }
 
-static void fill(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const ct_graph_options *opt)
+/* Fills p for opt; returns whether the device part fits (p->fits: both parts). */
+static bool fill(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const ct_graph_options *opt)
 {
     p->opt = *opt;
     graph_measure(m, opt, &p->graph);
@@ -49,8 +50,29 @@ static void fill(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const 
     p->workspace = memory_plan_workspace(m, lo, opt->capacity);
     size_t graph_dev = p->graph.saved_device + p->graph.staging + p->graph.working + p->graph.batch;
     p->device_total = p->weights + p->lora_optim + graph_dev + p->workspace;
-    p->fits = (p->available == SIZE_MAX || graph_dev + p->workspace <= p->available) &&
-              (p->host_available == SIZE_MAX || p->graph.host <= p->host_available);
+    bool dev = p->available == SIZE_MAX || graph_dev + p->workspace <= p->available;
+    p->fits = dev && (p->host_available == SIZE_MAX || p->graph.host <= p->host_available);
+    return dev;
+}
+
+/* Offload with `buffers` staging buffers: the fewest layers (from layer 0) whose
+ * device part fits; device memory falls and host memory grows with their
+ * number, so that is the only candidate worth checking against the host. */
+static bool fewest_offloaded(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, ct_graph_options o, int buffers)
+{
+    int L = m->cfg.num_hidden_layers;
+    o.offload_buffers = buffers;
+    o.offload_layers = L;
+    if (!fill(p, m, lo, &o)) return false;
+    int lo_k = 1, hi_k = L;
+    while (lo_k < hi_k) {
+        o.offload_layers = lo_k + (hi_k - lo_k) / 2;
+        if (fill(p, m, lo, &o)) hi_k = o.offload_layers;
+        else lo_k = o.offload_layers + 1;
+    }
+    o.offload_layers = hi_k;
+    fill(p, m, lo, &o);
+    return p->fits;
 }
 
 /* The first layout that fits, in the order `mode` prefers; false if none. */
@@ -67,22 +89,8 @@ static bool choose_layout(ct_memory_plan *p, const ct_model *m, const ct_lora *l
     if (mem->activation_offload == CT_TRI_AUTO) {
         fill(p, m, lo, &o);
         if (p->fits) return true;
-        /* the fewest offloaded layers that fit: device memory falls as k grows */
-        o.offload_buffers = max_buffers;
-        int lo_k = 1, hi_k = L;
-        o.offload_layers = L;
-        fill(p, m, lo, &o);
-        if (p->fits) {
-            while (lo_k < hi_k) {
-                o.offload_layers = (lo_k + hi_k) / 2;
-                fill(p, m, lo, &o);
-                if (p->fits) hi_k = o.offload_layers;
-                else lo_k = o.offload_layers + 1;
-            }
-            o.offload_layers = hi_k;
-            fill(p, m, lo, &o);
-            return true;
-        }
+        if (fewest_offloaded(p, m, lo, o, max_buffers)) return true;
+        return max_buffers == 2 && fewest_offloaded(p, m, lo, o, 1);
     }
     o.offload_layers = L;
     o.offload_buffers = max_buffers;
@@ -105,24 +113,33 @@ int memory_plan_choose(const ct_model *m, const ct_lora *lo, const ct_memory_con
                              "(offload moves the saved layer inputs, which exist only with checkpointing)");
     if (choose_layout(plan, m, lo, mem, capacity)) return CT_OK;
 
-    /* Does not fit: find the largest micro-batch that would, with every saving on. */
-    ct_memory_config best = {.gradient_checkpointing = true, .activation_offload = CT_TRI_AUTO};
+    /* Does not fit. With every saving on, does this micro-batch fit? Else find
+     * the largest one that does. */
+    ct_memory_config best = {.gradient_checkpointing = true, .activation_offload = CT_TRI_AUTO,
+                             .offload_buffers = 2};
+    bool savings_off = !mem->gradient_checkpointing || mem->activation_offload == CT_TRI_OFF ||
+                       mem->offload_buffers == 1;
     ct_memory_plan probe = *plan;
-    int good = 0, lo_t = 1, hi_t = capacity - 1;
-    while (lo_t <= hi_t) {
-        int mid = lo_t + (hi_t - lo_t) / 2;
-        if (choose_layout(&probe, m, lo, &best, mid)) good = mid, lo_t = mid + 1;
-        else hi_t = mid - 1;
+    char fix[256];
+    if (savings_off && choose_layout(&probe, m, lo, &best, capacity)) {
+        snprintf(fix, sizeof fix, "set memory.gradient_checkpointing: true and memory.activation_offload: auto "
+                 "(then %d tokens fit)", capacity);
+    } else {
+        int good = 0, lo_t = 1, hi_t = capacity - 1;
+        while (lo_t <= hi_t) {
+            int mid = lo_t + (hi_t - lo_t) / 2;
+            if (choose_layout(&probe, m, lo, &best, mid)) good = mid, lo_t = mid + 1;
+            else hi_t = mid - 1;
+        }
+        if (good > 0)
+            snprintf(fix, sizeof fix, "lower data.tokens_per_micro_batch to %d or less%s", good,
+                     savings_off ? " with memory.gradient_checkpointing: true and memory.activation_offload: auto"
+                                 : "");
+        else
+            snprintf(fix, sizeof fix, "the weights and LoRA state alone leave too little: use a larger GPU");
     }
     double gib = 1.0 / (1 << 30);
     size_t need = plan->device_total - plan->weights - plan->lora_optim;
-    char fix[256];
-    if (good > 0)
-        snprintf(fix, sizeof fix, "lower data.tokens_per_micro_batch to %d or less%s", good,
-                 mem->gradient_checkpointing && mem->activation_offload != CT_TRI_OFF
-                     ? "" : " with memory.gradient_checkpointing: true and memory.activation_offload: auto");
-    else
-        snprintf(fix, sizeof fix, "the weights and LoRA state alone leave too little: use a larger GPU");
     if (plan->graph.host > host_available && host_available != SIZE_MAX)
         return CT_FAIL_INPUT(err, "memory plan: %d tokens per micro-batch need %.2f GiB of host memory for "
                              "offloaded activations, %.2f GiB available; %s",

@@ -107,6 +107,22 @@ TEST(offload_needs_host_memory)
     CHECK(rc == CT_ERR_INPUT && strstr(err.msg, "host memory"), "rc %d: %s", rc, err.msg);
 }
 
+TEST(auto_offloads_only_what_the_host_can_take)
+{
+    /* device one layer short: 3 layers to the host (2 staging buffers cost 2);
+     * host room for exactly 3, so `on` (all 6) must fail where auto fits */
+    ct_memory_config m = mem(true, CT_TRI_AUTO), on = mem(true, CT_TRI_ON);
+    ct_memory_plan none, p;
+    ct_error err = {0};
+    REQUIRE(memory_plan_choose(&model, NULL, &m, T, SIZE_MAX, SIZE_MAX, &none, &err) == CT_OK, "%s", err.msg);
+    size_t layer = (size_t)T * model.cfg.hidden_size * be->act_bytes;
+    size_t avail = graph_need(&none) - layer, host = 3 * layer;
+    CHECK(memory_plan_choose(&model, NULL, &m, T, avail, host, &p, &err) == CT_OK, "%s", err.msg);
+    CHECK(p.fits && p.opt.offload_layers == 3 && p.graph.host == host, "k=%d host %zu", p.opt.offload_layers,
+          p.graph.host);
+    CHECK(memory_plan_choose(&model, NULL, &on, T, avail, host, &p, &err) == CT_ERR_INPUT, "on fitted");
+}
+
 TEST(no_checkpointing_keeps_every_layer)
 {
     ct_memory_config off = mem(false, CT_TRI_AUTO), on = mem(true, CT_TRI_AUTO);
@@ -148,6 +164,7 @@ int main(void)
     RUN(one_staging_buffer_when_two_do_not_fit);
     RUN(refusal_names_a_micro_batch_that_fits);
     RUN(offload_needs_host_memory);
+    RUN(auto_offloads_only_what_the_host_can_take);
     RUN(no_checkpointing_keeps_every_layer);
     RUN(mlp_chunking_bounds_the_working_set);
     model_free(&model);

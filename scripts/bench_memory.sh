@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Memory benchmark (issue: checkpointing, offload, memory plan, long context), on
+# the GPU machine. Part 1, the llama3.1-8b shape at 16k and 64k tokens per
+# micro-batch: step time and peak VRAM with no checkpointing, checkpointing,
+# offload with one staging buffer and with two. Part 2, long context: the
+# memory plan (--dry-run) of one 524288-token sequence on the full-depth 8B and
+# qwen3-0.6b shapes, and the largest micro-batch each plan accepts; then one
+# measured optimizer step on one 524288-token sequence with the 8B shape cut to
+# LAYERS layers (a full-depth step costs ~3e17 attention FLOPs: tens of minutes).
+#   STEPS=6 WARMUP=2 LAYERS=2 bash scripts/bench_memory.sh
+# Writes $OUT/memory.jsonl and prints a table. Peak VRAM: the most nvidia-smi
+# reported in use while the run ran (100 ms samples; includes the CUDA context).
+set -u
+OUT=${OUT:-runs/bench-memory}
+B=${BUILD:-build}
+STEPS=${STEPS:-6}
+WARMUP=${WARMUP:-2}
+LAYERS=${LAYERS:-2}
+PARTS=${PARTS:-"modes long"}
+LONG=524288
+mkdir -p "$OUT"
+: >"$OUT/memory.jsonl"
+has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+peak_start() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/mem.log" 2>/dev/null & MEMPID=$!; }
+peak_stop() { kill $MEMPID 2>/dev/null; wait $MEMPID 2>/dev/null; sort -n "$OUT/mem.log" | tail -n 1 | awk '{printf "%.2f", $1/1024}'; }
+
+model=models/llama3.1-8b
+[ -f "$model/config.json" ] || "$B/ctune" init --config configs/models/llama3.1-8b/config.json --out "$model" --seed 0 >/dev/null
+data=data/bench-llama3.1-8b
+if [ ! -f "$data/train.shard" ]; then
+    python3 scripts/make_bench_data.py --vocab 128256 --tokens $((65536 * (STEPS + 4))) --out "$OUT/llama.jsonl"
+    "$B/ctune" prepare --in "$OUT/llama.jsonl" --out "$data" --vocab-size 128256 >/dev/null
+fi
+
+# record NAME RUN_DIR LOG RC PEAK EXTRA_JSON
+record() {
+    python3 - "$@" >>"$OUT/memory.jsonl" <<'PY'
+import json, statistics, sys, re
+name, run, log, rc, peak, extra = sys.argv[1:7]
+try:
+    rows = [json.loads(l) for l in open(run + "/metrics.jsonl") if '"loss"' in l]
+except OSError:
+    rows = []
+warm = int(json.loads(extra).get("warmup", 0))
+tps = [r["tokens_per_second"] for r in rows if r["step"] > warm]
+text = open(log).read()
+err = [l for l in text.splitlines() if l.startswith("ctune")][-1:] if rc != "0" else []
+d = {"run": name, "rc": int(rc), "tokens_per_s": round(statistics.median(tps), 1) if tps else None,
+     "peak_gib_smi": float(peak or 0), "error": err[0][:200] if err else None}
+d.update(json.loads(extra))
+print(json.dumps(d))
+PY
+}
+
+if has modes; then
+    for tpmb in 16384 65536; do
+        for mode in nockpt ckpt offload1 offload2; do
+            args="--set memory.gradient_checkpointing=true --set memory.activation_offload=off"
+            case $mode in
+                nockpt) args="--set memory.gradient_checkpointing=false --set memory.activation_offload=off" ;;
+                offload1) args="--set memory.activation_offload=on --set memory.offload_buffers=1" ;;
+                offload2) args="--set memory.activation_offload=on --set memory.offload_buffers=2" ;;
+            esac
+            run=$OUT/llama-$tpmb-$mode
+            rm -rf "$run"
+            peak_start
+            "$B/ctune" train configs/llama3.1-8b.yaml --set model="$model" --set output_dir="$run" \
+                --set "data.train_files=[$data/train.shard]" --set "data.eval_files=[]" \
+                --set data.tokens_per_micro_batch=$tpmb --set training.max_steps="$STEPS" \
+                --set training.warmup_steps=1 --set training.logging_steps=1 --set training.save_steps=0 \
+                --set training.eval_steps=0 $args >"$run.log" 2>&1
+            rc=$?
+            record "llama3.1-8b $tpmb $mode" "$run" "$run.log" $rc "$(peak_stop)" \
+                "{\"tokens_per_micro_batch\": $tpmb, \"mode\": \"$mode\", \"warmup\": $WARMUP}"
+        done
+    done
+fi
+
+if has long; then
+    # one document of LONG tokens, for each vocabulary
+    for v in 128256 151936; do
+        d=data/bench-long-$v
+        [ -f "$d/train.shard" ] || {
+            python3 -c "import json,random; r=random.Random(3); print(json.dumps({'input_ids': [r.randrange($v) for _ in range($LONG)]}))" >"$OUT/long-$v.jsonl"
+            "$B/ctune" prepare --in "$OUT/long-$v.jsonl" --out "$d" --vocab-size $v --eval-fraction 0 >/dev/null; }
+    done
+    for shape in llama3.1-8b qwen3-0.6b; do
+        m=models/$shape v=128256 cfg=configs/llama3.1-8b.yaml
+        [ $shape = qwen3-0.6b ] && v=151936 cfg=configs/qwen3-0.6b.yaml
+        [ -f "$m/config.json" ] || "$B/ctune" init --config configs/models/$shape/config.json --out "$m" --seed 0 >/dev/null
+        common="--set model=$m --set data.train_files=[data/bench-long-$v/train.shard] --set data.eval_files=[]
+                --set data.max_length=$LONG --set training.max_steps=1 --set training.warmup_steps=1"
+        "$B/ctune" train $cfg $common --set data.tokens_per_micro_batch=$LONG --set output_dir=$OUT/dry \
+            --dry-run >"$OUT/plan-$shape-$LONG.log" 2>&1
+        rc=$?
+        # the largest micro-batch the plan accepts: ask for far more and read the refusal
+        "$B/ctune" train $cfg $common --set data.tokens_per_micro_batch=$((LONG * 64)) --set output_dir=$OUT/dry \
+            --dry-run >"$OUT/plan-$shape-max.log" 2>&1
+        max=$(grep -o 'tokens_per_micro_batch to [0-9]*' "$OUT/plan-$shape-max.log" | grep -o '[0-9]*$')
+        total=$(grep -o 'total on the device *[0-9.]* GiB' "$OUT/plan-$shape-$LONG.log" | grep -o '[0-9.]* GiB')
+        off=$(grep -o 'inputs of layers 0-[0-9]*' "$OUT/plan-$shape-$LONG.log" | grep -o '[0-9]*$')
+        echo "{\"run\": \"plan $shape $LONG\", \"rc\": $rc, \"plan_device\": \"$total\", \"offloaded_up_to_layer\": \"${off:-none}\", \"max_tokens_per_micro_batch\": ${max:-null}}" >>"$OUT/memory.jsonl"
+    done
+    # one measured step: the 8B shape cut to LAYERS layers, one LONG-token sequence, offload on
+    cut=models/llama3.1-8b-${LAYERS}l
+    if [ ! -f "$cut/config.json" ]; then
+        mkdir -p "$OUT/cutcfg"
+        python3 -c "import json; c=json.load(open('configs/models/llama3.1-8b/config.json')); c['num_hidden_layers']=$LAYERS; json.dump(c, open('$OUT/cutcfg/config.json','w'))"
+        "$B/ctune" init --config "$OUT/cutcfg/config.json" --out "$cut" --seed 0 >/dev/null
+    fi
+    run=$OUT/long-8b-${LAYERS}l
+    rm -rf "$run"
+    peak_start
+    t0=$(date +%s)
+    "$B/ctune" train configs/llama3.1-8b.yaml --set model=$cut --set output_dir=$run \
+        --set "data.train_files=[data/bench-long-128256/train.shard]" --set "data.eval_files=[]" \
+        --set data.max_length=$LONG --set data.tokens_per_micro_batch=$LONG --set training.max_steps=1 \
+        --set training.warmup_steps=1 --set training.save_steps=0 --set training.eval_steps=0 \
+        --set memory.activation_offload=on >"$run.log" 2>&1
+    rc=$?
+    record "llama3.1-8b ${LAYERS} layers, one $LONG-token sequence, offload on" "$run" "$run.log" $rc "$(peak_stop)" \
+        "{\"wall_s\": $(( $(date +%s) - t0 )), \"warmup\": 0}"
+fi
+
+python3 - "$OUT/memory.jsonl" <<'PY'
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    name = r.pop("run")
+    t = r.get("tokens_per_s")
+    step = f"{r['tokens_per_micro_batch'] / t:.2f} s/step" if t and r.get("tokens_per_micro_batch") else ""
+    print(f"{name:<58} " + " ".join(f"{k}={v}" for k, v in r.items() if v is not None and k != "warmup") + " " + step)
+PY

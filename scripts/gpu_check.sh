@@ -6,13 +6,14 @@
 #             tests/test_hf_parity against them
 #   parity50  50 training steps, ctune on CUDA (bf16) vs HF + PEFT replaying the
 #             same batches (bf16), tiny and qwen3-0.6b shapes: max relative loss diff
+#   parity50moe  the same on tiny qwen3_moe and gpt_oss models (experts adapted)
 #   bench     scripts/bench.sh (ctune vs HF + PEFT, qwen3-0.6b shape)
 # Logs and results go to $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 B=${BUILD:-build}
-SECTIONS=${GPU_SECTIONS:-"kernels fixtures parity50 bench"}
+SECTIONS=${GPU_SECTIONS:-"kernels fixtures parity50 parity50moe bench"}
 has() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
@@ -54,6 +55,13 @@ if has parity50; then
     python3 scripts/make_bench_data.py --vocab 151936 --tokens 400000 --out /tmp/p50q.jsonl --seed 1
     "$B/ctune" prepare --in /tmp/p50q.jsonl --out /tmp/p50q --vocab-size 151936 >/dev/null
     parity50 qwen3 configs/models/qwen3-0.6b/config.json configs/qwen3-0.6b.yaml /tmp/p50q/train.shard 4096 2e-4
+fi
+
+if has parity50moe; then
+    echo "== 50-step parity, tiny qwen3_moe"
+    parity50 qwen3_moe configs/models/tiny-moe/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3
+    echo "== 50-step parity, tiny gpt_oss"
+    parity50 gpt_oss configs/models/tiny-gpt-oss/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3
 fi
 
 if has bench; then

@@ -73,9 +73,11 @@ def main():
     ap.add_argument("--attn", default="sdpa")
     ap.add_argument("--checkpointing", action="store_true")
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--adapter", help="train this PEFT adapter (e.g. the initial_adapter ctune wrote under "
+                    "CTUNE_TRACE) instead of a fresh all-linear LoRA: the same modules as ctune, experts included")
     a = ap.parse_args()
 
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
     docs = [d for s in a.shards for d in read_shard(s)]
@@ -83,9 +85,12 @@ def main():
     if a.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
-    cfg = LoraConfig(r=a.rank, lora_alpha=2 * a.rank, target_modules="all-linear", lora_dropout=0.0,
-                     task_type="CAUSAL_LM")
-    model = get_peft_model(model, cfg, autocast_adapter_dtype=True)
+    if a.adapter:
+        model = PeftModel.from_pretrained(model, a.adapter, is_trainable=True, autocast_adapter_dtype=True)
+    else:
+        cfg = LoraConfig(r=a.rank, lora_alpha=2 * a.rank, target_modules="all-linear", lora_dropout=0.0,
+                         task_type="CAUSAL_LM")
+        model = get_peft_model(model, cfg, autocast_adapter_dtype=True)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=2e-4)

@@ -1,0 +1,83 @@
+/* moe_gemm.cuh — the expert tile schedule of moe_gemm.cu's kernels, read on the
+ * device from offsets (E+1) int32 in device memory.
+ *
+ * Every block copies offsets into shared memory (sched_load) and scans them into
+ * toff[e], the first row tile of expert e over the rows inside [c0, c1) (an
+ * expert's rows cut into ceil(rows / bm) tiles that never cross an expert; toff[E]
+ * is the tile count), with warp 0 (sched_tiles). sched_find maps a tile index to
+ * (expert, first row, rows) by binary search over toff. So the host launches a
+ * grid sized without n, and experts without rows own no tiles. */
+#ifndef CT_MOE_GEMM_CUH
+#define CT_MOE_GEMM_CUH
+
+#include "attention.cuh"
+
+#define MOE_MAX_E 1024 /* experts a schedule holds (8 KB of shared memory) */
+
+/* The expert schedule in shared memory: offsets, and toff[e] = the first row tile
+ * of expert e over the rows inside [c0, c1) (toff[E] = the tile count). */
+struct moe_sched {
+    int offs[MOE_MAX_E + 1];
+    int toff[MOE_MAX_E + 1];
+};
+
+struct row_tile {
+    int e, m0, rows; /* expert, first row, rows (1..BM) */
+};
+
+__device__ __forceinline__ int sched_count(const moe_sched &s, int e, int bm, int c0, int c1)
+{
+    int rows = min(s.offs[e + 1], c1) - max(s.offs[e], c0);
+    return rows > 0 ? (rows + bm - 1) / bm : 0;
+}
+
+__device__ __forceinline__ void sched_load(moe_sched &s, const int32_t *offsets, int E)
+{
+    for (int i = threadIdx.x; i <= E; i += blockDim.x) s.offs[i] = offsets[i];
+    __syncthreads();
+}
+
+/* Fills toff for [c0, c1) (warp 0 scans: each lane a run of experts); returns the
+ * tile count. Callers must not be reading toff (a barrier precedes each call). */
+__device__ __forceinline__ int sched_tiles(moe_sched &s, int E, int bm, int c0, int c1)
+{
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x, per = (E + 31) / 32;
+        const int e0 = min(E, lane * per), e1 = min(E, e0 + per);
+        int mine = 0;
+        for (int e = e0; e < e1; e++) mine += sched_count(s, e, bm, c0, c1);
+        int x = mine;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        int run = x - mine;
+        for (int e = e0; e < e1; e++) {
+            s.toff[e] = run;
+            run += sched_count(s, e, bm, c0, c1);
+        }
+        if (lane == 31) s.toff[E] = x;
+    }
+    __syncthreads();
+    return s.toff[E];
+}
+
+/* Row tile rt (< toff[E]): its expert is the last e with toff[e] <= rt (empty
+ * experts share their successor's toff, so the last one is the one with tiles). */
+__device__ __forceinline__ row_tile sched_find(const moe_sched &s, int E, int bm, int c0, int c1, int rt)
+{
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (s.toff[mid] <= rt) lo = mid;
+        else hi = mid - 1;
+    }
+    row_tile t;
+    t.e = lo;
+    t.m0 = max(s.offs[lo], c0) + (rt - s.toff[lo]) * bm;
+    t.rows = min(bm, min(s.offs[lo + 1], c1) - t.m0);
+    return t;
+}
+
+#endif

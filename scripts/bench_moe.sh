@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# MoE benchmark (PERF.md protocol) on the GPU machine: ctune vs HF transformers +
+# PEFT training the same adapter (ctune's initial adapter, experts included) on
+# the same shards, for the qwen3-30b-a3b and gpt-oss-20b shapes cut to fewer
+# layers (SPECS "shape:layers"): the full models are 61 and 42 GB of bf16 on a
+# 64 GB disk. Every layer of a shape is the same size, so tokens/s over the
+# layers scale as 1/layers, apart from the embedding and LM head.
+#   SPECS="qwen3-30b-a3b:12 gpt-oss-20b:8" STEPS=12 WARMUP=4 bash scripts/bench_moe.sh
+# Writes $OUT/moe.jsonl and prints a table; then the per-layer breakdown
+# (bench/moe_layer_bench) and the grouped GEMM microbenchmark (bench/moe_gemm_bench).
+set -u
+OUT=${OUT:-runs/bench-moe}
+B=${BUILD:-build}
+SPECS=${SPECS:-"qwen3-30b-a3b:12 gpt-oss-20b:8"}
+STEPS=${STEPS:-12}
+WARMUP=${WARMUP:-4}
+TPMB=${TPMB:-16384}
+mkdir -p "$OUT"
+: >"$OUT/moe.jsonl"
+peak_start() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/mem.log" 2>/dev/null & MEMPID=$!; }
+peak_stop() { kill $MEMPID 2>/dev/null; wait $MEMPID 2>/dev/null; sort -n "$OUT/mem.log" | tail -n 1 | awk '{printf "%.2f", $1/1024}'; }
+
+for spec in $SPECS; do
+    shape=${spec%:*} layers=${spec#*:}
+    vocab=$(python3 -c "import json; print(json.load(open('configs/models/$shape/config.json'))['vocab_size'])")
+    model=models/$shape-${layers}l
+    if [ ! -f "$model/config.json" ]; then
+        mkdir -p "$OUT/cfg-$shape"
+        python3 - "$shape" "$layers" "$OUT/cfg-$shape/config.json" <<'PY'
+import json, sys
+shape, layers, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+c = json.load(open(f"configs/models/{shape}/config.json"))
+c["num_hidden_layers"] = layers
+if "layer_types" in c:
+    c["layer_types"] = c["layer_types"][:layers]
+json.dump(c, open(out, "w"), indent=1)
+PY
+        "$B/ctune" init --config "$OUT/cfg-$shape/config.json" --out "$model" --seed 0 >/dev/null
+    fi
+    data=data/bench-moe-$vocab
+    if [ ! -f "$data/train.shard" ]; then
+        python3 scripts/make_bench_data.py --vocab "$vocab" --tokens $((TPMB * (STEPS + 6))) --out "$OUT/data-$vocab.jsonl"
+        "$B/ctune" prepare --in "$OUT/data-$vocab.jsonl" --out "$data" --vocab-size "$vocab" >/dev/null
+    fi
+    run=$OUT/ctune-$shape
+    rm -rf "$run" "$OUT/trace-$shape"
+    peak_start
+    CTUNE_TRACE=$OUT/trace-$shape "$B/ctune" train configs/$shape.yaml --set model="$model" --set output_dir="$run" \
+        --set "data.train_files=[$data/train.shard]" --set "data.eval_files=[]" --set data.tokens_per_micro_batch=$TPMB \
+        --set training.max_steps="$STEPS" --set training.warmup_steps=2 --set training.logging_steps=1 \
+        --set training.save_steps=0 --set training.eval_steps=0 >"$run.log" 2>&1
+    rc=$?
+    peak=$(peak_stop)
+    python3 - "$run/metrics.jsonl" "$WARMUP" "$shape" "$layers" "$peak" "$rc" "$run.log" >>"$OUT/moe.jsonl" <<'PY'
+import json, statistics, sys, re
+path, warm, shape, layers, peak, rc, log = sys.argv[1:8]
+try:
+    rows = [json.loads(l) for l in open(path) if '"loss"' in l]
+except OSError:
+    rows = []
+tps = [r["tokens_per_second"] for r in rows if r["step"] > int(warm)]
+syncs = re.findall(r"host syncs per step: ([0-9.]+)", open(log).read())
+err = [l for l in open(log).read().splitlines() if l.startswith("ctune")][-1:]
+print(json.dumps({"shape": f"{shape} ({layers} layers)", "system": "ctune", "rc": int(rc),
+                  "tokens_per_s": round(statistics.median(tps), 1) if tps else None, "peak_gib_smi": float(peak or 0),
+                  "host_syncs_per_step": float(syncs[0]) if syncs else None,
+                  "error": err[0][:160] if int(rc) and err else None}))
+PY
+    peak_start
+    timeout 900 python3 scripts/hf_bench.py --model "$model" --shards "$data/train.shard" --steps "$STEPS" \
+        --warmup "$WARMUP" --mode packed --tokens-per-step $TPMB --adapter "$OUT/trace-$shape/initial_adapter" \
+        >"$OUT/hf-$shape.log" 2>&1
+    rc=$?
+    peak=$(peak_stop)
+    line=$(grep '^{' "$OUT/hf-$shape.log" | tail -n 1)
+    [ -n "$line" ] || line="{\"system\": \"hf+peft packed\", \"rc\": $rc, \"error\": \"$(tail -n 1 "$OUT/hf-$shape.log" | tr -d '"\\' | cut -c1-160)\"}"
+    python3 -c "import json,sys; d=json.loads(sys.argv[1]); d.update(shape=sys.argv[2], peak_gib_smi=float(sys.argv[3] or 0)); print(json.dumps(d))" \
+        "$line" "$shape ($layers layers)" "$peak" >>"$OUT/moe.jsonl"
+done
+python3 - "$OUT/moe.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+hf = {r["shape"]: r.get("tokens_per_s") for r in rows if r["system"].startswith("hf")}
+print(f"{'shape':<26} {'system':<24} {'tok/s':>9} {'peak GiB':>9} {'syncs/step':>10} {'vs HF':>7}")
+for r in rows:
+    t = r.get("tokens_per_s")
+    ratio = f"{t / hf[r['shape']]:.2f}x" if t and hf.get(r["shape"]) else "-"
+    err = "" if t else " " + str(r.get("error", "failed"))[:70]
+    print(f"{r['shape']:<26} {r['system']:<24} {str(t):>9} {r.get('peak_gib_smi', 0):>9} "
+          f"{str(r.get('host_syncs_per_step', '') or ''):>10} {ratio:>7}{err}")
+PY
+echo "== one MoE layer (T=16384): where the time goes"
+"$B/bench/moe_layer_bench" 10
+echo "== grouped GEMM"
+"$B/bench/moe_gemm_bench" 10

@@ -1,0 +1,413 @@
+/* test_cuda_moe_gemm.c — the CUDA grouped expert GEMMs and expert LoRA
+ * (moe_linear_fwd, moe_linear_bwd_input, moe_lora_fwd, moe_lora_bwd) against the
+ * CPU reference, which runs the dense ops once per expert.
+ *
+ * As in test_backend_cuda.c: fresh random inputs rounded to bf16 (both backends
+ * see identical values), comparisons normwise (max|gpu - cpu| / max|cpu|), NaN
+ * never passes. Tolerances: bf16 outputs of GEMMs 2e-2; the fp32 LoRA gradients
+ * dA, dB 1e-2 (their only bf16 roundings are of A, B, u and g). Row counts per
+ * expert include zero, one, all rows and sizes that are not multiples of the
+ * kernels' 128-row and 128/32-column tiles; every buffer has rows past the last
+ * expert's, which no op may write. Without a GPU every test reports
+ * "skip NAME: skipped: no GPU". */
+#include "backend.h"
+#include "check.h"
+
+#include <math.h>
+#include <stdint.h>
+
+static ct_backend *cpu, *gpu;
+static ct_rng rng;
+
+#define NEED_GPU() do { if (!gpu) SKIP("skipped: no GPU"); } while (0)
+#define SPARE_ROWS 5 /* rows past offsets[E] in every row buffer: must stay untouched */
+
+typedef struct { void *c, *g; } pair; /* the same tensor on the CPU and the GPU */
+
+/* n bf16-representable values uniform in [-a, a] (caller frees). */
+static float *rnd(size_t n, float a)
+{
+    float *x = ct_malloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++)
+        x[i] = ct_bf16_to_f32(ct_f32_to_bf16(a * (2.0f * (float)ct_rng_uniform(&rng) - 1.0f)));
+    return x;
+}
+
+static pair put_act(const float *h, size_t n)
+{
+    pair p = {cpu->alloc(cpu, n * cpu->act_bytes), gpu->alloc(gpu, n * gpu->act_bytes)};
+    cpu->act_from_f32(cpu, p.c, h, n);
+    gpu->act_from_f32(gpu, p.g, h, n);
+    return p;
+}
+
+static pair put_weight(const float *h, size_t n)
+{
+    pair p = {cpu->alloc(cpu, n * cpu->weight_bytes), gpu->alloc(gpu, n * gpu->weight_bytes)};
+    cpu->upload_weight(cpu, p.c, h, CT_DTYPE_F32, n);
+    gpu->upload_weight(gpu, p.g, h, CT_DTYPE_F32, n);
+    return p;
+}
+
+static pair put_raw(const void *h, size_t bytes) /* fp32 or int32 */
+{
+    pair p = {cpu->alloc(cpu, bytes), gpu->alloc(gpu, bytes)};
+    cpu->upload(cpu, p.c, h, bytes);
+    gpu->upload(gpu, p.g, h, bytes);
+    return p;
+}
+
+static void drop(pair p)
+{
+    cpu->free(cpu, p.c);
+    gpu->free(gpu, p.g);
+}
+
+/* Error of an act tensor: rows x cols at stride ld (elements). */
+static double act_err(pair p, size_t rows, size_t cols, size_t ld)
+{
+    size_t n = (rows - 1) * ld + cols;
+    float *c = ct_malloc(n * sizeof(float)), *g = ct_malloc(n * sizeof(float));
+    float *cs = ct_malloc(rows * cols * sizeof(float)), *gs = ct_malloc(rows * cols * sizeof(float));
+    cpu->act_to_f32(cpu, c, p.c, n);
+    gpu->act_to_f32(gpu, g, p.g, n);
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < cols; j++) {
+            cs[r * cols + j] = c[r * ld + j];
+            gs[r * cols + j] = g[r * ld + j];
+        }
+    double e = check_max_norm_err(gs, cs, rows * cols);
+    free(c); free(g); free(cs); free(gs);
+    return e;
+}
+
+static double f32_err(pair p, size_t n)
+{
+    float *c = ct_malloc(n * sizeof(float) + 4), *g = ct_malloc(n * sizeof(float) + 4);
+    cpu->download(cpu, c, p.c, n * sizeof(float));
+    gpu->download(gpu, g, p.g, n * sizeof(float));
+    double e = check_max_norm_err(g, c, n);
+    free(c); free(g);
+    return e;
+}
+
+/* Whether rows [r0, r0 + rows) of an act tensor (stride ld, first cols) still
+ * equal h on the GPU, bit for bit. */
+static bool rows_unchanged(pair p, const float *h, size_t r0, size_t rows, size_t cols, size_t ld)
+{
+    size_t n = rows * ld;
+    float *g = ct_malloc(n * sizeof(float));
+    gpu->act_to_f32(gpu, g, (char *)p.g + r0 * ld * gpu->act_bytes, n);
+    bool same = true;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < cols; j++) same &= g[r * ld + j] == h[(r0 + r) * ld + j];
+    free(g);
+    return same;
+}
+
+/* The experts' row ranges: offsets (E+1) from counts (E); returns n. */
+static int offsets_of(int32_t *off, const int *counts, int E)
+{
+    off[0] = 0;
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + counts[e];
+    return off[E];
+}
+
+/* Uneven routing: about n rows over E experts with log-normal weights; every
+ * 5th expert gets none and one gets a single row (when E > 5). */
+static void uneven_counts(int *counts, int E, int n)
+{
+    double *w = ct_malloc(E * sizeof(double)), sum = 0;
+    for (int e = 0; e < E; e++) sum += w[e] = e % 5 == 4 ? 0.0 : exp(1.5 * ct_rng_normal(&rng));
+    for (int e = 0; e < E; e++) counts[e] = (int)floor(n * w[e] / sum);
+    if (E > 5) counts[3] = 1;
+    free(w);
+}
+
+/* ---- grouped GEMM ---- */
+
+typedef struct {
+    int E, in, out, ldx, ldy;
+    const int *counts;
+} gemm_case;
+
+/* y (n + SPARE_ROWS rows) from moe_linear_fwd on both backends, for each bias /
+ * accumulate combination; checks the rows of the experts and the spare rows. */
+static void fwd_case(const gemm_case *k)
+{
+    int32_t *off = ct_malloc((k->E + 1) * sizeof(int32_t));
+    int n = offsets_of(off, k->counts, k->E), rows = n + SPARE_ROWS;
+    size_t nW = (size_t)k->E * k->out * k->in;
+    float *x = rnd((size_t)rows * k->ldx, 1.0f), *W = rnd(nW, 0.1f), *b = rnd((size_t)k->E * k->out, 0.5f);
+    float *y0 = rnd((size_t)rows * k->ldy, 1.0f);
+    pair px = put_act(x, (size_t)rows * k->ldx), pW = put_weight(W, nW), pb = put_weight(b, (size_t)k->E * k->out);
+    pair po = put_raw(off, (k->E + 1) * sizeof(int32_t));
+    for (int bias = 0; bias <= 1; bias++)
+        for (int acc = 0; acc <= 1; acc++) {
+            pair py = put_act(y0, (size_t)rows * k->ldy);
+            cpu->moe_linear_fwd(cpu, py.c, k->ldy, px.c, k->ldx, pW.c, bias ? pb.c : NULL, po.c, k->E, k->in,
+                                k->out, acc);
+            gpu->moe_linear_fwd(gpu, py.g, k->ldy, px.g, k->ldx, pW.g, bias ? pb.g : NULL, po.g, k->E, k->in,
+                                k->out, acc);
+            double e = n > 0 ? act_err(py, n, k->out, k->ldy) : 0.0;
+            CHECK(e < 2e-2, "y rel err %g (E %d, n %d, in %d, out %d, bias %d, accumulate %d)", e, k->E, n, k->in,
+                  k->out, bias, acc);
+            CHECK(rows_unchanged(py, y0, n, SPARE_ROWS, k->ldy, k->ldy), "rows past offsets[E] were written");
+            drop(py);
+        }
+    drop(px); drop(pW); drop(pb); drop(po);
+    free(off); free(x); free(W); free(b); free(y0);
+}
+
+static void bwd_case(const gemm_case *k) /* ldx: dx's stride, ldy: dy's */
+{
+    int32_t *off = ct_malloc((k->E + 1) * sizeof(int32_t));
+    int n = offsets_of(off, k->counts, k->E), rows = n + SPARE_ROWS;
+    size_t nW = (size_t)k->E * k->out * k->in;
+    float *dy = rnd((size_t)rows * k->ldy, 1.0f), *W = rnd(nW, 0.1f), *dx0 = rnd((size_t)rows * k->ldx, 1.0f);
+    pair pdy = put_act(dy, (size_t)rows * k->ldy), pW = put_weight(W, nW);
+    pair po = put_raw(off, (k->E + 1) * sizeof(int32_t));
+    for (int acc = 0; acc <= 1; acc++) {
+        pair pdx = put_act(dx0, (size_t)rows * k->ldx);
+        cpu->moe_linear_bwd_input(cpu, pdx.c, k->ldx, pdy.c, k->ldy, pW.c, po.c, k->E, k->in, k->out, acc);
+        gpu->moe_linear_bwd_input(gpu, pdx.g, k->ldx, pdy.g, k->ldy, pW.g, po.g, k->E, k->in, k->out, acc);
+        double e = n > 0 ? act_err(pdx, n, k->in, k->ldx) : 0.0;
+        CHECK(e < 2e-2, "dx rel err %g (E %d, n %d, in %d, out %d, accumulate %d)", e, k->E, n, k->in, k->out, acc);
+        CHECK(rows_unchanged(pdx, dx0, n, SPARE_ROWS, k->ldx, k->ldx), "rows past offsets[E] were written");
+        drop(pdx);
+    }
+    drop(pdy); drop(pW); drop(po);
+    free(off); free(dy); free(W); free(dx0);
+}
+
+/* Edge tiles everywhere: in = 72 (a 32-wide k step and a partial one), out = 200
+ * (a partial 128-column tile), experts with 0, 1, 127, 129 and 300 rows. */
+static const int COUNTS8[8] = {0, 1, 127, 129, 0, 300, 64, 17};
+
+TEST(moe_linear_fwd_matches_cpu_on_edge_tiles_with_bias_accumulate_and_strides)
+{
+    NEED_GPU();
+    gemm_case k = {8, 72, 200, 80, 224, COUNTS8};
+    fwd_case(&k);
+}
+
+TEST(moe_linear_fwd_one_expert_with_all_rows_and_a_single_row)
+{
+    NEED_GPU();
+    int all1[1] = {300};
+    gemm_case k1 = {1, 128, 136, 128, 136, all1};
+    fwd_case(&k1);
+    int all32[32] = {0};
+    all32[17] = 257;
+    gemm_case k32 = {32, 64, 520, 72, 520, all32};
+    fwd_case(&k32);
+    int one[8] = {0, 0, 0, 0, 0, 1, 0, 0};
+    gemm_case k8 = {8, 256, 64, 256, 64, one};
+    fwd_case(&k8);
+}
+
+TEST(moe_linear_fwd_matches_cpu_with_128_uneven_experts)
+{
+    NEED_GPU();
+    int counts[128];
+    uneven_counts(counts, 128, 6000);
+    gemm_case k = {128, 264, 392, 264, 400, counts};
+    fwd_case(&k);
+}
+
+TEST(moe_linear_fwd_matches_cpu_over_a_long_reduction)
+{
+    NEED_GPU();
+    int counts[32];
+    uneven_counts(counts, 32, 1500);
+    gemm_case k = {32, 1032, 264, 1040, 264, counts};
+    fwd_case(&k);
+}
+
+TEST(moe_linear_bwd_input_matches_cpu_on_edge_tiles_overwrite_and_accumulate)
+{
+    NEED_GPU();
+    gemm_case k = {8, 72, 200, 80, 208, COUNTS8};
+    bwd_case(&k);
+}
+
+TEST(moe_linear_bwd_input_matches_cpu_with_uneven_experts)
+{
+    NEED_GPU();
+    int counts[32];
+    uneven_counts(counts, 32, 2500);
+    gemm_case k = {32, 392, 1032, 392, 1040, counts};
+    bwd_case(&k);
+    int c128[128];
+    uneven_counts(c128, 128, 4000);
+    gemm_case k128 = {128, 136, 264, 144, 264, c128};
+    bwd_case(&k128);
+    int all1[1] = {129};
+    gemm_case k1 = {1, 200, 72, 200, 72, all1};
+    bwd_case(&k1);
+}
+
+/* ---- expert LoRA ---- */
+
+typedef struct {
+    int E, in, out, R, ldx, ldy;
+    const int *counts;
+    float p;
+    int with_dx;
+} lora_case;
+
+/* moe_lora_fwd on y, then moe_lora_bwd into dA, dB (accumulating onto random
+ * values) and dx (or NULL: dx must stay as it was). A wrong dropout mask (a
+ * wrong seed per expert or a wrong row index) gives errors of order 1. */
+static void lora_run(const lora_case *k)
+{
+    int32_t *off = ct_malloc((k->E + 1) * sizeof(int32_t));
+    int n = offsets_of(off, k->counts, k->E), rows = n + SPARE_ROWS;
+    size_t nA = (size_t)k->E * k->R * k->in, nB = (size_t)k->E * k->out * k->R;
+    float scale = 2.0f;
+    uint64_t seed = 0x5eed0123ull;
+    float *x = rnd((size_t)rows * k->ldx, 1.0f), *A = rnd(nA, 0.1f), *B = rnd(nB, 0.1f);
+    float *y0 = rnd((size_t)rows * k->ldy, 0.05f), *dy = rnd((size_t)rows * k->ldy, 1.0f);
+    float *dA0 = rnd(nA, 0.5f), *dB0 = rnd(nB, 0.5f), *dx0 = rnd((size_t)rows * k->ldx, 0.05f);
+    pair px = put_act(x, (size_t)rows * k->ldx), pA = put_raw(A, nA * 4), pB = put_raw(B, nB * 4);
+    pair py = put_act(y0, (size_t)rows * k->ldy), pdy = put_act(dy, (size_t)rows * k->ldy);
+    pair pdA = put_raw(dA0, nA * 4), pdB = put_raw(dB0, nB * 4), pdx = put_act(dx0, (size_t)rows * k->ldx);
+    pair po = put_raw(off, (k->E + 1) * sizeof(int32_t));
+
+    cpu->moe_lora_fwd(cpu, py.c, k->ldy, px.c, k->ldx, pA.c, pB.c, po.c, k->E, k->in, k->out, k->R, scale, k->p, seed);
+    gpu->moe_lora_fwd(gpu, py.g, k->ldy, px.g, k->ldx, pA.g, pB.g, po.g, k->E, k->in, k->out, k->R, scale, k->p, seed);
+    double e = n > 0 ? act_err(py, n, k->out, k->ldy) : 0.0;
+    CHECK(e < 2e-2, "fwd y rel err %g (E %d, n %d, R %d, p %g)", e, k->E, n, k->R, k->p);
+    CHECK(rows_unchanged(py, y0, n, SPARE_ROWS, k->ldy, k->ldy), "fwd wrote rows past offsets[E]");
+
+    cpu->moe_lora_bwd(cpu, k->with_dx ? pdx.c : NULL, k->ldx, pdA.c, pdB.c, pdy.c, k->ldy, px.c, k->ldx, pA.c, pB.c,
+                      po.c, k->E, k->in, k->out, k->R, scale, k->p, seed);
+    gpu->moe_lora_bwd(gpu, k->with_dx ? pdx.g : NULL, k->ldx, pdA.g, pdB.g, pdy.g, k->ldy, px.g, k->ldx, pA.g, pB.g,
+                      po.g, k->E, k->in, k->out, k->R, scale, k->p, seed);
+    double ea = f32_err(pdA, nA), eb = f32_err(pdB, nB);
+    CHECK(ea < 1e-2, "dA rel err %g (E %d, n %d, R %d, p %g)", ea, k->E, n, k->R, k->p);
+    CHECK(eb < 1e-2, "dB rel err %g (E %d, n %d, R %d, p %g)", eb, k->E, n, k->R, k->p);
+    if (k->with_dx) {
+        double ex = n > 0 ? act_err(pdx, n, k->in, k->ldx) : 0.0;
+        CHECK(ex < 2e-2, "dx rel err %g (E %d, n %d, R %d, p %g)", ex, k->E, n, k->R, k->p);
+        CHECK(rows_unchanged(pdx, dx0, n, SPARE_ROWS, k->ldx, k->ldx), "bwd wrote dx rows past offsets[E]");
+    } else {
+        CHECK(rows_unchanged(pdx, dx0, 0, rows, k->ldx, k->ldx), "dx is NULL, yet the buffer changed");
+    }
+    drop(px); drop(pA); drop(pB); drop(py); drop(pdy); drop(pdA); drop(pdB); drop(pdx); drop(po);
+    free(off); free(x); free(A); free(B); free(y0); free(dy); free(dA0); free(dB0); free(dx0);
+}
+
+TEST(moe_lora_fwd_bwd_match_cpu_without_dropout)
+{
+    NEED_GPU();
+    lora_case k = {8, 72, 200, 16, 80, 216, COUNTS8, 0.0f, 1};
+    lora_run(&k);
+    int all1[1] = {300};
+    lora_case k1 = {1, 128, 64, 16, 128, 64, all1, 0.0f, 1};
+    lora_run(&k1);
+}
+
+TEST(moe_lora_dropout_masks_match_cpu_per_expert)
+{
+    NEED_GPU();
+    lora_case k = {8, 72, 200, 8, 72, 200, COUNTS8, 0.1f, 1};
+    lora_run(&k);
+    lora_case knull = {8, 136, 64, 24, 144, 64, COUNTS8, 0.1f, 0};
+    lora_run(&knull);
+}
+
+TEST(moe_lora_matches_cpu_with_128_uneven_experts_and_rank_64)
+{
+    NEED_GPU();
+    int counts[128];
+    uneven_counts(counts, 128, 5000);
+    lora_case k = {128, 128, 64, 16, 128, 72, counts, 0.1f, 1};
+    lora_run(&k);
+    int c32[32];
+    uneven_counts(c32, 32, 2000);
+    lora_case k64 = {32, 264, 136, 64, 264, 136, c32, 0.0f, 1};
+    lora_run(&k64);
+}
+
+/* Rank 64 keeps u and g of 32768 rows per backward chunk: 40000 rows take two
+ * chunks, the boundary inside expert 2, with dropout (the row index restarts
+ * per expert, not per chunk). */
+TEST(moe_lora_bwd_matches_cpu_over_several_row_chunks)
+{
+    NEED_GPU();
+    int counts[4] = {15000, 0, 20000, 5000};
+    lora_case k = {4, 64, 48, 64, 64, 48, counts, 0.1f, 1};
+    lora_run(&k);
+}
+
+/* Each gradient element has one owner and a fixed summation order. */
+TEST(moe_lora_bwd_is_bit_reproducible)
+{
+    NEED_GPU();
+    int E = 32, in = 136, out = 200, R = 16, counts[32];
+    uneven_counts(counts, E, 3000);
+    int32_t off[33];
+    int n = offsets_of(off, counts, E);
+    size_t nA = (size_t)E * R * in, nB = (size_t)E * out * R;
+    float *x = rnd((size_t)n * in, 1.0f), *dy = rnd((size_t)n * out, 1.0f), *A = rnd(nA, 0.1f), *B = rnd(nB, 0.1f);
+    size_t ab = gpu->act_bytes, nx = (size_t)n * in;
+    void *gx = gpu->alloc(gpu, nx * ab), *gdy = gpu->alloc(gpu, (size_t)n * out * ab);
+    void *gdx = gpu->alloc(gpu, nx * ab), *go = gpu->alloc(gpu, sizeof off);
+    float *gA = gpu->alloc(gpu, nA * 4), *gB = gpu->alloc(gpu, nB * 4);
+    float *gdA = gpu->alloc(gpu, nA * 4), *gdB = gpu->alloc(gpu, nB * 4);
+    gpu->act_from_f32(gpu, gx, x, nx);
+    gpu->act_from_f32(gpu, gdy, dy, (size_t)n * out);
+    gpu->upload(gpu, gA, A, nA * 4);
+    gpu->upload(gpu, gB, B, nB * 4);
+    gpu->upload(gpu, go, off, sizeof off);
+    char *dx[2];
+    float *dA[2], *dB[2];
+    for (int run = 0; run < 2; run++) {
+        gpu->zero(gpu, gdA, nA * 4);
+        gpu->zero(gpu, gdB, nB * 4);
+        gpu->zero(gpu, gdx, nx * ab);
+        gpu->moe_lora_bwd(gpu, gdx, in, gdA, gdB, gdy, out, gx, in, gA, gB, go, E, in, out, R, 2.0f, 0.1f, 99);
+        dx[run] = ct_malloc(nx * ab);
+        dA[run] = ct_malloc(nA * 4);
+        dB[run] = ct_malloc(nB * 4);
+        gpu->download(gpu, dx[run], gdx, nx * ab);
+        gpu->download(gpu, dA[run], gdA, nA * 4);
+        gpu->download(gpu, dB[run], gdB, nB * 4);
+    }
+    double sa = 0;
+    for (size_t i = 0; i < nA; i++) sa += fabs(dA[0][i]);
+    CHECK(sa > 0 && isfinite(sa), "dA is zero or not finite (sum |dA| = %g)", sa);
+    CHECK(memcmp(dA[0], dA[1], nA * 4) == 0, "dA differs between two identical runs");
+    CHECK(memcmp(dB[0], dB[1], nB * 4) == 0, "dB differs between two identical runs");
+    CHECK(memcmp(dx[0], dx[1], nx * ab) == 0, "dx differs between two identical runs");
+    for (int run = 0; run < 2; run++) {
+        free(dx[run]); free(dA[run]); free(dB[run]);
+    }
+    gpu->free(gpu, gx); gpu->free(gpu, gdy); gpu->free(gpu, gdx); gpu->free(gpu, go);
+    gpu->free(gpu, gA); gpu->free(gpu, gB); gpu->free(gpu, gdA); gpu->free(gpu, gdB);
+    free(x); free(dy); free(A); free(B);
+}
+
+int main(void)
+{
+    ct_error err = {0};
+    cpu = backend_cpu_new();
+    gpu = backend_cuda_new(&err);
+    if (!gpu) printf("# CUDA backend unavailable: %s\n", err.msg);
+    ct_rng_seed(&rng, 20261207);
+    RUN(moe_linear_fwd_matches_cpu_on_edge_tiles_with_bias_accumulate_and_strides);
+    RUN(moe_linear_fwd_one_expert_with_all_rows_and_a_single_row);
+    RUN(moe_linear_fwd_matches_cpu_with_128_uneven_experts);
+    RUN(moe_linear_fwd_matches_cpu_over_a_long_reduction);
+    RUN(moe_linear_bwd_input_matches_cpu_on_edge_tiles_overwrite_and_accumulate);
+    RUN(moe_linear_bwd_input_matches_cpu_with_uneven_experts);
+    RUN(moe_lora_fwd_bwd_match_cpu_without_dropout);
+    RUN(moe_lora_dropout_masks_match_cpu_per_expert);
+    RUN(moe_lora_matches_cpu_with_128_uneven_experts_and_rank_64);
+    RUN(moe_lora_bwd_matches_cpu_over_several_row_chunks);
+    RUN(moe_lora_bwd_is_bit_reproducible);
+    if (gpu) gpu->destroy(gpu);
+    cpu->destroy(cpu);
+    return check_summary();
+}

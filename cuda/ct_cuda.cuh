@@ -46,6 +46,9 @@ struct cuda_ctx {
     cudaStream_t copy_stream;
     cudaEvent_t compute_mark;                  /* "everything queued on stream so far" */
     cudaEvent_t slot_done[CT_OFFLOAD_SLOTS];   /* last copy issued on each slot */
+    /* batch upload (offload.cu) */
+    cudaEvent_t upload_released[CT_UPLOAD_SLOTS]; /* compute done reading the slot's set */
+    cudaEvent_t upload_done[CT_UPLOAD_SLOTS];     /* the slot's last copy */
 };
 
 static inline cuda_ctx *ctx_of(ct_backend *be) { return (cuda_ctx *)be->ctx; }

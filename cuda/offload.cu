@@ -1,6 +1,7 @@
-/* offload.cu — what the memory plan and activation offload need from the GPU:
- * free memory, an up-front scratch reservation, page-locked host memory, and
- * device<->host copies on a second stream (backend.h, "activation offload").
+/* offload.cu — what the memory plan, activation offload and batch upload need
+ * from the GPU: free memory, an up-front scratch reservation, page-locked host
+ * memory, and device<->host copies on a second stream (backend.h, "activation
+ * offload" and "batch upload").
  *
  * Ordering without host waits: a store or load first records compute_mark on
  * the compute stream and makes the copy stream wait for it (so the copy sees
@@ -18,12 +19,20 @@ void cuda_offload_init(cuda_ctx *c)
     CUDA_CHECK(cudaEventCreateWithFlags(&c->compute_mark, cudaEventDisableTiming));
     for (int i = 0; i < CT_OFFLOAD_SLOTS; i++)
         CUDA_CHECK(cudaEventCreateWithFlags(&c->slot_done[i], cudaEventDisableTiming));
+    for (int i = 0; i < CT_UPLOAD_SLOTS; i++) {
+        CUDA_CHECK(cudaEventCreateWithFlags(&c->upload_released[i], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&c->upload_done[i], cudaEventDisableTiming));
+    }
 }
 
 void cuda_offload_destroy(cuda_ctx *c)
 {
     CUDA_CHECK(cudaStreamSynchronize(c->copy_stream));
     for (int i = 0; i < CT_OFFLOAD_SLOTS; i++) CUDA_CHECK(cudaEventDestroy(c->slot_done[i]));
+    for (int i = 0; i < CT_UPLOAD_SLOTS; i++) {
+        CUDA_CHECK(cudaEventDestroy(c->upload_released[i]));
+        CUDA_CHECK(cudaEventDestroy(c->upload_done[i]));
+    }
     CUDA_CHECK(cudaEventDestroy(c->compute_mark));
     CUDA_CHECK(cudaStreamDestroy(c->copy_stream));
 }
@@ -101,8 +110,52 @@ static void cuda_offload_wait(ct_backend *be, int slot)
     CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->slot_done[slot], 0));
 }
 
+static void check_upload_slot(int slot)
+{
+    CT_ASSERT(slot >= 0 && slot < CT_UPLOAD_SLOTS, "upload slot %d out of range", slot);
+}
+
+static void cuda_upload_release(ct_backend *be, int slot)
+{
+    check_upload_slot(slot);
+    CUDA_CHECK(cudaEventRecord(ctx_of(be)->upload_released[slot], ctx_of(be)->stream));
+}
+
+/* Waits only for the compute that read this slot's set last, not for the work
+ * queued since: the copy overlaps the current micro-batch. */
+static void cuda_upload_async(ct_backend *be, void *dst, const void *host_src, size_t bytes, int slot)
+{
+    cuda_ctx *c = ctx_of(be);
+    check_upload_slot(slot);
+    CUDA_CHECK(cudaStreamWaitEvent(c->copy_stream, c->upload_released[slot], 0));
+    CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, c->copy_stream));
+    CUDA_CHECK(cudaEventRecord(c->upload_done[slot], c->copy_stream));
+}
+
+static void cuda_upload_wait(ct_backend *be, int slot)
+{
+    check_upload_slot(slot);
+    CUDA_CHECK(cudaStreamWaitEvent(ctx_of(be)->stream, ctx_of(be)->upload_done[slot], 0));
+}
+
+static bool cuda_upload_host_wait(ct_backend *be, int slot)
+{
+    cuda_ctx *c = ctx_of(be);
+    check_upload_slot(slot);
+    cudaError_t e = cudaEventQuery(c->upload_done[slot]);
+    if (e == cudaSuccess) return false;
+    if (e != cudaErrorNotReady) CUDA_CHECK(e);
+    (void)cudaGetLastError(); /* not-ready is an answer, not an error */
+    CUDA_CHECK(cudaEventSynchronize(c->upload_done[slot]));
+    return true;
+}
+
 void cuda_fill_offload_ops(ct_backend *be)
 {
+    be->upload_release = cuda_upload_release;
+    be->upload_async = cuda_upload_async;
+    be->upload_wait = cuda_upload_wait;
+    be->upload_host_wait = cuda_upload_host_wait;
     be->memory_free = cuda_memory_free;
     be->reserve_scratch = cuda_reserve_scratch;
     be->host_alloc = cuda_host_alloc;

@@ -80,6 +80,20 @@ struct ct_backend {
     void (*offload_load)(ct_backend *be, void *dst, const void *host_src, size_t bytes, int slot);
     void (*offload_wait)(ct_backend *be, int slot);
 
+    /* ---- batch upload (graph_set_batch) ----
+     * The next micro-batch's tokens and metadata go up from page-locked memory on
+     * the copy stream while the current one computes, into one of
+     * CT_UPLOAD_SLOTS device sets: upload_release(slot) marks the point where the
+     * compute stream is done reading set `slot`; upload_async copies after that
+     * mark and marks the copy done; upload_wait makes later compute wait for it;
+     * upload_host_wait returns once the slot's last copy has read its host
+     * buffer (true if the host had to wait, which graph counts as a sync). */
+#define CT_UPLOAD_SLOTS 2
+    void (*upload_release)(ct_backend *be, int slot);
+    void (*upload_async)(ct_backend *be, void *dst, const void *host_src, size_t bytes, int slot);
+    void (*upload_wait)(ct_backend *be, int slot);
+    bool (*upload_host_wait)(ct_backend *be, int slot);
+
     /* ---- model ops ---- */
     /* out (T,H) act = table[ids[t]] ; table (V,H) weight */
     void (*embedding)(ct_backend *be, void *out, const int32_t *ids, const void *table, int T, int H);

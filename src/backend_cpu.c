@@ -105,6 +105,14 @@ static void cpu_offload_copy(ct_backend *be, void *dst, const void *src, size_t 
     CT_ASSERT(slot >= 0 && slot < CT_OFFLOAD_SLOTS, "offload slot %d out of range", slot);
     memcpy(dst, src, bytes);
 }
+static void cpu_upload_release(ct_backend *be, int slot) {}
+static void cpu_upload_async(ct_backend *be, void *dst, const void *src, size_t bytes, int slot)
+{
+    CT_ASSERT(slot >= 0 && slot < CT_UPLOAD_SLOTS, "upload slot %d out of range", slot);
+    memcpy(dst, src, bytes);
+}
+static void cpu_upload_wait(ct_backend *be, int slot) {}
+static bool cpu_upload_host_wait(ct_backend *be, int slot) { return false; }
 static void cpu_offload_wait(ct_backend *be, int slot)
 {
     CT_ASSERT(slot >= 0 && slot < CT_OFFLOAD_SLOTS, "offload slot %d out of range", slot);
@@ -433,6 +441,10 @@ ct_backend *backend_cpu_new(void)
     be->offload_store = cpu_offload_copy;
     be->offload_load = cpu_offload_copy;
     be->offload_wait = cpu_offload_wait;
+    be->upload_release = cpu_upload_release;
+    be->upload_async = cpu_upload_async;
+    be->upload_wait = cpu_upload_wait;
+    be->upload_host_wait = cpu_upload_host_wait;
     be->embedding = cpu_embedding;
     be->rmsnorm_fwd = cpu_rmsnorm_fwd;
     be->rmsnorm_bwd = cpu_rmsnorm_bwd;

@@ -56,7 +56,14 @@ struct ct_graph {
     void *dgu;            /* (C, 2I) */
     void *dattn;          /* (T, Q) */
     void *dqkv, *dqkv2;   /* (T, QKV) */
-    int32_t *tokens, *positions, *cu_seqlens, *target_rows, *target_ids; /* device copies */
+    int32_t *tokens, *positions, *cu_seqlens, *target_rows, *target_ids; /* the current batch's device set */
+    /* Batch upload (graph_set_batch): CT_UPLOAD_SLOTS device sets of the five
+     * arrays above, each (5T + 1) int32, filled from page-locked staging on the
+     * copy stream, micro-batches alternating between them. */
+    int32_t *batch_dev[CT_UPLOAD_SLOTS];
+    int32_t *batch_host[CT_UPLOAD_SLOTS];
+    bool batch_pinned[CT_UPLOAD_SLOTS];
+    unsigned batch_count;
     float *loss_sum;
     ct_moe *moe;          /* sparse layers' buffers; NULL for a dense model */
     bool router_aux;      /* add the load-balancing loss in training steps */
@@ -68,6 +75,10 @@ struct ct_graph {
 };
 
 static void *act_at(const ct_graph *g, void *p, size_t elems) { return (char *)p + elems * g->be->act_bytes; }
+
+/* One batch set: tokens, positions (T each), cu_seqlens (T + 1), target rows
+ * and ids (T each), int32, in that order. */
+static size_t batch_set_bytes(const ct_graph *g) { return ((size_t)5 * g->capacity + 1) * sizeof(int32_t); }
 
 /* Every device buffer, in the arena's order: saved layer inputs, staging, the
  * working set (layer intermediates, backward scratch, MoE), batch metadata.
@@ -119,11 +130,7 @@ static void graph_layout(ct_graph *g, ct_arena *ar)
     if (g->moe) moe_layout(g->moe, ar);
     g->sizes.working = ar->used - mark;
     mark = ar->used;
-    g->tokens = arena_take(ar, T * 4);
-    g->positions = arena_take(ar, T * 4);
-    g->cu_seqlens = arena_take(ar, (T + 1) * 4);
-    g->target_rows = arena_take(ar, T * 4);
-    g->target_ids = arena_take(ar, T * 4);
+    for (int i = 0; i < CT_UPLOAD_SLOTS; i++) g->batch_dev[i] = arena_take(ar, batch_set_bytes(g));
     g->loss_sum = arena_take(ar, F);
     g->aux_loss_sum = arena_take(ar, F);
     g->sizes.batch = ar->used - mark;
@@ -184,6 +191,12 @@ ct_graph *graph_new_with(const ct_model *m, const ct_graph_options *opt, ct_erro
     }
     ar = (ct_arena){.base = g->arena};
     graph_layout(g, &ar);
+    for (int i = 0; i < CT_UPLOAD_SLOTS; i++)
+        if (!(g->batch_host[i] = be->host_alloc(be, batch_set_bytes(g), &g->batch_pinned[i]))) {
+            CT_FAIL_RUNTIME(err, "out of host memory for batch staging");
+            graph_free(g);
+            return NULL;
+        }
     if (g->n_off > 0) {
         g->host_xs = be->host_alloc(be, g->sizes.host, &g->host_pinned);
         if (!g->host_xs) {
@@ -207,6 +220,8 @@ void graph_free(ct_graph *g)
     if (!g) return;
     if (g->arena) g->be->free(g->be, g->arena);
     if (g->host_xs) g->be->host_free(g->be, g->host_xs, g->host_pinned);
+    for (int i = 0; i < CT_UPLOAD_SLOTS; i++)
+        if (g->batch_host[i]) g->be->host_free(g->be, g->batch_host[i], g->batch_pinned[i]);
     graph_shell_free(g);
 }
 
@@ -232,22 +247,38 @@ int graph_set_router_aux_loss(ct_graph *g, bool on, ct_error *err)
     return CT_OK;
 }
 
+/* Packs the batch into the next slot's staging, queues its copy (after the
+ * compute that last read that slot's device set) and makes compute wait for
+ * it: the copy overlaps whatever is still running. The host waits only if the
+ * staging's previous copy, two micro-batches ago, has not finished yet. */
 void graph_set_batch(ct_graph *g, const ct_batch *b)
 {
     CT_ASSERT(b->n_tokens <= g->capacity, "batch of %d tokens exceeds capacity %d", b->n_tokens, g->capacity);
     ct_backend *be = g->be;
+    int slot = (int)(g->batch_count++ % CT_UPLOAD_SLOTS);
+    size_t T = g->capacity;
     g->T = b->n_tokens;
     g->n_docs = b->n_docs;
     g->max_seqlen = b->max_seqlen;
     g->n_targets = b->n_targets;
-    be->upload(be, g->tokens, b->tokens, (size_t)b->n_tokens * 4);
-    be->upload(be, g->positions, b->positions, (size_t)b->n_tokens * 4);
-    be->upload(be, g->cu_seqlens, b->cu_seqlens, (size_t)(b->n_docs + 1) * 4);
-    if (b->n_targets > 0) {
-        be->upload(be, g->target_rows, b->target_rows, (size_t)b->n_targets * 4);
-        be->upload(be, g->target_ids, b->target_ids, (size_t)b->n_targets * 4);
-    }
+    if (be->upload_host_wait(be, slot)) be->host_syncs++;
+    int32_t *h = g->batch_host[slot], *d = g->batch_dev[slot];
+    memcpy(h, b->tokens, (size_t)b->n_tokens * 4);
+    memcpy(h + T, b->positions, (size_t)b->n_tokens * 4);
+    memcpy(h + 2 * T, b->cu_seqlens, (size_t)(b->n_docs + 1) * 4);
+    memcpy(h + 3 * T + 1, b->target_rows, (size_t)b->n_targets * 4);
+    memcpy(h + 4 * T + 1, b->target_ids, (size_t)b->n_targets * 4);
+    be->upload_async(be, d, h, (4 * T + 1 + (size_t)b->n_targets) * 4, slot);
+    be->upload_wait(be, slot);
+    g->tokens = d;
+    g->positions = d + T;
+    g->cu_seqlens = d + 2 * T;
+    g->target_rows = d + 3 * T + 1;
+    g->target_ids = d + 4 * T + 1;
 }
+
+/* After the last op that reads the current batch set. */
+static void release_batch(ct_graph *g) { g->be->upload_release(g->be, (int)((g->batch_count - 1) % CT_UPLOAD_SLOTS)); }
 
 typedef struct lora_ctx {
     const ct_lora *lo;   /* NULL: no adapter */
@@ -523,7 +554,10 @@ void graph_train_step(ct_graph *g, const ct_lora *lo, float grad_scale, uint64_t
     lora_ctx lc = {.lo = lo, .seed = dropout_seed, .dropout = lo ? lo->dropout : 0.0f, .moe_stats = g->router_aux};
     if (g->router_aux) moe_aux_begin(g->moe);
     forward_all(g, &lc, g->n_targets > 0);
-    if (g->n_targets == 0) return; /* nothing to learn from: no loss, no gradient */
+    if (g->n_targets == 0) { /* nothing to learn from: no loss, no gradient */
+        release_batch(g);
+        return;
+    }
     if (g->router_aux) moe_aux_loss(g->moe, g->aux_loss_sum, T);
     lc.moe_stats = false; /* a checkpointing recompute must not count the statistics twice */
     be->zero(be, g->dxf, (size_t)T * H * be->act_bytes);
@@ -535,13 +569,15 @@ void graph_train_step(ct_graph *g, const ct_lora *lo, float grad_scale, uint64_t
         if (g->checkpointing) layer_forward(g, &lc, l, layer_input(g, l), NULL, acts_of(g, l));
         layer_backward(g, &lc, l, layer_input(g, l), g->dstream, acts_of(g, l));
     }
+    release_batch(g);
 }
 
 void graph_eval(ct_graph *g, const ct_lora *lo)
 {
     lora_ctx lc = {.lo = lo, .seed = 0, .dropout = 0.0f};
     forward_all(g, &lc, false);
-    if (g->n_targets == 0) return;
-    g->be->cross_entropy(g->be, g->loss_sum, NULL, g->xf, g->m->lm_head, g->target_rows, g->target_ids,
-                         g->n_targets, g->m->cfg.hidden_size, g->m->cfg.vocab_size, 1.0f);
+    if (g->n_targets > 0)
+        g->be->cross_entropy(g->be, g->loss_sum, NULL, g->xf, g->m->lm_head, g->target_rows, g->target_ids,
+                             g->n_targets, g->m->cfg.hidden_size, g->m->cfg.vocab_size, 1.0f);
+    release_batch(g);
 }

@@ -51,7 +51,9 @@ size_t graph_bytes(const ct_graph *g);
  * fell back to pageable memory; copies are slower). */
 bool graph_host_pinned(const ct_graph *g);
 
-/* Uploads a micro-batch's tokens and metadata (one upload each). */
+/* Queues a micro-batch's tokens and metadata for upload: one copy from
+ * page-locked staging on the backend's copy stream, overlapping the work still
+ * running (two device sets alternate); the next step's ops wait for it. */
 void graph_set_batch(ct_graph *g, const ct_batch *b);
 /* Forward + loss + backward; adds sum of losses into the device scalar returned by
  * graph_loss_sum and LoRA gradients into lo->grads. dropout_seed varies per step. */

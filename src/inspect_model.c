@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "memory_plan.h"
 #include "model_config.h"
 #include "safetensors.h"
 
@@ -36,16 +37,16 @@ static const char *human(char *buf, size_t cap, double n)
     return buf;
 }
 
-/* Training memory estimate for LoRA r16 on every linear weight (lm_head excluded),
- * frozen bf16 weights, checkpointing at layer boundaries, T tokens per micro-batch:
- *   weights     = 2 B x total parameters
+/* Training memory for LoRA r16 on every linear weight (lm_head excluded) on the
+ * CUDA backend, EST_TOKENS tokens per micro-batch, checkpointing on, no offload:
+ *   weights     = 2 B x total parameters (bf16)
  *   LoRA        = 16 B x R x sum(d_in + d_out) over adapted matrices, experts one by one
  *                 (fp32 weight, gradient, Adam m and v)
- *   checkpoints = 2 B x T x H x L (each layer's bf16 input, kept for recompute)
- *   one layer   = 2 x 2 B x T x (4H + 2Q + 2KV + 3 I_act): the recomputed layer's bf16
- *                 activations and their gradients; I_act = I, or K x I_moe when sparse
- *   logits      = 4 B x T x V (fp32, gradient written in place)
- * Allocator slack, workspaces and attention scratch are left out: a floor. */
+ *   activations = what `ctune train` would allocate: graph_measure, the layout code
+ *                 that allocates (saved layer inputs, one layer's working set,
+ *                 backward scratch, batch metadata), plus the op workspace the
+ *                 memory plan reserves (memory_plan_workspace, without LoRA terms).
+ * The CUDA context and cuBLAS workspace are left out. */
 static void print_memory_estimate(const ct_model_config *mc, const ct_param_counts *pc)
 {
     size_t n;
@@ -59,22 +60,21 @@ static void print_memory_estimate(const ct_model_config *mc, const ct_param_coun
         lora += (double)model_tensor_numel(s) / (a * b) * EST_LORA_RANK * (a + b);
     }
     free(specs);
-    double T = EST_TOKENS, H = mc->hidden_size, L = mc->num_hidden_layers;
-    double Q = (double)mc->num_attention_heads * mc->head_dim, KV = (double)mc->num_key_value_heads * mc->head_dim;
-    double i_act = 0; /* the widest layer decides */
-    for (int l = 0; l < mc->num_hidden_layers; l++) {
-        double w = mc->layer_sparse[l] ? (double)mc->num_experts_per_tok * mc->moe_intermediate_size : mc->intermediate_size;
-        if (w > i_act) i_act = w;
-    }
+    /* the shapes alone: a backend description with bf16 activations, no device */
+    ct_backend shape_be = {.name = "cuda", .act_bytes = 2, .weight_bytes = 2};
+    ct_model m = {.cfg = *mc, .be = &shape_be};
+    ct_graph_options opt = {.capacity = EST_TOKENS, .checkpointing = true, .mlp_chunk = CT_MLP_CHUNK_TOKENS};
+    ct_graph_sizes g;
+    graph_measure(&m, &opt, &g);
     double weights = 2.0 * (double)pc->total, lora_b = 16.0 * lora;
-    double ckpt = 2.0 * T * H * L, layer = 4.0 * T * (4 * H + 2 * Q + 2 * KV + 3 * i_act);
-    double logits = 4.0 * T * mc->vocab_size;
+    double saved = (double)g.saved_device, working = (double)(g.working + g.batch);
+    double workspace = (double)memory_plan_workspace(&m, NULL, EST_TOKENS);
     char b[32];
-    printf("  memory (est.)   %.3g GiB for LoRA r%d all-linear, %d tokens/micro-batch, checkpointing:\n",
-           gib(weights + lora_b + ckpt + layer + logits), EST_LORA_RANK, EST_TOKENS);
-    printf("                  weights %.3g + LoRA/Adam %.3g (%s params) + checkpoints %.3g"
-           " + one layer %.3g + logits %.3g GiB\n",
-           gib(weights), gib(lora_b), human(b, sizeof b, lora), gib(ckpt), gib(layer), gib(logits));
+    printf("  memory (plan)   %.3g GiB for LoRA r%d all-linear, %d tokens/micro-batch, checkpointing:\n",
+           gib(weights + lora_b + saved + working + workspace), EST_LORA_RANK, EST_TOKENS);
+    printf("                  weights %.3g + LoRA/Adam %.3g (%s params) + saved layer inputs %.3g"
+           " + working set %.3g + workspace %.3g GiB\n",
+           gib(weights), gib(lora_b), human(b, sizeof b, lora), gib(saved), gib(working), gib(workspace));
 }
 
 static int check_weights(const char *dir, const ct_model_config *mc, ct_error *err)

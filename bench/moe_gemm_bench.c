@@ -1,10 +1,17 @@
 /* moe_gemm_bench.c — times the CUDA backend's grouped expert GEMMs
- * (moe_linear_fwd, moe_linear_bwd_input) and expert LoRA on the expert shapes of
- * real MoE models, next to one dense cuBLAS GEMM (be->linear_fwd /
- * linear_bwd_input) or dense LoRA of the same total size: the ceiling a grouped
- * GEMM can hope for.
+ * (moe_linear_fwd, moe_linear_bwd_input) in both versions side by side (v1
+ * mma.sync, CTUNE_MOE_GEMM=old; v2 wgmma, =new) and the expert LoRA on the
+ * expert shapes of real MoE models, next to one dense cuBLAS GEMM
+ * (be->linear_fwd / linear_bwd_input) or dense LoRA of the same total size: the
+ * ceiling a grouped GEMM can hope for.
  *
  *   build/bench/moe_gemm_bench [reps]        (default 20 calls per timed trial)
+ *
+ * Rows: "fwd" reads expert-ordered x; "fwd_g" reads token rows through the
+ * routing's row_slot (the gather fused into the loads, as graph_moe.c runs
+ * gate_up); "bwd_in" is moe_linear_bwd_input. The gate_up LoRA rows read x
+ * through the gather too. Each version's ops come from a backend created under
+ * its CTUNE_MOE_GEMM; all share one set of buffers.
  *
  * Shapes (T = 16384 tokens, n = T*K routed rows):
  *   qwen3-30b-a3b  E 128, K 8, H 2048, I 768    gate_up (in H, out 2I), down (in I, out H)
@@ -13,7 +20,7 @@
  * Routing is uneven, as trained routers are: each expert's popularity is
  * log-normal (sigma 0.7), each token draws K distinct experts by it. The
  * TFLOP/s of a GEMM call is 2 * n * in * out / time. LoRA (R 16, qwen3 shapes)
- * is memory-bound: its columns give milliseconds only.
+ * is memory-bound: its columns give milliseconds only (in the v2 column).
  *
  * Timing: cudaEvents on the backend's stream around `reps` queued calls, after
  * WARMUP calls; the median of TRIALS trials. Inputs are random, never zeros. */
@@ -59,20 +66,29 @@ static void check_cuda(cudaError_t e, const char *what)
 }
 
 typedef struct {
-    ct_backend *be;
+    ct_backend *be;         /* the backend whose ops run (and whose stream is timed) */
     const moe_model *m;
     int n, in, out, ldy;   /* ldy: the output's row stride */
     void *x, *y, *W, *bias; /* x (n, in), y (n, ldy), W (E, out, in), bias (E, out) or NULL */
     void *dx;               /* LoRA backward's dx (n, in) */
     float *A, *B, *dA, *dB; /* LoRA: (E, R, in), (E, out, R) and their gradients */
     int32_t *offsets;
+    int32_t *row_slot;      /* (n) the routing's permutation: the gather of "fwd_g" */
+    const int32_t *gather;  /* row_slot or NULL, for the LoRA ops */
 } bench_bufs;
 
 typedef void (*bench_op)(bench_bufs *b);
 
 static void op_moe_fwd(bench_bufs *b)
 {
-    b->be->moe_linear_fwd(b->be, b->y, b->ldy, b->x, b->in, b->W, b->bias, b->offsets, b->m->E, b->in, b->out, 0);
+    b->be->moe_linear_fwd(b->be, b->y, b->ldy, b->x, b->in, NULL, b->m->K, b->W, b->bias, b->offsets, b->m->E, b->in,
+                          b->out, 0);
+}
+/* x holds T token rows, read through row_slot. */
+static void op_moe_fwd_gather(bench_bufs *b)
+{
+    b->be->moe_linear_fwd(b->be, b->y, b->ldy, b->x, b->in, b->row_slot, b->m->K, b->W, b->bias, b->offsets, b->m->E,
+                          b->in, b->out, 0);
 }
 static void op_dense_fwd(bench_bufs *b)
 {
@@ -89,8 +105,8 @@ static void op_dense_bwd(bench_bufs *b)
 }
 static void op_moe_lora_fwd(bench_bufs *b)
 {
-    b->be->moe_lora_fwd(b->be, b->y, b->ldy, b->x, b->in, b->A, b->B, b->offsets, b->m->E, b->in, b->out, LORA_R,
-                        2.0f, 0.0f, 1);
+    b->be->moe_lora_fwd(b->be, b->y, b->ldy, b->x, b->in, b->gather, b->m->K, b->A, b->B, b->offsets, b->m->E, b->in,
+                        b->out, LORA_R, 2.0f, 0.0f, 1);
 }
 static void op_dense_lora_fwd(bench_bufs *b)
 {
@@ -99,8 +115,8 @@ static void op_dense_lora_fwd(bench_bufs *b)
 /* LoRA backward: dy is y (n, ldy). */
 static void op_moe_lora_bwd(bench_bufs *b)
 {
-    b->be->moe_lora_bwd(b->be, b->dx, b->in, b->dA, b->dB, b->y, b->ldy, b->x, b->in, b->A, b->B, b->offsets,
-                        b->m->E, b->in, b->out, LORA_R, 2.0f, 0.0f, 1);
+    b->be->moe_lora_bwd(b->be, b->dx, b->in, b->dA, b->dB, b->y, b->ldy, b->x, b->in, b->gather, b->m->K, b->A, b->B,
+                        b->offsets, b->m->E, b->in, b->out, LORA_R, 2.0f, 0.0f, 1);
 }
 static void op_dense_lora_bwd(bench_bufs *b)
 {
@@ -137,11 +153,14 @@ static double time_op(bench_op op, bench_bufs *b, int reps)
     return ms[TRIALS / 2];
 }
 
-/* Uneven routing of T tokens to K distinct experts each: offsets (E+1) on the host. */
-static void route(int32_t *offsets, int E, int K, int T, ct_rng *rng)
+/* Uneven routing of T tokens to K distinct experts each: offsets (E+1) and the
+ * permutation row_slot (T*K, slots in expert order, ascending within an expert, as
+ * moe_permute makes it) on the host. */
+static void route(int32_t *offsets, int32_t *row_slot, int E, int K, int T, ct_rng *rng)
 {
     double *w = ct_malloc(E * sizeof(double)), total = 0;
     int *counts = ct_calloc(E, sizeof(int)), *pick = ct_malloc(K * sizeof(int));
+    int32_t *idx = ct_malloc((size_t)T * K * sizeof(int32_t));
     for (int e = 0; e < E; e++) total += w[e] = exp(0.7 * ct_rng_normal(rng));
     for (int t = 0; t < T; t++)
         for (int k = 0; k < K; k++) {
@@ -155,10 +174,13 @@ static void route(int32_t *offsets, int E, int K, int T, ct_rng *rng)
             } while (dup);
             pick[k] = e;
             counts[e]++;
+            idx[(size_t)t * K + k] = e;
         }
     offsets[0] = 0;
     for (int e = 0; e < E; e++) offsets[e + 1] = offsets[e] + counts[e];
-    free(w); free(counts); free(pick);
+    memcpy(counts, offsets, E * sizeof(int)); /* now each expert's next row */
+    for (int s = 0; s < T * K; s++) row_slot[counts[idx[s]]++] = s;
+    free(w); free(counts); free(pick); free(idx);
 }
 
 static void *alloc_or_die(ct_backend *be, size_t bytes)
@@ -181,31 +203,66 @@ static void fill(ct_backend *be, void *dst, size_t n, const float *chunk, bool w
     }
 }
 
-static void row(const char *model, const char *what, int E, int n, int in, int out, double ms, double dense_ms,
-                bool gemm)
+/* The two grouped GEMM versions: ops of a backend created under CTUNE_MOE_GEMM=old
+ * (v1) and =new (v2), both on the one GPU, sharing buffers. */
+typedef struct {
+    ct_backend *be[2];
+} versions;
+
+static void row_gemm(const char *model, const char *what, int E, int n, int in, int out, const double ms[2],
+                     double dense_ms)
 {
     double flop = 2.0 * n * (double)in * out;
-    if (gemm)
-        printf("%-14s %-15s %4d %7d %6d %6d %8.3f %7.1f %8.3f %7.1f %6.2f\n", model, what, E, n, in, out, ms,
-               flop / ms * 1e-9, dense_ms, flop / dense_ms * 1e-9, dense_ms / ms);
-    else
-        printf("%-14s %-15s %4d %7d %6d %6d %8.3f %7s %8.3f %7s %6.2f\n", model, what, E, n, in, out, ms, "-",
-               dense_ms, "-", dense_ms / ms);
+    printf("%-14s %-15s %4d %7d %6d %6d %8.3f %7.1f %8.3f %7.1f %8.3f %7.1f %6.2f %6.2f\n", model, what, E, n, in,
+           out, ms[0], flop / ms[0] * 1e-9, ms[1], flop / ms[1] * 1e-9, dense_ms, flop / dense_ms * 1e-9,
+           ms[0] / ms[1], dense_ms / ms[1]);
     fflush(stdout);
 }
 
-/* One projection (in -> out) of model m: fwd and bwd_input, grouped and dense;
- * LoRA fwd/bwd as well when lora. */
-static void bench_proj(ct_backend *be, const moe_model *m, const char *name, int in, int out, const int32_t *offsets,
-                       const float *chunk, int reps, bool lora)
+static void row_lora(const char *model, const char *what, int E, int n, int in, int out, double ms, double dense_ms)
+{
+    printf("%-14s %-15s %4d %7d %6d %6d %8s %7s %8.3f %7s %8.3f %7s %6s %6.2f\n", model, what, E, n, in, out, "-", "-",
+           ms, "-", dense_ms, "-", "-", dense_ms / ms);
+    fflush(stdout);
+}
+
+/* Both versions of a grouped GEMM op, each on its own backend's stream (the buffers
+ * are idle between: time_op ends synchronized). */
+static void time_versions(double ms[2], bench_op op, bench_bufs *b, const versions *v, int reps)
+{
+    ct_backend *own = b->be;
+    for (int i = 0; i < 2; i++) {
+        b->be = v->be[i];
+        ms[i] = time_op(op, b, reps);
+    }
+    b->be = own;
+}
+
+static void check_finite(ct_backend *be, const void *y, const char *model, const char *name)
+{
+    float head[256];
+    be->act_to_f32(be, head, y, 256);
+    for (int i = 0; i < 256; i++)
+        if (!isfinite(head[i])) {
+            printf("moe_gemm_bench: non-finite output in %s %s\n", model, name);
+            exit(1);
+        }
+}
+
+/* One projection (in -> out) of model m: fwd (expert-ordered and gathered x) and
+ * bwd_input, grouped (both versions) and dense; LoRA fwd/bwd as well when lora
+ * (gathered x for gate_up, as the graph runs it). */
+static void bench_proj(ct_backend *be, const versions *v, const moe_model *m, const char *name, int in, int out,
+                       const int32_t *offsets, const int32_t *row_slot, const float *chunk, int reps, bool lora)
 {
     int n = offsets[m->E], big = in > out ? in : out;
-    bench_bufs b = {be, m, n, in, out, out, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    bench_bufs b = {be, m, n, in, out, out, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     size_t nW = (size_t)m->E * out * in;
     b.x = alloc_or_die(be, (size_t)n * big * be->act_bytes);
     b.y = alloc_or_die(be, (size_t)n * big * be->act_bytes);
     b.W = alloc_or_die(be, nW * be->weight_bytes);
     b.offsets = alloc_or_die(be, (m->E + 1) * sizeof(int32_t));
+    b.row_slot = alloc_or_die(be, (size_t)n * sizeof(int32_t));
     fill(be, b.x, (size_t)n * big, chunk, false);
     fill(be, b.y, (size_t)n * big, chunk, false);
     fill(be, b.W, nW, chunk, true);
@@ -214,23 +271,23 @@ static void bench_proj(ct_backend *be, const moe_model *m, const char *name, int
         fill(be, b.bias, (size_t)m->E * out, chunk, true);
     }
     be->upload(be, b.offsets, offsets, (m->E + 1) * sizeof(int32_t));
+    be->upload(be, b.row_slot, row_slot, (size_t)n * sizeof(int32_t));
+    be->sync(be); /* the other backends' streams read these buffers */
 
     char what[64];
-    double t = time_op(op_moe_fwd, &b, reps), td = time_op(op_dense_fwd, &b, reps);
+    double ms[2], td = time_op(op_dense_fwd, &b, reps);
+    time_versions(ms, op_moe_fwd, &b, v, reps);
     snprintf(what, sizeof what, "%s fwd", name);
-    row(m->model, what, m->E, n, in, out, t, td, true);
-    t = time_op(op_moe_bwd, &b, reps);
+    row_gemm(m->model, what, m->E, n, in, out, ms, td);
+    time_versions(ms, op_moe_fwd_gather, &b, v, reps);
+    snprintf(what, sizeof what, "%s fwd_g", name);
+    row_gemm(m->model, what, m->E, n, in, out, ms, td);
+    check_finite(be, b.y, m->model, what);
     td = time_op(op_dense_bwd, &b, reps);
+    time_versions(ms, op_moe_bwd, &b, v, reps);
     snprintf(what, sizeof what, "%s bwd_in", name);
-    row(m->model, what, m->E, n, in, out, t, td, true);
-
-    float head[256];
-    be->act_to_f32(be, head, b.y, 256);
-    for (int i = 0; i < 256; i++)
-        if (!isfinite(head[i])) {
-            printf("moe_gemm_bench: non-finite output in %s %s\n", m->model, name);
-            exit(1);
-        }
+    row_gemm(m->model, what, m->E, n, in, out, ms, td);
+    check_finite(be, b.y, m->model, what);
 
     if (lora) {
         size_t nA = (size_t)m->E * LORA_R * in, nB = (size_t)m->E * out * LORA_R;
@@ -244,33 +301,43 @@ static void bench_proj(ct_backend *be, const moe_model *m, const char *name, int
         be->upload(be, b.A, h, nA * 4);
         be->upload(be, b.B, h, nB * 4);
         free(h);
-        t = time_op(op_moe_lora_fwd, &b, reps);
+        b.gather = strcmp(name, "gate_up") == 0 ? b.row_slot : NULL;
+        double t = time_op(op_moe_lora_fwd, &b, reps);
         td = time_op(op_dense_lora_fwd, &b, reps);
         snprintf(what, sizeof what, "%s lora_f", name);
-        row(m->model, what, m->E, n, in, out, t, td, false);
+        row_lora(m->model, what, m->E, n, in, out, t, td);
         t = time_op(op_moe_lora_bwd, &b, reps);
         td = time_op(op_dense_lora_bwd, &b, reps);
         snprintf(what, sizeof what, "%s lora_b", name);
-        row(m->model, what, m->E, n, in, out, t, td, false);
+        row_lora(m->model, what, m->E, n, in, out, t, td);
         be->free(be, b.A); be->free(be, b.B); be->free(be, b.dA); be->free(be, b.dB); be->free(be, b.dx);
     }
-    be->free(be, b.x); be->free(be, b.y); be->free(be, b.W); be->free(be, b.offsets);
+    be->free(be, b.x); be->free(be, b.y); be->free(be, b.W); be->free(be, b.offsets); be->free(be, b.row_slot);
     if (b.bias) be->free(be, b.bias);
+}
+
+/* A CUDA backend whose grouped GEMM is version `which` (old|new), or NULL (reason printed). */
+static ct_backend *backend_version(const char *which)
+{
+    ct_error err = {0};
+    setenv("CTUNE_MOE_GEMM", which, 1);
+    ct_backend *be = backend_cuda_new(&err);
+    if (!be) printf("moe_gemm_bench: skipped: no GPU (%s)\n", err.msg);
+    return be;
 }
 
 int main(int argc, char **argv)
 {
     int reps = argc > 1 ? atoi(argv[1]) : 20;
     if (reps < 1) reps = 1;
-    ct_error err = {0};
-    ct_backend *be = backend_cuda_new(&err);
-    if (!be) {
-        printf("moe_gemm_bench: skipped: no GPU (%s)\n", err.msg);
-        return 0;
-    }
+    versions v = {{backend_version("old"), NULL}};
+    if (!v.be[0]) return 0;
+    ct_backend *be = v.be[1] = backend_version("new");
+    if (!be) return 0;
     if (!be->moe_linear_fwd || !be->moe_lora_bwd) {
         printf("moe_gemm_bench: skipped: the CUDA backend has no grouped expert GEMM\n");
         be->destroy(be);
+        v.be[0]->destroy(v.be[0]);
         return 0;
     }
     float *chunk = ct_malloc(FILL_CHUNK * sizeof(float));
@@ -280,14 +347,16 @@ int main(int argc, char **argv)
 
     printf("# ctune CUDA grouped expert GEMM, bf16 in, fp32 accumulate; %d calls per trial, median of %d trials\n",
            reps, TRIALS);
-    printf("# T = %d tokens, n = T*K rows; TF = 2*n*in*out / time (TFLOP/s); dense = one cuBLAS GEMM (or dense\n"
-           "# LoRA, R %d) over all n rows with expert 0's weights; ratio = dense_ms / ms\n", T_TOKENS, LORA_R);
-    printf("%-14s %-15s %4s %7s %6s %6s %8s %7s %8s %7s %6s\n", "model", "op", "E", "n", "in", "out", "ms", "TF",
-           "dense_ms", "dense_TF", "ratio");
+    printf("# T = %d tokens, n = T*K rows; TF = 2*n*in*out / time (TFLOP/s); v1 = mma.sync (CTUNE_MOE_GEMM=old),\n"
+           "# v2 = wgmma (new); dense = one cuBLAS GEMM (or dense LoRA, R %d) over all n rows with expert 0's\n"
+           "# weights; gain = v1_ms / v2_ms; ratio = dense_ms / v2_ms\n", T_TOKENS, LORA_R);
+    printf("%-14s %-15s %4s %7s %6s %6s %8s %7s %8s %7s %8s %7s %6s %6s\n", "model", "op", "E", "n", "in", "out",
+           "v1_ms", "v1_TF", "v2_ms", "v2_TF", "dense_ms", "dense_TF", "gain", "ratio");
     for (size_t i = 0; i < sizeof MODELS / sizeof MODELS[0]; i++) {
         const moe_model *m = &MODELS[i];
         int32_t *offsets = ct_malloc((m->E + 1) * sizeof(int32_t));
-        route(offsets, m->E, m->K, T_TOKENS, &rng);
+        int32_t *row_slot = ct_malloc((size_t)T_TOKENS * m->K * sizeof(int32_t));
+        route(offsets, row_slot, m->E, m->K, T_TOKENS, &rng);
         int lo = offsets[1] - offsets[0], hi = lo;
         for (int e = 0; e < m->E; e++) {
             int c = offsets[e + 1] - offsets[e];
@@ -295,11 +364,13 @@ int main(int argc, char **argv)
             hi = c > hi ? c : hi;
         }
         printf("# %s: rows per expert min %d, mean %d, max %d\n", m->model, lo, offsets[m->E] / m->E, hi);
-        bench_proj(be, m, "gate_up", m->H, 2 * m->I, offsets, chunk, reps, i == 0);
-        bench_proj(be, m, "down", m->I, m->H, offsets, chunk, reps, i == 0);
+        bench_proj(be, &v, m, "gate_up", m->H, 2 * m->I, offsets, row_slot, chunk, reps, i == 0);
+        bench_proj(be, &v, m, "down", m->I, m->H, offsets, row_slot, chunk, reps, i == 0);
         free(offsets);
+        free(row_slot);
     }
     free(chunk);
+    v.be[0]->destroy(v.be[0]);
     be->destroy(be);
     return 0;
 }

@@ -1,8 +1,11 @@
 /* moe_layer_bench.c — where one MoE layer's time goes on the CUDA backend:
  * routing (router GEMM, top-K, counts, offsets, permutation, router backward),
- * permutation data movement (gather, weighted un-permute and their backwards)
- * and expert compute (grouped GEMMs, activation, expert LoRA), for one forward
- * and backward of T tokens, the ops graph_moe.c queues in that order.
+ * permutation data movement (weighted un-permute, its backward, the unweighted
+ * un-permute of dxe) and expert compute (grouped GEMMs, activation, expert LoRA),
+ * for one forward and backward of T tokens, the ops graph_moe.c queues in that
+ * order. The gather of hn into expert order is fused into the gate|up GEMM and
+ * LoRA (their gather argument), so it costs no op of its own: its reads are in
+ * `experts`.
  *
  *   build/bench/moe_layer_bench [reps]        (default 20)
  *
@@ -34,7 +37,7 @@ typedef struct {
     ct_backend *be;
     const shape *s;
     int T, n;
-    void *hn, *out, *dout, *dhn, *logits, *dlogits, *xe, *gu, *act, *ye, *dye, *dxe, *dact, *dgu, *Wr, *Wgu, *Wd;
+    void *hn, *out, *dout, *dhn, *logits, *dlogits, *gu, *act, *ye, *dye, *dxe, *dact, *dgu, *Wr, *Wgu, *Wd;
     int32_t *idx, *counts, *offsets, *row_slot, *slot_row;
     float *w, *dw, *A_gu, *B_gu, *A_d, *B_d, *dA_gu, *dB_gu, *dA_d, *dB_d;
 } layer;
@@ -83,11 +86,10 @@ static void routing_bwd(layer *L)
     be->linear_bwd_input(be, L->dhn, s->H, L->dlogits, s->E, L->Wr, L->T, s->H, s->E, 1);
 }
 
-static void permutation(layer *L) /* forward gather + un-permute, and their backwards */
+static void permutation(layer *L) /* forward un-permute, its backward, and dhn = sum of dxe */
 {
     ct_backend *be = L->be;
     const shape *s = L->s;
-    be->moe_gather(be, L->xe, L->hn, s->H, L->row_slot, L->T, s->K, s->H);
     be->moe_scatter(be, L->out, s->H, L->ye, L->slot_row, L->w, L->T, s->K, s->H, 1);
     be->moe_scatter_bwd(be, L->dye, L->dw, L->dout, s->H, L->ye, L->row_slot, L->slot_row, L->w, L->T, s->K, s->H);
     be->moe_scatter(be, L->dhn, s->H, L->dxe, L->slot_row, NULL, L->T, s->K, s->H, 0);
@@ -97,19 +99,20 @@ static void experts(layer *L) /* grouped GEMMs, activation, expert LoRA on gate_
 {
     ct_backend *be = L->be;
     const shape *s = L->s;
-    int E = s->E, H = s->H, I = s->I;
-    be->moe_linear_fwd(be, L->gu, 2 * I, L->xe, H, L->Wgu, NULL, L->offsets, E, H, 2 * I, 0);
-    be->moe_lora_fwd(be, L->gu, 2 * I, L->xe, H, L->A_gu, L->B_gu, L->offsets, E, H, 2 * I, R, 2.0f, 0.0f, 1);
+    int E = s->E, K = s->K, H = s->H, I = s->I;
+    be->moe_linear_fwd(be, L->gu, 2 * I, L->hn, H, L->row_slot, K, L->Wgu, NULL, L->offsets, E, H, 2 * I, 0);
+    be->moe_lora_fwd(be, L->gu, 2 * I, L->hn, H, L->row_slot, K, L->A_gu, L->B_gu, L->offsets, E, H, 2 * I, R, 2.0f,
+                     0.0f, 1);
     be->swiglu_fwd(be, L->act, L->gu, L->n, I);
-    be->moe_linear_fwd(be, L->ye, H, L->act, I, L->Wd, NULL, L->offsets, E, I, H, 0);
-    be->moe_lora_fwd(be, L->ye, H, L->act, I, L->A_d, L->B_d, L->offsets, E, I, H, R, 2.0f, 0.0f, 2);
+    be->moe_linear_fwd(be, L->ye, H, L->act, I, NULL, K, L->Wd, NULL, L->offsets, E, I, H, 0);
+    be->moe_lora_fwd(be, L->ye, H, L->act, I, NULL, K, L->A_d, L->B_d, L->offsets, E, I, H, R, 2.0f, 0.0f, 2);
     be->moe_linear_bwd_input(be, L->dact, I, L->dye, H, L->Wd, L->offsets, E, I, H, 0);
-    be->moe_lora_bwd(be, L->dact, I, L->dA_d, L->dB_d, L->dye, H, L->act, I, L->A_d, L->B_d, L->offsets, E, I, H,
-                     R, 2.0f, 0.0f, 2);
+    be->moe_lora_bwd(be, L->dact, I, L->dA_d, L->dB_d, L->dye, H, L->act, I, NULL, K, L->A_d, L->B_d, L->offsets, E,
+                     I, H, R, 2.0f, 0.0f, 2);
     be->swiglu_bwd(be, L->dgu, L->dact, L->gu, L->n, I);
     be->moe_linear_bwd_input(be, L->dxe, H, L->dgu, 2 * I, L->Wgu, L->offsets, E, H, 2 * I, 0);
-    be->moe_lora_bwd(be, L->dxe, H, L->dA_gu, L->dB_gu, L->dgu, 2 * I, L->xe, H, L->A_gu, L->B_gu, L->offsets, E,
-                     H, 2 * I, R, 2.0f, 0.0f, 1);
+    be->moe_lora_bwd(be, L->dxe, H, L->dA_gu, L->dB_gu, L->dgu, 2 * I, L->hn, H, L->row_slot, K, L->A_gu, L->B_gu,
+                     L->offsets, E, H, 2 * I, R, 2.0f, 0.0f, 1);
 }
 
 static double time_group(layer *L, void (*fn)(layer *), int reps)
@@ -137,7 +140,6 @@ static void bench(ct_backend *be, const shape *s, int reps)
     L.dhn = zeros(be, T * H * A);
     L.logits = zeros(be, T * E * A);
     L.dlogits = zeros(be, T * E * A);
-    L.xe = zeros(be, n * H * A);
     L.ye = fill(be, n * H, 1.0f, &rng, false);
     L.dye = zeros(be, n * H * A);
     L.dxe = zeros(be, n * H * A);
@@ -171,7 +173,7 @@ static void bench(ct_backend *be, const shape *s, int reps)
     printf("%-14s T=%d E=%-3d K=%d  routing %7.3f ms  permutation %7.3f ms  experts %8.3f ms  "
            "routing+permutation %5.1f%% of %.3f ms\n",
            s->name, L.T, s->E, s->K, tr, tp, te, 100.0 * (tr + tp) / total, total);
-    void *bufs[] = {L.hn, L.dout, L.Wr, L.Wgu, L.Wd, L.out, L.dhn, L.logits, L.dlogits, L.xe, L.ye, L.dye, L.dxe,
+    void *bufs[] = {L.hn, L.dout, L.Wr, L.Wgu, L.Wd, L.out, L.dhn, L.logits, L.dlogits, L.ye, L.dye, L.dxe,
                     L.gu, L.act, L.dact, L.dgu, L.idx, L.counts, L.offsets, L.row_slot, L.slot_row, L.w, L.dw};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(be, bufs[i]);
     for (int i = 0; i < 8; i++) be->free(be, *lora[i]);

@@ -5,10 +5,14 @@
  * of x, y, dy, dx (act bf16, each with its row stride). offsets (E+1) int32 stay
  * in device memory; the host never learns n = offsets[E], so nothing here waits
  * for the device, loops over experts on the host, or sizes scratch by n.
- *   moe_linear_fwd        y[r] (=|+=) x[r] @ W_e^T + bias_e   W (E,out,in), bias (E,out)
+ *   moe_linear_fwd        y[r] (=|+=) x_r @ W_e^T + bias_e   W (E,out,in), bias (E,out)
  *   moe_linear_bwd_input  dx[r] (=|+=) dy[r] @ W_e
  *   moe_lora_fwd / _bwd   lora_fwd / lora_bwd (lora.cu) over each expert's rows, with
  *                         A (E,R,in), B (E,out,R) fp32 and the seed ct_hash64(seed, e)
+ * Gather: the input rows x_r of moe_linear_fwd and of the LoRA ops are x[r], or with
+ * gather x[gather[r] / K] (token rows; gather is the routing's row_slot). The
+ * kernels resolve each row's address once per tile, when they set up the copies of
+ * its rows, so moe_gather's (n, H) copy and its pass over memory do not exist.
  *
  * Scheduling (moe_gemm.cuh): every block scans offsets into the first row tile of
  * each expert (ceil(rows_e / BM) tiles, never crossing an expert). Kernels are
@@ -27,9 +31,23 @@
  * ldmatrix and mma of its empty 16-row slices, which matters when experts get few
  * rows. Epilogue: fp32 acc + bias (+ the old y), rounded once. 64x64 warp tiles
  * rather than 8 warps of 64x32: those need 6 ldmatrix per 16 mma, which by
- * estimate puts shared-memory bandwidth level with mma.sync's throughput. Speed
- * not yet measured: bench/moe_gemm_bench.c times it against cuBLAS. Later: TMA +
- * wgmma; overlapping a tile's epilogue with the next tile's loads.
+ * estimate puts shared-memory bandwidth level with mma.sync's throughput. On an
+ * H200 (T = 16384) it ran at 250-288 TFLOP/s against ~750 for one cuBLAS GEMM.
+ *
+ * GEMM (v2, the default). Hopper's warpgroup MMA: block tile 128x256x64, two
+ * warpgroups of 64x256 (wgmma.m64n256k16, both operands from shared memory through
+ * descriptors, fp32 accumulators in 128 registers per thread), 1 block per SM.
+ * Copies stay cp.async (a tile's rows are scattered by the gather and cut by the
+ * expert, which TMA's boxes cannot express) into the 128-byte-swizzled layout the
+ * descriptors read: chunk c of row r at r*128 + ((c ^ r%8) * 16), 1024-byte-aligned
+ * stages. NN keeps W_e's (k, n) layout as 4 panels of 64 columns and lets wgmma
+ * transpose (MN-major B). 4 stages, loads 2 k-steps ahead, one wgmma group in
+ * flight while the next loads are queued; a warpgroup with no rows in a tile (an
+ * expert's last, at most 64 rows) skips its MMAs. CTUNE_MOE_GEMM=old|new (read
+ * when a backend is created) picks v1 or v2; bench/moe_gemm_bench.c times both.
+ * Epilogue: 16-byte stores after an in-quad transpose of the accumulators (see
+ * wg_epilogue). Not yet: TMA for W (mbarriers, warp specialization), clusters with
+ * multicast, overlapping the epilogue with the next tile's MMAs (ping-pong).
  *
  * LoRA. With n unknown, no (n, .) tensor may live in scratch, so u = drop(x) A^T and
  * g = dy B exist per 128-row tile only: each warp computes 16 rows x R (R padded
@@ -52,6 +70,9 @@
 
 #include <climits>
 #include <cooperative_groups.h>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 namespace cg = cooperative_groups;
 
@@ -59,12 +80,12 @@ namespace cg = cooperative_groups;
  * persistent grids (and the cooperative one, which must all be resident) are
  * this times the SM count. Index 0..2 of the LoRA entries: RP = 16, 32, 64. */
 static struct {
-    int gemm_nt, gemm_nn, lora_fwd[3], lora_bwd[3];
+    int gemm_nt, gemm_nn, wgmma_nt, wgmma_nn, lora_fwd[3], lora_bwd[3];
 } occupancy;
 
 // ---- kernels ----
 
-/* ---- grouped GEMM ---- */
+/* ---- grouped GEMM, v1: mma.sync ---- */
 
 namespace gm {
 constexpr int NTHREADS = 128, BM = 128, BN = 128, BK = 32, STAGES = 4, GROUP = 8;
@@ -78,12 +99,20 @@ template <bool NN> constexpr size_t smem_bytes() { return (size_t)STAGES * stage
 
 struct gemm_args {
     bf16 *y;               /* (n, N) at row stride ldy */
-    const bf16 *x;         /* (n, K) at row stride ldx */
+    const bf16 *x;         /* (n, K) at row stride ldx; with gather, (T, K) token rows */
+    const int32_t *gather; /* (n) or NULL: row r of the input is x[gather[r] / topk] */
     const bf16 *W;         /* (E, out, in): per expert (N, K) forward, (K, N) bwd_input */
     const bf16 *bias;      /* (E, N) or NULL */
     const int32_t *offsets;
-    int ldy, ldx, E, N, K, accumulate;
+    int ldy, ldx, topk, E, N, K, accumulate;
 };
+
+/* Row r (< rows) of tile t's input, at column c: through gather when there is one. */
+__device__ __forceinline__ const bf16 *gemm_row(const gemm_args &p, const row_tile &t, int r, int c)
+{
+    const size_t row = p.gather ? (size_t)(p.gather[t.m0 + r] / p.topk) : (size_t)(t.m0 + r);
+    return p.x + row * p.ldx + c;
+}
 
 /* One 128x128 output tile of expert t.e at columns n0. FULL: all 128 rows exist. */
 template <bool NN, bool FULL>
@@ -92,25 +121,27 @@ __device__ __forceinline__ void gemm_tile(const gemm_args &p, bf16 *smem, const 
     using namespace gm;
     constexpr int LDB = ldb<NN>(), STAGE = stage_elems<NN>();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
-    const bf16 *xa = p.x + (size_t)t.m0 * p.ldx;
     const bf16 *w = p.W + (size_t)t.e * p.N * p.K;
     /* 16-row slices of this warp that hold rows (the rest skip ldmatrix and mma). */
     const int live = FULL ? MI : min(MI, max(0, (t.rows - wm * WM + 15) / 16));
 
-    /* Chunk i of this thread: x row ar + 32 i at column akc; W (NT) row n0 + ar + 32 i
-     * at column akc, or (NN) row bk + 8 i at column n0 + bnc. */
+    /* Chunk i of this thread: input row ar + 32 i at column akc (a_src[i], NULL past
+     * the tile's rows); W (NT) row n0 + ar + 32 i at column akc, or (NN) row bk + 8 i
+     * at column n0 + bnc. */
     const int ar = tid >> 2, akc = (tid & 3) * 8, bk = tid >> 4, bnc = (tid & 15) * 8;
-    const bf16 *a_src = xa + (size_t)ar * p.ldx + akc;
+    const bf16 *a_src[CH];
+#pragma unroll
+    for (int i = 0; i < CH; i++) a_src[i] = FULL || ar + 32 * i < t.rows ? gemm_row(p, t, ar + 32 * i, akc) : NULL;
     const bf16 *b_src = NN ? w + (size_t)bk * p.N + n0 + bnc : w + (size_t)(n0 + ar) * p.K + akc;
-    const size_t a_step = (size_t)32 * p.ldx, b_step = NN ? (size_t)8 * p.N : (size_t)32 * p.K;
+    const size_t b_step = NN ? (size_t)8 * p.N : (size_t)32 * p.K;
     const bool bn_ok = NN ? n0 + bnc < p.N : true;
     auto load = [&](int stage, int kt) {
         bf16 *s = smem + stage * STAGE;
         const int k0 = kt * BK;
 #pragma unroll
         for (int i = 0; i < CH; i++) {
-            const bool ok = (FULL || ar + 32 * i < t.rows) && k0 + akc < p.K;
-            cp_async16(s + (ar + 32 * i) * LDA + akc, ok ? a_src + i * a_step + k0 : xa, ok);
+            const bool ok = a_src[i] && k0 + akc < p.K;
+            cp_async16(s + (ar + 32 * i) * LDA + akc, ok ? a_src[i] + k0 : p.x, ok);
         }
 #pragma unroll
         for (int i = 0; i < CH; i++) {
@@ -224,6 +255,315 @@ __global__ void __launch_bounds__(gm::NTHREADS, 2) moe_gemm_kernel(gemm_args p)
     }
 }
 
+/* ---- grouped GEMM, v2: wgmma ----
+ * Block tile 128x256x64, two warpgroups (one per 64 rows, each the full 256 columns
+ * with m64n256k16), cp.async into 128-byte-swizzled stages, 4 stages with loads 2
+ * steps ahead (see moe_wgmma_kernel), 1 block per SM. */
+
+namespace wg {
+constexpr int NTHREADS = 256, BM = 128, BN = 256, BK = 64, STAGES = 4, AHEAD = STAGES - 2, GROUP = 8;
+constexpr int ROW_BYTES = BK * 2;                       /* one swizzled row: 128 bytes, 8 chunks */
+constexpr int A_BYTES = BM * ROW_BYTES, B_BYTES = BN * ROW_BYTES, STAGE_BYTES = A_BYTES + B_BYTES;
+constexpr int ACH = BM * BK / 8 / NTHREADS, BCH = BN * BK / 8 / NTHREADS; /* 16-byte chunks per thread */
+constexpr int NN_PANEL = BK * ROW_BYTES;                /* NN: B as 4 panels of 64 columns x BK rows */
+constexpr size_t smem_bytes() { return (size_t)STAGES * STAGE_BYTES + 1024; } /* + alignment slack */
+}
+
+/* Shared-memory matrix descriptor (PTX "matrix descriptor format"): start address,
+ * leading and stride byte offsets (all >> 4), 128-byte swizzle (mode 1 in bits 62-63).
+ * K-major (A, and B forward): 8-row groups of 128-byte rows at SBO 1024, LBO unused
+ * (1). MN-major (B of bwd_input): SBO 1024 between 8-row (k) groups, LBO between
+ * 64-column panels. Swizzled atoms start 1024-byte aligned (base offset 0). */
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 | 1ull << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+/* Orders the compiler's accesses to d after a wgmma_wait (the asm above hides them). */
+__device__ __forceinline__ void wgmma_acc_fence(float (&d)[128])
+{
+#pragma unroll
+    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+/* Makes this thread's completed cp.async writes visible to wgmma (the async proxy). */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void cp_async16_s(uint32_t s, const void *g, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(valid ? 16 : 0) : "memory");
+}
+
+/* Byte offset of 16-byte chunk c (0..7) of row r in a 128-byte-swizzled tile: the
+ * chunk index XOR the row's low 3 bits (Swizzle<3,4,3>, what the descriptor's mode 1
+ * reads back). */
+__device__ __forceinline__ uint32_t swz(int r, int c) { return (uint32_t)(r * wg::ROW_BYTES + ((c ^ (r & 7)) << 4)); }
+
+/* d (64 x 256 fp32, this warpgroup's accumulators) (=|+=) A (64 x 16) @ B (16 x 256),
+ * both from shared memory through descriptors; scale_d 0 overwrites d. TRANS_B: B
+ * is stored MN-major (N contiguous), else K-major like A. */
+template <bool TRANS_B>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db, int scale_d)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, "
+        "%39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
+        "%58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, "
+        "%77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "%128, %129, p, 1, 1, 0, %131;\n}\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+            "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+            "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+            "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+            "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+            "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+            "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+            "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+            "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+            "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),
+            "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+            "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
+            "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),
+            "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]),
+            "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]),
+            "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]),
+            "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+            "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
+            "+f"(d[127])
+          : "l"(da), "l"(db), "r"(scale_d), "n"(TRANS_B ? 1 : 0));
+}
+
+/* Row tile and column tile of a tile index: row tiles rastered in groups of GROUP
+ * (the column tiles of GROUP row tiles run together), as the v1 kernel. */
+__device__ __forceinline__ void tile_coords(int tile, int n_rt, int n_ct, int group_rows, int &rt, int &ct)
+{
+    const int per_group = group_rows * n_ct, group = tile / per_group, first = group * group_rows;
+    const int rows_g = min(group_rows, n_rt - first), local = tile - group * per_group;
+    rt = first + local % rows_g;
+    ct = local / rows_g;
+}
+
+/* What one thread loads for one tile: its input rows (NULL past the tile's rows),
+ * and its W chunks. */
+template <bool NN> struct wg_loads {
+    const bf16 *a[wg::ACH]; /* input row (tid/8 + 32 i) at column 8 (tid%8) */
+    const bf16 *b;          /* NT: W_e row n0 + tid/8 at column 8 (tid%8);
+                               NN: W_e row tid/32 at column n0 + 8 (tid%32) */
+    uint32_t b_ok;          /* NT: bit i = row n0 + tid/8 + 32 i < N; NN: bit 0 = the column < N */
+};
+
+template <bool NN>
+__device__ __forceinline__ void wg_loads_init(wg_loads<NN> &l, const gemm_args &p, const row_tile &t, int n0)
+{
+    using namespace wg;
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < ACH; i++) {
+        const int r = (tid >> 3) + 32 * i;
+        l.a[i] = r < t.rows ? gemm_row(p, t, r, (tid & 7) * 8) : NULL;
+    }
+    const bf16 *w = p.W + (size_t)t.e * p.N * p.K;
+    if (!NN) {
+        l.b = w + (size_t)(n0 + (tid >> 3)) * p.K + (tid & 7) * 8;
+        l.b_ok = 0;
+#pragma unroll
+        for (int i = 0; i < BCH; i++) l.b_ok |= (uint32_t)(n0 + (tid >> 3) + 32 * i < p.N) << i;
+    } else {
+        l.b = w + (size_t)(tid >> 5) * p.N + n0 + (tid & 31) * 8;
+        l.b_ok = n0 + (tid & 31) * 8 < p.N;
+    }
+}
+
+/* Queues the cp.async copies of k-step kt of a tile into the stage at s (shared
+ * address); chunks past the rows, N or K are zero-filled. */
+template <bool NN>
+__device__ __forceinline__ void wg_load_stage(const wg_loads<NN> &l, const gemm_args &p, uint32_t s, int kt)
+{
+    using namespace wg;
+    const int tid = threadIdx.x, k0 = kt * BK, c = tid & 7;
+#pragma unroll
+    for (int i = 0; i < ACH; i++) {
+        const bool ok = l.a[i] && k0 + c * 8 < p.K;
+        cp_async16_s(s + swz((tid >> 3) + 32 * i, c), ok ? l.a[i] + k0 : p.x, ok);
+    }
+    const uint32_t sb = s + A_BYTES;
+    if (!NN) {
+#pragma unroll
+        for (int i = 0; i < BCH; i++) {
+            const bool ok = (l.b_ok >> i & 1) && k0 + c * 8 < p.K;
+            cp_async16_s(sb + swz((tid >> 3) + 32 * i, c), ok ? l.b + (size_t)32 * i * p.K + k0 : p.W, ok);
+        }
+    } else {
+        const int nc = tid & 31; /* chunk of the 256 columns: panel nc / 8, chunk nc % 8 */
+#pragma unroll
+        for (int i = 0; i < BCH; i++) {
+            const int kr = (tid >> 5) + 8 * i;
+            const bool ok = l.b_ok && k0 + kr < p.K;
+            cp_async16_s(sb + (nc >> 3) * NN_PANEL + swz(kr, nc & 7), ok ? l.b + (size_t)(k0 + 8 * i) * p.N : p.W, ok);
+        }
+    }
+}
+
+__device__ __forceinline__ float2 shfl_xor2(float2 v, int m)
+{
+    return make_float2(__shfl_xor_sync(0xffffffffu, v.x, m), __shfl_xor_sync(0xffffffffu, v.y, m));
+}
+
+/* y rows of this warpgroup (64 from row 64 wgi of the tile, those < t.rows) at
+ * columns n0..n0+255 (< N) from the accumulators: + bias (+ the old y) in fp32,
+ * rounded once. Accumulator layout (per warp, as mma.sync's C): d[4j + 2h + q] is
+ * row 16 warp + lane/4 + 8h, column 8j + 2 (lane%4) + q, so a quad holds 2 columns
+ * of each 8-column tile. Two butterfly exchanges (lanes xor 1, then xor 2) give
+ * lane q of the quad all 8 columns of tile 4m + q instead: one 16-byte store per
+ * lane and row where 4-byte stores would take four times the instructions (with 1
+ * block per SM, nothing else runs on the SM while this one stores). */
+__device__ __forceinline__ void wg_epilogue(const gemm_args &p, const float (&d)[128], const row_tile &t, int n0,
+                                            int wgi)
+{
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, tq = lane & 3;
+    const bool odd = tq & 1, hi = tq & 2;
+    const bf16 *bias = p.bias ? p.bias + (size_t)t.e * p.N : NULL;
+#pragma unroll
+    for (int m = 0; m < 8; m++) {
+        float2 b[4]; /* bias at this lane's columns of tiles 4m .. 4m+3 */
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            const int col = n0 + (4 * m + jj) * 8 + 2 * tq;
+            b[jj] = bias && col < p.N ? __bfloat1622float2(*(const __nv_bfloat162 *)(bias + col))
+                                      : make_float2(0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float2 e[4];
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++)
+                e[jj] = make_float2(d[4 * (4 * m + jj) + 2 * h] + b[jj].x, d[4 * (4 * m + jj) + 2 * h + 1] + b[jj].y);
+            /* xor 1: even lanes trade tiles 1 and 3 for their odd partner's 0 and 2 */
+            const float2 r01 = shfl_xor2(odd ? e[0] : e[1], 1), r23 = shfl_xor2(odd ? e[2] : e[3], 1);
+            if (odd) {
+                e[0] = r01;
+                e[2] = r23;
+            } else {
+                e[1] = r01;
+                e[3] = r23;
+            }
+            /* xor 2: now e[s] is column pair s of tile 4m + tq */
+            const float2 r0 = shfl_xor2(hi ? e[0] : e[2], 2), r1 = shfl_xor2(hi ? e[1] : e[3], 2);
+            if (hi) {
+                e[0] = r0;
+                e[1] = r1;
+            } else {
+                e[2] = r0;
+                e[3] = r1;
+            }
+            const int r = wgi * 64 + warp * 16 + g + 8 * h, col = n0 + 32 * m + 8 * tq;
+            if (r >= t.rows || col >= p.N) continue; /* N % 8 == 0: all 8 columns or none */
+            bf16 *dst = p.y + (size_t)(t.m0 + r) * p.ldy + col;
+            float f[8] = {e[0].x, e[0].y, e[1].x, e[1].y, e[2].x, e[2].y, e[3].x, e[3].y};
+            if (p.accumulate) {
+                float o[8];
+                load8(o, dst);
+#pragma unroll
+                for (int i = 0; i < 8; i++) f[i] += o[i];
+            }
+            store8(dst, f);
+        }
+    }
+}
+
+/* Persistent: block b takes tiles b, b + grid, ...; their k-steps form one stream
+ * (step s = k-step s % KT of the block's tile s / KT), loaded AHEAD steps ahead,
+ * across tile boundaries, so the next tile's first loads fly during this tile's
+ * last steps and epilogue. Step s: wait for its stage, barrier, issue its wgmmas
+ * (async), queue the loads of step s + AHEAD into the stage step s - 2 used, then
+ * wait until at most one wgmma group (step s's) is in flight. The barrier of step
+ * s comes after every warpgroup waited on step s - 2's wgmmas, hence the stage is
+ * free. A warpgroup whose 64 rows are all past the tile's rows (an expert's last,
+ * partial tile) skips its wgmmas and stores. Tiles and k-steps are two nested
+ * loops, not one flat loop over steps: with the epilogue inside the step loop,
+ * ptxas inserts a wait for all wgmmas at every step (C7517), which serializes them. */
+template <bool NN>
+__global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_kernel(gemm_args p)
+{
+    using namespace wg;
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    __shared__ moe_sched sch;
+    const uint32_t smem0 = ((uint32_t)__cvta_generic_to_shared(dyn_smem) + 1023u) & ~1023u;
+    const int wgi = threadIdx.x >> 7;
+    sched_load(sch, p.offsets, p.E);
+    const int n_rt = sched_tiles(sch, p.E, BM, INT_MIN, INT_MAX);
+    const int n_ct = (p.N + BN - 1) / BN, total = n_rt * n_ct, KT = (p.K + BK - 1) / BK;
+    const int mine = (int)blockIdx.x < total ? (total - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    const int steps = mine * KT; /* of this block */
+
+    wg_loads<NN> ld;
+    int l_step = 0, l_kt = 0, l_tile = blockIdx.x;
+    auto load_next = [&]() { /* step l_step into its stage, then one commit group (empty past the end) */
+        if (l_step < steps) {
+            if (l_kt == 0) {
+                int rt, ct;
+                tile_coords(l_tile, n_rt, n_ct, GROUP, rt, ct);
+                wg_loads_init<NN>(ld, p, sched_find(sch, p.E, BM, INT_MIN, INT_MAX, rt), ct * BN);
+            }
+            wg_load_stage<NN>(ld, p, smem0 + (l_step % STAGES) * STAGE_BYTES, l_kt);
+            l_step++;
+            if (++l_kt == KT) {
+                l_kt = 0;
+                l_tile += gridDim.x;
+            }
+        }
+        cp_async_commit();
+    };
+
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < AHEAD; i++) load_next();
+    int s = 0; /* this block's step */
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        int rt, ct;
+        tile_coords(tile, n_rt, n_ct, GROUP, rt, ct);
+        const row_tile t = sched_find(sch, p.E, BM, INT_MIN, INT_MAX, rt);
+        const int n0 = ct * BN;
+        const bool live = wgi * 64 < t.rows;
+        for (int kt = 0; kt < KT; kt++, s++) {
+            cp_async_wait<AHEAD - 1>();
+            fence_proxy_async();
+            __syncthreads();
+            if (live) {
+                const uint32_t sa = smem0 + (s % STAGES) * STAGE_BYTES + wgi * 64 * ROW_BYTES;
+                const uint32_t sb = smem0 + (s % STAGES) * STAGE_BYTES + A_BYTES;
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < BK / 16; ks++) {
+                    const uint64_t da = wgmma_desc(sa + ks * 32, 16, 1024);
+                    const uint64_t db = NN ? wgmma_desc(sb + ks * 16 * ROW_BYTES, NN_PANEL, 1024)
+                                           : wgmma_desc(sb + ks * 32, 16, 1024);
+                    wgmma_m64n256k16<NN>(acc, da, db, kt > 0 || ks > 0);
+                }
+                wgmma_commit();
+            }
+            load_next();
+            wgmma_wait<1>();
+        }
+        wgmma_wait<0>();
+        wgmma_acc_fence(acc);
+        if (live) wg_epilogue(p, acc, t, n0, wgi);
+    }
+    cp_async_wait<0>();
+}
+
 /* ---- expert LoRA ---- */
 
 namespace lr {
@@ -267,24 +607,31 @@ __device__ __forceinline__ void drop8(bf16 *s, const drop_t &d, int r, int c)
 }
 
 /* acc = this warp's 16 rows of X @ W^T: X (rows, K) at row stride ldx (the block's
- * 8 warps cover 128 rows), W (RP, K) dense bf16. d.p > 0 masks X (columns are X's). */
+ * 8 warps cover 128 rows), W (RP, K) dense bf16. d.p > 0 masks X (columns are X's).
+ * gidx non-NULL: row r is X[gidx[r] / topk] (X then points at the token rows). */
 template <int RP>
-__device__ void lora_skinny(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *X, int ldx, int rows,
-                            const bf16 *W, int K, const drop_t &d)
+__device__ void lora_skinny(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *X, int ldx, const int32_t *gidx,
+                            int topk, int rows, const bf16 *W, int K, const drop_t &d)
 {
     using namespace lr;
     constexpr int STAGE = (BM + RP) * LDX, XCH = BM * BK / 8 / NTHREADS, WCH = RP * BK / 8;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 #pragma unroll
     for (int j = 0; j < RP / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    int xrow[XCH]; /* X row of this thread's chunks (-1 past rows): indices, not pointers, for registers */
+#pragma unroll
+    for (int i = 0; i < XCH; i++) {
+        const int r = (tid + i * NTHREADS) >> 3;
+        xrow[i] = r >= rows ? -1 : gidx ? gidx[r] / topk : r;
+    }
     auto load = [&](int stage, int kt) {
         bf16 *s = smem + stage * STAGE;
         const int k0 = kt * BK;
 #pragma unroll
         for (int i = 0; i < XCH; i++) {
             const int c = tid + i * NTHREADS, r = c >> 3, kc = (c & 7) * 8;
-            const bool ok = r < rows && k0 + kc < K;
-            cp_async16(s + r * LDX + kc, ok ? X + (size_t)r * ldx + k0 + kc : X, ok);
+            const bool ok = xrow[i] >= 0 && k0 + kc < K;
+            cp_async16(s + r * LDX + kc, ok ? X + (size_t)xrow[i] * ldx + k0 + kc : X, ok);
         }
         for (int c = tid; c < WCH; c += NTHREADS) {
             const int r = c >> 3, kc = (c & 7) * 8;
@@ -407,10 +754,11 @@ __device__ void lora_expand(bf16 *Y, int ldy, int rows, const uint32_t (&u)[RP /
 
 /* acc = P[0:nrows, n0 + 16 warp + (0..15)]^T @ Q[0:nrows, 0:RP] (this warp's 16
  * columns of P; the block covers 128): P rows at row stride ldp with ncols
- * columns, Q (nrows, RP) dense bf16. d.p > 0 masks P. Rows are summed in order. */
+ * columns, Q (nrows, RP) dense bf16. d.p > 0 masks P. Rows are summed in order.
+ * gidx non-NULL: row r of P is P[gidx[r] / topk] (P then points at the token rows). */
 template <int RP>
-__device__ void lora_wgrad(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *P, int ldp, int ncols, int n0,
-                           const bf16 *Q, int nrows, const drop_t &d)
+__device__ void lora_wgrad(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *P, int ldp, const int32_t *gidx,
+                           int topk, int ncols, int n0, const bf16 *Q, int nrows, const drop_t &d)
 {
     using namespace lr;
     constexpr int LDQ = RP + 8, STAGE = BR * (LDP + LDQ), PCH = BR * BNB / 8 / NTHREADS, QCH = BR * RP / 8;
@@ -424,7 +772,8 @@ __device__ void lora_wgrad(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *P, i
         for (int i = 0; i < PCH; i++) {
             const int c = tid + i * NTHREADS, r = c >> 4, cc = (c & 15) * 8;
             const bool ok = r0 + r < nrows && n0 + cc < ncols;
-            cp_async16(s + r * LDP + cc, ok ? P + (size_t)(r0 + r) * ldp + n0 + cc : P, ok);
+            const size_t row = !ok ? 0 : gidx ? (size_t)(gidx[r0 + r] / topk) : (size_t)(r0 + r);
+            cp_async16(s + r * LDP + cc, ok ? P + row * ldp + n0 + cc : P, ok);
         }
         for (int c = tid; c < QCH; c += NTHREADS) {
             const int r = c / (RP / 8), qc = (c % (RP / 8)) * 8;
@@ -474,15 +823,27 @@ __device__ void lora_wgrad(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *P, i
 struct lora_args {
     bf16 *y;                 /* forward: y; backward: dx (or NULL); row stride ldy */
     const bf16 *x, *dy;      /* row strides ldx, lddy; dy backward only */
+    const int32_t *gather;   /* (n) or NULL: row r of x is x[gather[r] / topk] (token rows) */
     const bf16 *Ap, *At;     /* (E, RP, in), (E, in, RP): A rounded and padded with zero ranks */
     const bf16 *Bp, *Bt;     /* (E, out, RP), (E, RP, out) */
     float *dA, *dB;          /* (E, R, in), (E, out, R) fp32, accumulated */
     bf16 *us, *gs;           /* (cap, RP) each: u and g of one backward chunk */
     const int32_t *offsets;
-    int ldy, ldx, lddy, E, in, out, R, cap;
+    int ldy, ldx, lddy, topk, E, in, out, R, cap;
     float scale, p;
     uint64_t seed;
 };
+
+/* x as lora_skinny / lora_wgrad take it from row `row` on: the row pointer without
+ * gather, the token rows (and gather from `row`) with it. */
+__device__ __forceinline__ const bf16 *lora_x(const lora_args &a, int row)
+{
+    return a.gather ? a.x : a.x + (size_t)row * a.ldx;
+}
+__device__ __forceinline__ const int32_t *lora_gidx(const lora_args &a, int row)
+{
+    return a.gather ? a.gather + row : NULL;
+}
 
 __device__ __forceinline__ drop_t lora_drop(const lora_args &a, const moe_sched &s, int e, int row)
 {
@@ -533,8 +894,8 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_fwd_kernel(lora_args
         const row_tile t = sched_find(sch, a.E, BM, INT_MIN, INT_MAX, rt);
         const drop_t d = lora_drop(a, sch, t.e, t.m0);
         float acc[RP / 8][4];
-        lora_skinny<RP>(acc, smem, a.x + (size_t)t.m0 * a.ldx, a.ldx, t.rows, a.Ap + (size_t)t.e * RP * a.in,
-                        a.in, d);
+        lora_skinny<RP>(acc, smem, lora_x(a, t.m0), a.ldx, lora_gidx(a, t.m0), a.topk, t.rows,
+                        a.Ap + (size_t)t.e * RP * a.in, a.in, d);
         if (warp * 16 >= t.rows) continue;
         uint32_t u[RP / 16][4];
         lora_pack<RP>(u, acc);
@@ -568,11 +929,11 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
             const int rows_w = t.rows - warp * 16; /* this warp's rows */
             float acc[RP / 8][4];
             uint32_t f[RP / 16][4];
-            lora_skinny<RP>(acc, smem, a.x + (size_t)t.m0 * a.ldx, a.ldx, t.rows,
+            lora_skinny<RP>(acc, smem, lora_x(a, t.m0), a.ldx, lora_gidx(a, t.m0), a.topk, t.rows,
                             a.Ap + (size_t)t.e * RP * a.in, a.in, d);
             lora_pack<RP>(f, acc);
             if (rows_w > 0) lora_store_rows<RP>(a.us + (size_t)(t.m0 - c0 + warp * 16) * RP, f, rows_w);
-            lora_skinny<RP>(acc, smem, a.dy + (size_t)t.m0 * a.lddy, a.lddy, t.rows,
+            lora_skinny<RP>(acc, smem, a.dy + (size_t)t.m0 * a.lddy, a.lddy, NULL, 1, t.rows,
                             a.Bt + (size_t)t.e * RP * a.out, a.out, none);
             lora_pack<RP>(f, acc);
             if (rows_w > 0) {
@@ -594,10 +955,10 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
             const int n0 = (is_b ? j : j - nb_out) * BNB, ncols = is_b ? a.out : a.in;
             float acc[RP / 8][4];
             if (is_b)
-                lora_wgrad<RP>(acc, smem, a.dy + (size_t)ra * a.lddy, a.lddy, a.out, n0,
+                lora_wgrad<RP>(acc, smem, a.dy + (size_t)ra * a.lddy, a.lddy, NULL, 1, a.out, n0,
                                a.us + (size_t)(ra - c0) * RP, rb - ra, none);
             else
-                lora_wgrad<RP>(acc, smem, a.x + (size_t)ra * a.ldx, a.ldx, a.in, n0,
+                lora_wgrad<RP>(acc, smem, lora_x(a, ra), a.ldx, lora_gidx(a, ra), a.topk, a.in, n0,
                                a.gs + (size_t)(ra - c0) * RP, rb - ra, lora_drop(a, sch, e, ra));
 #pragma unroll
             for (int jn = 0; jn < RP / 8; jn++)
@@ -631,35 +992,43 @@ static void moe_gemm_check(const char *op, const void *y, int ldy, const void *x
     CT_ASSERT(!bias || ((uintptr_t)bias & 3) == 0, "%s: bias must be 4-byte aligned", op);
 }
 
-static void moe_gemm_launch(ct_backend *be, bool nn, const gemm_args &p)
+/* V 1: mma.sync (moe_gemm_kernel); V 2: wgmma (moe_wgmma_kernel). */
+template <int V> static void moe_gemm_launch(ct_backend *be, bool nn, const gemm_args &p)
 {
     cuda_ctx *c = ctx_of(be);
-    if (nn) {
-        unsigned grid = (unsigned)(occupancy.gemm_nn * c->num_sms);
-        moe_gemm_kernel<true><<<grid, gm::NTHREADS, gm::smem_bytes<true>(), c->stream>>>(p);
-    } else {
-        unsigned grid = (unsigned)(occupancy.gemm_nt * c->num_sms);
-        moe_gemm_kernel<false><<<grid, gm::NTHREADS, gm::smem_bytes<false>(), c->stream>>>(p);
-    }
+    if (V == 2 && nn)
+        moe_wgmma_kernel<true><<<occupancy.wgmma_nn * c->num_sms, wg::NTHREADS, wg::smem_bytes(), c->stream>>>(p);
+    else if (V == 2)
+        moe_wgmma_kernel<false><<<occupancy.wgmma_nt * c->num_sms, wg::NTHREADS, wg::smem_bytes(), c->stream>>>(p);
+    else if (nn)
+        moe_gemm_kernel<true><<<occupancy.gemm_nn * c->num_sms, gm::NTHREADS, gm::smem_bytes<true>(), c->stream>>>(p);
+    else
+        moe_gemm_kernel<false><<<occupancy.gemm_nt * c->num_sms, gm::NTHREADS, gm::smem_bytes<false>(), c->stream>>>(
+            p);
     LAUNCH_CHECK();
 }
 
-static void cuda_moe_linear_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const void *W,
-                                const void *bias, const int32_t *offsets, int E, int in, int out, int accumulate)
+template <int V>
+static void cuda_moe_linear_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather,
+                                int K, const void *W, const void *bias, const int32_t *offsets, int E, int in, int out,
+                                int accumulate)
 {
     moe_gemm_check("moe_linear_fwd", y, ldy, x, ldx, W, bias, E, in, out);
-    gemm_args p = {(bf16 *)y, (const bf16 *)x, (const bf16 *)W, (const bf16 *)bias, offsets,
-                   ldy, ldx, E, out, in, accumulate};
-    moe_gemm_launch(be, false, p);
+    CT_ASSERT(!gather || K >= 1, "moe_linear_fwd: K = %d experts per token with a gather", K);
+    gemm_args p = {(bf16 *)y, (const bf16 *)x, gather, (const bf16 *)W, (const bf16 *)bias, offsets,
+                   ldy, ldx, gather ? K : 1, E, out, in, accumulate};
+    moe_gemm_launch<V>(be, false, p);
 }
 
+template <int V>
 static void cuda_moe_linear_bwd_input(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
                                       const void *W, const int32_t *offsets, int E, int in, int out,
                                       int accumulate)
 {
     moe_gemm_check("moe_linear_bwd_input", dx, lddx, dy, lddy, W, NULL, E, in, out);
-    gemm_args p = {(bf16 *)dx, (const bf16 *)dy, (const bf16 *)W, NULL, offsets, lddx, lddy, E, in, out, accumulate};
-    moe_gemm_launch(be, true, p);
+    gemm_args p = {(bf16 *)dx, (const bf16 *)dy, NULL, (const bf16 *)W, NULL, offsets, lddx, lddy, 1, E, in, out,
+                   accumulate};
+    moe_gemm_launch<V>(be, true, p);
 }
 
 static int rank_slot(int R) { return R <= 16 ? 0 : R <= 32 ? 1 : 2; }
@@ -667,12 +1036,13 @@ static int rank_slot(int R) { return R <= 16 ? 0 : R <= 32 ? 1 : 2; }
 /* Shapes, strides and alignment; the padded bf16 masters carved from scratch and
  * converted (NULL pointers of `want` are not needed by the caller). */
 static lora_args lora_prepare(ct_backend *be, const char *op, bool bwd, void *y, int ldy, const void *x,
-                              int ldx, const void *dy, int lddy, const float *A, const float *B,
-                              const int32_t *offsets, int E, int in, int out, int R, float scale, float p,
-                              uint64_t seed, int *RP)
+                              int ldx, const int32_t *gather, int K, const void *dy, int lddy, const float *A,
+                              const float *B, const int32_t *offsets, int E, int in, int out, int R, float scale,
+                              float p, uint64_t seed, int *RP)
 {
     cuda_ctx *c = ctx_of(be);
     CT_ASSERT(E >= 1 && E <= MOE_MAX_E, "%s: E = %d experts (1..%d are supported)", op, E, MOE_MAX_E);
+    CT_ASSERT(!gather || K >= 1, "%s: K = %d experts per token with a gather", op, K);
     CT_ASSERT(R >= 1 && R <= 64, "%s: LoRA rank %d is not supported (1..64 are)", op, R);
     CT_ASSERT(in > 0 && out > 0 && in % 8 == 0 && out % 8 == 0,
               "%s: in = %d and out = %d must be positive multiples of 8 (16-byte rows)", op, in, out);
@@ -697,6 +1067,8 @@ static lora_args lora_prepare(ct_backend *be, const char *op, bool bwd, void *y,
     LAUNCH_CHECK();
     a.y = (bf16 *)y;
     a.x = (const bf16 *)x;
+    a.gather = gather;
+    a.topk = gather ? K : 1;
     a.dy = (const bf16 *)dy;
     a.Ap = Ap;
     a.At = At;
@@ -734,13 +1106,13 @@ template <int RP> static void lora_bwd_launch(cuda_ctx *c, const lora_args &a)
                                            dim3(lr::NTHREADS), params, lr::smem_bytes<RP>(), c->stream));
 }
 
-static void cuda_moe_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const float *A,
-                              const float *B, const int32_t *offsets, int E, int in, int out, int R, float scale,
-                              float dropout_p, uint64_t dropout_seed)
+static void cuda_moe_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather,
+                              int K, const float *A, const float *B, const int32_t *offsets, int E, int in, int out,
+                              int R, float scale, float dropout_p, uint64_t dropout_seed)
 {
     int RP;
-    lora_args a = lora_prepare(be, "moe_lora_fwd", false, y, ldy, x, ldx, NULL, 8, A, B, offsets, E, in, out, R,
-                               scale, dropout_p, dropout_seed, &RP);
+    lora_args a = lora_prepare(be, "moe_lora_fwd", false, y, ldy, x, ldx, gather, K, NULL, 8, A, B, offsets, E, in,
+                               out, R, scale, dropout_p, dropout_seed, &RP);
     cuda_ctx *c = ctx_of(be);
     if (RP == 16) lora_fwd_launch<16>(c, a);
     else if (RP == 32) lora_fwd_launch<32>(c, a);
@@ -748,12 +1120,13 @@ static void cuda_moe_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, i
 }
 
 static void cuda_moe_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, float *dB, const void *dy, int lddy,
-                              const void *x, int ldx, const float *A, const float *B, const int32_t *offsets, int E,
-                              int in, int out, int R, float scale, float dropout_p, uint64_t dropout_seed)
+                              const void *x, int ldx, const int32_t *gather, int K, const float *A, const float *B,
+                              const int32_t *offsets, int E, int in, int out, int R, float scale, float dropout_p,
+                              uint64_t dropout_seed)
 {
     int RP;
-    lora_args a = lora_prepare(be, "moe_lora_bwd", true, dx, dx ? lddx : 8, x, ldx, dy, lddy, A, B, offsets, E, in,
-                               out, R, scale, dropout_p, dropout_seed, &RP);
+    lora_args a = lora_prepare(be, "moe_lora_bwd", true, dx, dx ? lddx : 8, x, ldx, gather, K, dy, lddy, A, B,
+                               offsets, E, in, out, R, scale, dropout_p, dropout_seed, &RP);
     a.dA = dA;
     a.dB = dB;
     cuda_ctx *c = ctx_of(be);
@@ -784,15 +1157,30 @@ template <int RP> static void lora_setup()
     occupancy.lora_bwd[i] = kernel_setup((const void *)moe_lora_bwd_kernel<RP>, lr::NTHREADS, lr::smem_bytes<RP>());
 }
 
+/* The grouped GEMM version a new backend uses: CTUNE_MOE_GEMM=old (v1) or new (v2,
+ * the default), read once per backend; anything else is refused by name. */
+static int gemm_version(void)
+{
+    const char *v = getenv("CTUNE_MOE_GEMM");
+    if (!v || !*v || !strcmp(v, "new")) return 2;
+    if (!strcmp(v, "old")) return 1;
+    fprintf(stderr, "ctune: CTUNE_MOE_GEMM=%s is not old or new\n"
+                    "HINT: unset it (the default is new) or set old for the mma.sync grouped GEMM\n", v);
+    exit(CT_ERR_INPUT);
+}
+
 void cuda_fill_moe_gemm_ops(ct_backend *be)
 {
     occupancy.gemm_nt = kernel_setup((const void *)moe_gemm_kernel<false>, gm::NTHREADS, gm::smem_bytes<false>());
     occupancy.gemm_nn = kernel_setup((const void *)moe_gemm_kernel<true>, gm::NTHREADS, gm::smem_bytes<true>());
+    occupancy.wgmma_nt = kernel_setup((const void *)moe_wgmma_kernel<false>, wg::NTHREADS, wg::smem_bytes());
+    occupancy.wgmma_nn = kernel_setup((const void *)moe_wgmma_kernel<true>, wg::NTHREADS, wg::smem_bytes());
     lora_setup<16>();
     lora_setup<32>();
     lora_setup<64>();
-    be->moe_linear_fwd = cuda_moe_linear_fwd;
-    be->moe_linear_bwd_input = cuda_moe_linear_bwd_input;
+    const bool v2 = gemm_version() == 2;
+    be->moe_linear_fwd = v2 ? cuda_moe_linear_fwd<2> : cuda_moe_linear_fwd<1>;
+    be->moe_linear_bwd_input = v2 ? cuda_moe_linear_bwd_input<2> : cuda_moe_linear_bwd_input<1>;
     be->moe_lora_fwd = cuda_moe_lora_fwd;
     be->moe_lora_bwd = cuda_moe_lora_bwd;
 }

@@ -230,10 +230,16 @@ struct ct_backend {
                             const float *w, int T, int K, int H);
     /* The grouped expert GEMM, one call for all experts: for each e, rows r in
      * [offsets[e], offsets[e+1]) (offsets read from device memory):
-     *   y[r, 0:out] (=|+=) x[r] @ W_e^T + bias_e ; W (E, out, in) weight (W_e at
-     *   e*out*in), bias (E, out) weight or NULL. Experts with no rows cost nothing. */
-    void (*moe_linear_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx, const void *W,
-                           const void *bias, const int32_t *offsets, int E, int in, int out, int accumulate);
+     *   y[r, 0:out] (=|+=) x_r @ W_e^T + bias_e ; W (E, out, in) weight (W_e at
+     *   e*out*in), bias (E, out) weight or NULL. Experts with no rows cost nothing.
+     * The input rows x_r: gather NULL: x_r = x[r] (x expert-ordered, (n, in) at
+     * stride ldx); else x_r = x[gather[r] / K] (x holds the T token rows at stride
+     * ldx and gather is the permutation's row_slot (n) int32): moe_gather fused
+     * into the loads, with no (n, in) copy. Results equal moe_gather then the
+     * op, bit for bit. */
+    void (*moe_linear_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather,
+                           int K, const void *W, const void *bias, const int32_t *offsets, int E, int in, int out,
+                           int accumulate);
     /* dx[r] (=|+=) dy[r] @ W_e for the rows of each expert e. */
     void (*moe_linear_bwd_input)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
                                  const void *W, const int32_t *offsets, int E, int in, int out,
@@ -242,14 +248,17 @@ struct ct_backend {
      * over the rows of expert e (T = its row count, row 0 = its first row) with
      * A_e (R,in) at A + e*R*in, B_e (out,R) at B + e*out*R (fp32), and dropout
      * seed ct_hash64(dropout_seed, e): each expert draws its own mask, as each
-     * PEFT expert module has its own dropout. dA (E,R,in), dB (E,out,R) accumulate. */
-    void (*moe_lora_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx,
+     * PEFT expert module has its own dropout. dA (E,R,in), dB (E,out,R) accumulate.
+     * x, ldx, gather, K: the input rows as for moe_linear_fwd (gather non-NULL:
+     * row r is x[gather[r] / K]); the dropout mask index stays (row within the
+     * expert) * in + column. y, dy and dx are expert-ordered. */
+    void (*moe_lora_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather, int K,
                          const float *A, const float *B, const int32_t *offsets, int E, int in, int out,
                          int R, float scale, float dropout_p, uint64_t dropout_seed);
     void (*moe_lora_bwd)(ct_backend *be, void *dx, int lddx, float *dA, float *dB,
-                         const void *dy, int lddy, const void *x, int ldx, const float *A, const float *B,
-                         const int32_t *offsets, int E, int in, int out, int R, float scale,
-                         float dropout_p, uint64_t dropout_seed);
+                         const void *dy, int lddy, const void *x, int ldx, const int32_t *gather, int K,
+                         const float *A, const float *B, const int32_t *offsets, int E, int in, int out, int R,
+                         float scale, float dropout_p, uint64_t dropout_seed);
     /* gpt_oss's expert activation on interleaved columns (gate 2i, up 2i+1) of
      * gu (n, 2I): g = min(gate, limit), u = clamp(up, -limit, limit),
      * h (n, I) = (u + 1) * g * sigmoid(alpha * g). */

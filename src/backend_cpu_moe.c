@@ -11,9 +11,11 @@
  * Counting, scan and permutation run on one thread: they are O(T*K) integer
  * work and must be stable. The grouped GEMM and the expert LoRA call the dense
  * ops once per expert on that expert's contiguous rows, reading the row ranges
- * from offsets; a row's result depends only on that row (cpu_sgemm sums each
- * element in a fixed order), so routing other tokens elsewhere never changes
- * it: packed batches equal documents run one by one, bit for bit. */
+ * from offsets (with gather, the expert's token rows are first copied into a
+ * dense buffer: the GPU fuses that copy into its loads, the oracle spells it
+ * out). A row's result depends only on that row (cpu_sgemm sums each element in
+ * a fixed order, whatever the stride), so routing other tokens elsewhere never
+ * changes it: packed batches equal documents run one by one, bit for bit. */
 #include "backend_cpu_internal.h"
 
 #include <math.h>
@@ -153,16 +155,44 @@ static void cpu_moe_scatter_bwd(ct_backend *be, void *dye, float *dw, const void
     }
 }
 
-static void cpu_moe_linear_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const void *W,
-                               const void *bias, const int32_t *offsets, int E, int in, int out, int accumulate)
+/* The input rows of expert e (rows r0 .. r0+rows-1): x itself (stride ldx) without
+ * gather, else the token rows x[gather[r] / K] copied into buf (stride in). */
+static const float *expert_rows(float *buf, int *ld, const void *x, int ldx, const int32_t *gather, int K,
+                                int r0, int rows, int in)
 {
-    for (int e = 0; e < E; e++) {
-        int r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
-        if (rows <= 0) continue;
-        be->linear_fwd(be, (float *)y + (size_t)r0 * ldy, ldy, (const float *)x + (size_t)r0 * ldx, ldx,
-                       (const float *)W + (size_t)e * out * in, bias ? (const float *)bias + (size_t)e * out : NULL,
-                       rows, in, out, accumulate);
+    if (!gather) {
+        *ld = ldx;
+        return (const float *)x + (size_t)r0 * ldx;
     }
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++)
+        memcpy(buf + (size_t)r * in, (const float *)x + (size_t)(gather[r0 + r] / K) * ldx, (size_t)in * sizeof(float));
+    *ld = in;
+    return buf;
+}
+
+/* The staging buffer expert_rows needs: the largest expert's rows (NULL without gather). */
+static float *expert_rows_buf(const int32_t *gather, const int32_t *offsets, int E, int in)
+{
+    if (!gather) return NULL;
+    int most = 0;
+    for (int e = 0; e < E; e++) most = offsets[e + 1] - offsets[e] > most ? offsets[e + 1] - offsets[e] : most;
+    return ct_malloc(((size_t)most * in + 1) * sizeof(float));
+}
+
+static void cpu_moe_linear_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather,
+                               int K, const void *W, const void *bias, const int32_t *offsets, int E, int in, int out,
+                               int accumulate)
+{
+    float *buf = expert_rows_buf(gather, offsets, E, in);
+    for (int e = 0; e < E; e++) {
+        int r0 = offsets[e], rows = offsets[e + 1] - offsets[e], ld;
+        if (rows <= 0) continue;
+        const float *xr = expert_rows(buf, &ld, x, ldx, gather, K, r0, rows, in);
+        be->linear_fwd(be, (float *)y + (size_t)r0 * ldy, ldy, xr, ld, (const float *)W + (size_t)e * out * in,
+                       bias ? (const float *)bias + (size_t)e * out : NULL, rows, in, out, accumulate);
+    }
+    free(buf);
 }
 
 static void cpu_moe_linear_bwd_input(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
@@ -176,32 +206,37 @@ static void cpu_moe_linear_bwd_input(ct_backend *be, void *dx, int lddx, const v
     }
 }
 
-static void cpu_moe_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx,
+static void cpu_moe_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather, int K,
                              const float *A, const float *B, const int32_t *offsets, int E, int in, int out,
                              int R, float scale, float dropout_p, uint64_t dropout_seed)
 {
+    float *buf = expert_rows_buf(gather, offsets, E, in);
     for (int e = 0; e < E; e++) {
-        int r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
+        int r0 = offsets[e], rows = offsets[e + 1] - offsets[e], ld;
         if (rows <= 0) continue;
-        be->lora_fwd(be, (float *)y + (size_t)r0 * ldy, ldy, (const float *)x + (size_t)r0 * ldx, ldx,
-                     A + (size_t)e * R * in, B + (size_t)e * out * R, rows, in, out, R, scale, dropout_p,
-                     ct_hash64(dropout_seed, (uint64_t)e));
+        const float *xr = expert_rows(buf, &ld, x, ldx, gather, K, r0, rows, in);
+        be->lora_fwd(be, (float *)y + (size_t)r0 * ldy, ldy, xr, ld, A + (size_t)e * R * in, B + (size_t)e * out * R,
+                     rows, in, out, R, scale, dropout_p, ct_hash64(dropout_seed, (uint64_t)e));
     }
+    free(buf);
 }
 
 static void cpu_moe_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, float *dB,
-                             const void *dy, int lddy, const void *x, int ldx, const float *A, const float *B,
-                             const int32_t *offsets, int E, int in, int out, int R, float scale,
-                             float dropout_p, uint64_t dropout_seed)
+                             const void *dy, int lddy, const void *x, int ldx, const int32_t *gather, int K,
+                             const float *A, const float *B, const int32_t *offsets, int E, int in, int out, int R,
+                             float scale, float dropout_p, uint64_t dropout_seed)
 {
+    float *buf = expert_rows_buf(gather, offsets, E, in);
     for (int e = 0; e < E; e++) {
-        int r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
+        int r0 = offsets[e], rows = offsets[e + 1] - offsets[e], ld;
         if (rows <= 0) continue;
+        const float *xr = expert_rows(buf, &ld, x, ldx, gather, K, r0, rows, in);
         be->lora_bwd(be, dx ? (float *)dx + (size_t)r0 * lddx : NULL, lddx, dA + (size_t)e * R * in,
-                     dB + (size_t)e * out * R, (const float *)dy + (size_t)r0 * lddy, lddy,
-                     (const float *)x + (size_t)r0 * ldx, ldx, A + (size_t)e * R * in, B + (size_t)e * out * R,
-                     rows, in, out, R, scale, dropout_p, ct_hash64(dropout_seed, (uint64_t)e));
+                     dB + (size_t)e * out * R, (const float *)dy + (size_t)r0 * lddy, lddy, xr, ld,
+                     A + (size_t)e * R * in, B + (size_t)e * out * R, rows, in, out, R, scale, dropout_p,
+                     ct_hash64(dropout_seed, (uint64_t)e));
     }
+    free(buf);
 }
 
 static void cpu_moe_clamped_swiglu_fwd(ct_backend *be, void *h, const void *gu, int n, int I,

@@ -8,7 +8,11 @@
  *   dhn = sum_k dxe_k                                  (moe_scatter, weights 1)
  *   dlogits = route'(dw) (+ load-balancing term) ; dhn += dlogits Wr
  * The last line is what makes the gradient exact: the routing weights depend
- * on hn through the frozen router, so hn's gradient has a router path too. */
+ * on hn through the frozen router, so hn's gradient has a router path too.
+ *
+ * No expert-ordered copy of hn exists: the gate|up GEMM and LoRA (forward and
+ * backward) read hn's token rows through row_slot (their gather argument), which
+ * saves an (n, H) buffer per workspace and a pass over it. */
 #include "graph_moe.h"
 
 #include <stdlib.h>
@@ -29,7 +33,7 @@ typedef struct moe_acts {
     int32_t *offsets;    /* (E+1) */
     int32_t *row_slot;   /* (n) */
     int32_t *slot_row;   /* (n) */
-    void *xe;            /* (n, H) */
+    const void *hn;      /* (T, H): the block's input, the caller's buffer; gate|up read it through row_slot */
     void *gu;            /* (n, 2I) */
     void *act;           /* (n, I) */
     void *ye;            /* (n, H) */
@@ -89,7 +93,6 @@ void moe_layout(ct_moe *mo, ct_arena *ar)
         a->offsets = arena_take(ar, (E + 1) * 4);
         a->row_slot = arena_take(ar, n * 4);
         a->slot_row = arena_take(ar, n * 4);
-        a->xe = arena_take(ar, n * H * A);
         a->gu = arena_take(ar, n * 2 * I * A);
         a->act = arena_take(ar, n * I * A);
         a->ye = arena_take(ar, n * H * A);
@@ -123,24 +126,26 @@ static const ct_lora_slot *expert_lora(const moe_lora *ml, int l, ct_module mod)
     return s->experts ? s : NULL;
 }
 
+/* x: expert-ordered rows, or (gather non-NULL) token rows read through gather. */
 static void lora_fwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod, const moe_acts *a,
-                     void *y, int ldy, const void *x, int ldx)
+                     void *y, int ldy, const void *x, int ldx, const int32_t *gather)
 {
     const ct_lora_slot *s = expert_lora(ml, l, mod);
     if (!s) return;
-    mo->be->moe_lora_fwd(mo->be, y, ldy, x, ldx, lora_A(ml->lo, l, mod), lora_B(ml->lo, l, mod), a->offsets,
-                         mo->E, s->in, s->out, ml->lo->R, ml->lo->scale, ml->dropout,
+    mo->be->moe_lora_fwd(mo->be, y, ldy, x, ldx, gather, mo->K, lora_A(ml->lo, l, mod), lora_B(ml->lo, l, mod),
+                         a->offsets, mo->E, s->in, s->out, ml->lo->R, ml->lo->scale, ml->dropout,
                          graph_module_seed(ml->step_seed, l, mod));
 }
 
 static void lora_bwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod, const moe_acts *a,
-                     void *dx, int lddx, const void *dy, int lddy, const void *x, int ldx)
+                     void *dx, int lddx, const void *dy, int lddy, const void *x, int ldx, const int32_t *gather)
 {
     const ct_lora_slot *s = expert_lora(ml, l, mod);
     if (!s) return;
     mo->be->moe_lora_bwd(mo->be, dx, lddx, lora_grad_A(ml->lo, l, mod), lora_grad_B(ml->lo, l, mod), dy, lddy,
-                         x, ldx, lora_A(ml->lo, l, mod), lora_B(ml->lo, l, mod), a->offsets, mo->E, s->in, s->out,
-                         ml->lo->R, ml->lo->scale, ml->dropout, graph_module_seed(ml->step_seed, l, mod));
+                         x, ldx, gather, mo->K, lora_A(ml->lo, l, mod), lora_B(ml->lo, l, mod), a->offsets, mo->E,
+                         s->in, s->out, ml->lo->R, ml->lo->scale, ml->dropout,
+                         graph_module_seed(ml->step_seed, l, mod));
 }
 
 void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, void *out, int T, bool record_stats)
@@ -160,14 +165,14 @@ void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, 
     be->moe_permute(be, a->row_slot, a->slot_row, a->idx, a->offsets, n, E);
     if (record_stats) be->moe_prob_sum(be, mo->prob_sum + (size_t)ls * E, a->logits, T, E);
 
-    be->moe_gather(be, a->xe, hn, H, a->row_slot, T, K, H);
-    be->moe_linear_fwd(be, a->gu, 2 * I, a->xe, H, w->wgu_e, w->bgu_e, a->offsets, E, H, 2 * I, 0);
-    lora_fwd(mo, ml, l, CT_MOD_GATE, a, a->gu, 2 * I, a->xe, H); /* gpt_oss: the whole gate_up */
-    lora_fwd(mo, ml, l, CT_MOD_UP, a, act_at(mo, a->gu, I), 2 * I, a->xe, H);
+    a->hn = hn;
+    be->moe_linear_fwd(be, a->gu, 2 * I, hn, H, a->row_slot, K, w->wgu_e, w->bgu_e, a->offsets, E, H, 2 * I, 0);
+    lora_fwd(mo, ml, l, CT_MOD_GATE, a, a->gu, 2 * I, hn, H, a->row_slot); /* gpt_oss: the whole gate_up */
+    lora_fwd(mo, ml, l, CT_MOD_UP, a, act_at(mo, a->gu, I), 2 * I, hn, H, a->row_slot);
     if (gpt_oss) be->moe_clamped_swiglu_fwd(be, a->act, a->gu, n, I, GPT_OSS_ALPHA, (float)c->swiglu_limit);
     else be->swiglu_fwd(be, a->act, a->gu, n, I);
-    be->moe_linear_fwd(be, a->ye, H, a->act, I, w->wdown_e, w->bdown_e, a->offsets, E, I, H, 0);
-    lora_fwd(mo, ml, l, CT_MOD_DOWN, a, a->ye, H, a->act, I);
+    be->moe_linear_fwd(be, a->ye, H, a->act, I, NULL, K, w->wdown_e, w->bdown_e, a->offsets, E, I, H, 0);
+    lora_fwd(mo, ml, l, CT_MOD_DOWN, a, a->ye, H, a->act, I, NULL);
     if (out) be->moe_scatter(be, out, H, a->ye, a->slot_row, a->w, T, K, H, 1);
 }
 
@@ -181,14 +186,14 @@ void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dou
 
     be->moe_scatter_bwd(be, mo->dye, mo->dw, dout, H, a->ye, a->row_slot, a->slot_row, a->w, T, K, H);
     be->moe_linear_bwd_input(be, mo->dact, I, mo->dye, H, w->wdown_e, a->offsets, E, I, H, 0);
-    lora_bwd(mo, ml, l, CT_MOD_DOWN, a, mo->dact, I, mo->dye, H, a->act, I);
+    lora_bwd(mo, ml, l, CT_MOD_DOWN, a, mo->dact, I, mo->dye, H, a->act, I, NULL);
     if (c->arch == CT_ARCH_GPT_OSS)
         be->moe_clamped_swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I, GPT_OSS_ALPHA, (float)c->swiglu_limit);
     else
         be->swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I);
     be->moe_linear_bwd_input(be, mo->dxe, H, mo->dgu, 2 * I, w->wgu_e, a->offsets, E, H, 2 * I, 0);
-    lora_bwd(mo, ml, l, CT_MOD_GATE, a, mo->dxe, H, mo->dgu, 2 * I, a->xe, H);
-    lora_bwd(mo, ml, l, CT_MOD_UP, a, mo->dxe, H, act_at(mo, mo->dgu, I), 2 * I, a->xe, H);
+    lora_bwd(mo, ml, l, CT_MOD_GATE, a, mo->dxe, H, mo->dgu, 2 * I, a->hn, H, a->row_slot);
+    lora_bwd(mo, ml, l, CT_MOD_UP, a, mo->dxe, H, act_at(mo, mo->dgu, I), 2 * I, a->hn, H, a->row_slot);
     be->moe_scatter(be, dhn, H, mo->dxe, a->slot_row, NULL, T, K, H, 0);
 
     be->moe_route_bwd(be, mo->dlogits, mo->dw, a->logits, a->idx, a->w, aux ? mo->aux_grad : NULL, T, E, K, mo->rule);

@@ -2,7 +2,7 @@
  * graph.c; not a public contract. One block, for the T tokens of a micro-batch:
  *
  *   logits = hn Wr^T (+ br) ; (idx, w) = route(logits) ; counts ; offsets ; permutation
- *   xe = gather(hn) ; gu = grouped(xe, Wgu_e) (+ expert LoRA gate|up)
+ *   gu = grouped(hn[row_slot / K], Wgu_e) (+ expert LoRA gate|up), the gather fused into the loads
  *   a = swiglu(gu) (gpt_oss: clamped, interleaved) ; ye = grouped(a, Wdown_e) (+ LoRA down)
  *   out += sum_k w[t,k] ye[row of (t,k)]
  *
@@ -31,10 +31,11 @@ void moe_layout(ct_moe *mo, ct_arena *ar);
 void moe_free(ct_moe *mo);   /* host side only: the arena's owner frees the memory */
 
 /* out (T,H) += the MoE block of sparse layer l on hn (T,H), keeping what
- * backward needs in workspace ws. out NULL: only what backward needs (the
- * checkpointing recompute). record_stats: also add this layer's
- * softmax sums for the load-balancing loss (first forward of a step only;
- * a checkpointing recompute must not count twice). */
+ * backward needs in workspace ws. hn is not copied: backward reads it, so it
+ * must keep its values until moe_backward of ws (graph.c's per-workspace hn
+ * does). out NULL: only what backward needs (the checkpointing recompute).
+ * record_stats: also add this layer's softmax sums for the load-balancing loss
+ * (first forward of a step only; a checkpointing recompute must not count twice). */
 void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, void *out, int T, bool record_stats);
 /* dhn (T,H) = the gradient of the block's output wrt its input hn (through the
  * experts and through the router's weights), given dout (T,H), from what

@@ -215,4 +215,5 @@ void memory_plan_print(const ct_memory_plan *p, FILE *f)
                 p->fits ? "fits" : "does NOT fit");
     else
         fprintf(f, "\n");
+    fflush(f); /* before the training log, which the user reads next */
 }

@@ -1,6 +1,9 @@
 /* test_cuda_moe_gemm.c — the CUDA grouped expert GEMMs and expert LoRA
  * (moe_linear_fwd, moe_linear_bwd_input, moe_lora_fwd, moe_lora_bwd) against the
- * CPU reference, which runs the dense ops once per expert.
+ * CPU reference, which runs the dense ops once per expert. The GEMM tests run for
+ * both kernel versions (a backend created under CTUNE_MOE_GEMM=old, then =new);
+ * the input rows come either expert-ordered or through a gather (token rows read
+ * as x[gather[r] / K], gather a permutation of slots as moe_permute makes).
  *
  * As in test_backend_cuda.c: fresh random inputs rounded to bf16 (both backends
  * see identical values), comparisons normwise (max|gpu - cpu| / max|cpu|), NaN
@@ -17,6 +20,7 @@
 #include <stdint.h>
 
 static ct_backend *cpu, *gpu;
+static const char *version = "new"; /* the CTUNE_MOE_GEMM gpu was created under */
 static ct_rng rng;
 
 #define NEED_GPU() do { if (!gpu) SKIP("skipped: no GPU"); } while (0)
@@ -124,11 +128,31 @@ static void uneven_counts(int *counts, int E, int n)
     free(w);
 }
 
+/* A gather for n expert rows with K slots per token: T = ceil(n / K) tokens, row r
+ * reads slot gather[r] (token gather[r] / K); the n slots are a random subset of the
+ * T*K, in random order (moe_permute's are ascending within an expert: a harder
+ * case here, the same code path). Returns T. */
+static int gather_of(int32_t *gather, int n, int K)
+{
+    int T = n > 0 ? (n + K - 1) / K : 1, slots = T * K;
+    int32_t *perm = ct_malloc((size_t)slots * sizeof(int32_t));
+    for (int s = 0; s < slots; s++) perm[s] = s;
+    for (int s = slots - 1; s > 0; s--) {
+        int j = (int)ct_rng_below(&rng, (uint64_t)s + 1), tmp = perm[s];
+        perm[s] = perm[j];
+        perm[j] = tmp;
+    }
+    memcpy(gather, perm, (size_t)n * sizeof(int32_t));
+    free(perm);
+    return T;
+}
+
 /* ---- grouped GEMM ---- */
 
 typedef struct {
     int E, in, out, ldx, ldy;
     const int *counts;
+    int K; /* forward only: > 0 reads x (T token rows) through a gather with K slots per token */
 } gemm_case;
 
 /* y (n + SPARE_ROWS rows) from moe_linear_fwd on both backends, for each bias /
@@ -137,26 +161,30 @@ static void fwd_case(const gemm_case *k)
 {
     int32_t *off = ct_malloc((k->E + 1) * sizeof(int32_t));
     int n = offsets_of(off, k->counts, k->E), rows = n + SPARE_ROWS;
+    int32_t *gather = ct_malloc(((size_t)n + 1) * sizeof(int32_t));
+    int xrows = k->K > 0 ? gather_of(gather, n, k->K) : rows;
     size_t nW = (size_t)k->E * k->out * k->in;
-    float *x = rnd((size_t)rows * k->ldx, 1.0f), *W = rnd(nW, 0.1f), *b = rnd((size_t)k->E * k->out, 0.5f);
+    float *x = rnd((size_t)xrows * k->ldx, 1.0f), *W = rnd(nW, 0.1f), *b = rnd((size_t)k->E * k->out, 0.5f);
     float *y0 = rnd((size_t)rows * k->ldy, 1.0f);
-    pair px = put_act(x, (size_t)rows * k->ldx), pW = put_weight(W, nW), pb = put_weight(b, (size_t)k->E * k->out);
-    pair po = put_raw(off, (k->E + 1) * sizeof(int32_t));
+    pair px = put_act(x, (size_t)xrows * k->ldx), pW = put_weight(W, nW), pb = put_weight(b, (size_t)k->E * k->out);
+    pair po = put_raw(off, (k->E + 1) * sizeof(int32_t)), pg = put_raw(gather, ((size_t)n + 1) * sizeof(int32_t));
+    const int32_t *gc = k->K > 0 ? pg.c : NULL, *gg = k->K > 0 ? pg.g : NULL;
     for (int bias = 0; bias <= 1; bias++)
         for (int acc = 0; acc <= 1; acc++) {
             pair py = put_act(y0, (size_t)rows * k->ldy);
-            cpu->moe_linear_fwd(cpu, py.c, k->ldy, px.c, k->ldx, pW.c, bias ? pb.c : NULL, po.c, k->E, k->in,
-                                k->out, acc);
-            gpu->moe_linear_fwd(gpu, py.g, k->ldy, px.g, k->ldx, pW.g, bias ? pb.g : NULL, po.g, k->E, k->in,
-                                k->out, acc);
+            cpu->moe_linear_fwd(cpu, py.c, k->ldy, px.c, k->ldx, gc, k->K, pW.c, bias ? pb.c : NULL, po.c, k->E,
+                                k->in, k->out, acc);
+            gpu->moe_linear_fwd(gpu, py.g, k->ldy, px.g, k->ldx, gg, k->K, pW.g, bias ? pb.g : NULL, po.g, k->E,
+                                k->in, k->out, acc);
             double e = n > 0 ? act_err(py, n, k->out, k->ldy) : 0.0;
-            CHECK(e < 2e-2, "y rel err %g (E %d, n %d, in %d, out %d, bias %d, accumulate %d)", e, k->E, n, k->in,
-                  k->out, bias, acc);
-            CHECK(rows_unchanged(py, y0, n, SPARE_ROWS, k->ldy, k->ldy), "rows past offsets[E] were written");
+            CHECK(e < 2e-2, "%s: y rel err %g (E %d, n %d, in %d, out %d, gather K %d, bias %d, accumulate %d)",
+                  version, e, k->E, n, k->in, k->out, k->K, bias, acc);
+            CHECK(rows_unchanged(py, y0, n, SPARE_ROWS, k->ldy, k->ldy), "%s: rows past offsets[E] were written",
+                  version);
             drop(py);
         }
-    drop(px); drop(pW); drop(pb); drop(po);
-    free(off); free(x); free(W); free(b); free(y0);
+    drop(px); drop(pW); drop(pb); drop(po); drop(pg);
+    free(off); free(gather); free(x); free(W); free(b); free(y0);
 }
 
 static void bwd_case(const gemm_case *k) /* ldx: dx's stride, ldy: dy's */
@@ -172,37 +200,43 @@ static void bwd_case(const gemm_case *k) /* ldx: dx's stride, ldy: dy's */
         cpu->moe_linear_bwd_input(cpu, pdx.c, k->ldx, pdy.c, k->ldy, pW.c, po.c, k->E, k->in, k->out, acc);
         gpu->moe_linear_bwd_input(gpu, pdx.g, k->ldx, pdy.g, k->ldy, pW.g, po.g, k->E, k->in, k->out, acc);
         double e = n > 0 ? act_err(pdx, n, k->in, k->ldx) : 0.0;
-        CHECK(e < 2e-2, "dx rel err %g (E %d, n %d, in %d, out %d, accumulate %d)", e, k->E, n, k->in, k->out, acc);
-        CHECK(rows_unchanged(pdx, dx0, n, SPARE_ROWS, k->ldx, k->ldx), "rows past offsets[E] were written");
+        CHECK(e < 2e-2, "%s: dx rel err %g (E %d, n %d, in %d, out %d, accumulate %d)", version, e, k->E, n, k->in,
+              k->out, acc);
+        CHECK(rows_unchanged(pdx, dx0, n, SPARE_ROWS, k->ldx, k->ldx), "%s: rows past offsets[E] were written",
+              version);
         drop(pdx);
     }
     drop(pdy); drop(pW); drop(po);
     free(off); free(dy); free(W); free(dx0);
 }
 
-/* Edge tiles everywhere: in = 72 (a 32-wide k step and a partial one), out = 200
- * (a partial 128-column tile), experts with 0, 1, 127, 129 and 300 rows. */
+/* Edge tiles everywhere: in = 72 (a partial k step of 32 (v1) and of 64 (v2)),
+ * out = 200 (a partial column tile of 128 and of 256), experts with 0, 1, 64
+ * (exactly v2's half tile), 65, 127, 129 and 300 rows. */
 static const int COUNTS8[8] = {0, 1, 127, 129, 0, 300, 64, 17};
+static const int COUNTS_HALF[6] = {64, 65, 63, 192, 0, 1};
 
 TEST(moe_linear_fwd_matches_cpu_on_edge_tiles_with_bias_accumulate_and_strides)
 {
     NEED_GPU();
-    gemm_case k = {8, 72, 200, 80, 224, COUNTS8};
+    gemm_case k = {8, 72, 200, 80, 224, COUNTS8, 0};
     fwd_case(&k);
+    gemm_case kh = {6, 136, 264, 136, 264, COUNTS_HALF, 0};
+    fwd_case(&kh);
 }
 
 TEST(moe_linear_fwd_one_expert_with_all_rows_and_a_single_row)
 {
     NEED_GPU();
     int all1[1] = {300};
-    gemm_case k1 = {1, 128, 136, 128, 136, all1};
+    gemm_case k1 = {1, 128, 136, 128, 136, all1, 0};
     fwd_case(&k1);
     int all32[32] = {0};
     all32[17] = 257;
-    gemm_case k32 = {32, 64, 520, 72, 520, all32};
+    gemm_case k32 = {32, 64, 520, 72, 520, all32, 0};
     fwd_case(&k32);
     int one[8] = {0, 0, 0, 0, 0, 1, 0, 0};
-    gemm_case k8 = {8, 256, 64, 256, 64, one};
+    gemm_case k8 = {8, 256, 64, 256, 64, one, 0};
     fwd_case(&k8);
 }
 
@@ -211,7 +245,7 @@ TEST(moe_linear_fwd_matches_cpu_with_128_uneven_experts)
     NEED_GPU();
     int counts[128];
     uneven_counts(counts, 128, 6000);
-    gemm_case k = {128, 264, 392, 264, 400, counts};
+    gemm_case k = {128, 264, 392, 264, 400, counts, 0};
     fwd_case(&k);
 }
 
@@ -220,15 +254,45 @@ TEST(moe_linear_fwd_matches_cpu_over_a_long_reduction)
     NEED_GPU();
     int counts[32];
     uneven_counts(counts, 32, 1500);
-    gemm_case k = {32, 1032, 264, 1040, 264, counts};
+    gemm_case k = {32, 1032, 264, 1040, 264, counts, 0};
     fwd_case(&k);
+}
+
+/* Several tiles per block of the persistent grid with one k-step each: the
+ * loads run tiles ahead of the multiplies (v2 streams k-steps across tiles). */
+TEST(moe_linear_fwd_and_bwd_input_with_many_tiles_per_block_and_one_k_step)
+{
+    NEED_GPU();
+    int counts[128];
+    uneven_counts(counts, 128, 9000);
+    gemm_case kf = {128, 64, 776, 64, 776, counts, 0};
+    fwd_case(&kf);
+    gemm_case kb = {128, 776, 64, 776, 64, counts, 0};
+    bwd_case(&kb);
+}
+
+/* The fused gather: token rows at a stride wider than in, K = 8 and K = 2 slots
+ * per token, edge tiles and 128 uneven experts. */
+TEST(moe_linear_fwd_through_a_gather_matches_cpu)
+{
+    NEED_GPU();
+    gemm_case k = {8, 72, 200, 80, 224, COUNTS8, 8};
+    fwd_case(&k);
+    gemm_case kh = {6, 136, 264, 144, 264, COUNTS_HALF, 2};
+    fwd_case(&kh);
+    int counts[128];
+    uneven_counts(counts, 128, 6000);
+    gemm_case k128 = {128, 264, 520, 264, 520, counts, 8};
+    fwd_case(&k128);
 }
 
 TEST(moe_linear_bwd_input_matches_cpu_on_edge_tiles_overwrite_and_accumulate)
 {
     NEED_GPU();
-    gemm_case k = {8, 72, 200, 80, 208, COUNTS8};
+    gemm_case k = {8, 72, 200, 80, 208, COUNTS8, 0};
     bwd_case(&k);
+    gemm_case kh = {6, 264, 136, 264, 136, COUNTS_HALF, 0};
+    bwd_case(&kh);
 }
 
 TEST(moe_linear_bwd_input_matches_cpu_with_uneven_experts)
@@ -236,14 +300,14 @@ TEST(moe_linear_bwd_input_matches_cpu_with_uneven_experts)
     NEED_GPU();
     int counts[32];
     uneven_counts(counts, 32, 2500);
-    gemm_case k = {32, 392, 1032, 392, 1040, counts};
+    gemm_case k = {32, 392, 1032, 392, 1040, counts, 0};
     bwd_case(&k);
     int c128[128];
     uneven_counts(c128, 128, 4000);
-    gemm_case k128 = {128, 136, 264, 144, 264, c128};
+    gemm_case k128 = {128, 136, 264, 144, 264, c128, 0};
     bwd_case(&k128);
     int all1[1] = {129};
-    gemm_case k1 = {1, 200, 72, 200, 72, all1};
+    gemm_case k1 = {1, 200, 72, 200, 72, all1, 0};
     bwd_case(&k1);
 }
 
@@ -254,6 +318,7 @@ typedef struct {
     const int *counts;
     float p;
     int with_dx;
+    int K; /* > 0: x holds token rows read through a gather with K slots per token */
 } lora_case;
 
 /* moe_lora_fwd on y, then moe_lora_bwd into dA, dB (accumulating onto random
@@ -263,57 +328,62 @@ static void lora_run(const lora_case *k)
 {
     int32_t *off = ct_malloc((k->E + 1) * sizeof(int32_t));
     int n = offsets_of(off, k->counts, k->E), rows = n + SPARE_ROWS;
+    int32_t *gather = ct_malloc(((size_t)n + 1) * sizeof(int32_t));
+    int xrows = k->K > 0 ? gather_of(gather, n, k->K) : rows;
     size_t nA = (size_t)k->E * k->R * k->in, nB = (size_t)k->E * k->out * k->R;
     float scale = 2.0f;
     uint64_t seed = 0x5eed0123ull;
-    float *x = rnd((size_t)rows * k->ldx, 1.0f), *A = rnd(nA, 0.1f), *B = rnd(nB, 0.1f);
+    float *x = rnd((size_t)xrows * k->ldx, 1.0f), *A = rnd(nA, 0.1f), *B = rnd(nB, 0.1f);
     float *y0 = rnd((size_t)rows * k->ldy, 0.05f), *dy = rnd((size_t)rows * k->ldy, 1.0f);
     float *dA0 = rnd(nA, 0.5f), *dB0 = rnd(nB, 0.5f), *dx0 = rnd((size_t)rows * k->ldx, 0.05f);
-    pair px = put_act(x, (size_t)rows * k->ldx), pA = put_raw(A, nA * 4), pB = put_raw(B, nB * 4);
+    pair px = put_act(x, (size_t)xrows * k->ldx), pA = put_raw(A, nA * 4), pB = put_raw(B, nB * 4);
     pair py = put_act(y0, (size_t)rows * k->ldy), pdy = put_act(dy, (size_t)rows * k->ldy);
     pair pdA = put_raw(dA0, nA * 4), pdB = put_raw(dB0, nB * 4), pdx = put_act(dx0, (size_t)rows * k->ldx);
-    pair po = put_raw(off, (k->E + 1) * sizeof(int32_t));
+    pair po = put_raw(off, (k->E + 1) * sizeof(int32_t)), pg = put_raw(gather, ((size_t)n + 1) * sizeof(int32_t));
+    const int32_t *gc = k->K > 0 ? pg.c : NULL, *gg = k->K > 0 ? pg.g : NULL;
 
-    cpu->moe_lora_fwd(cpu, py.c, k->ldy, px.c, k->ldx, pA.c, pB.c, po.c, k->E, k->in, k->out, k->R, scale, k->p, seed);
-    gpu->moe_lora_fwd(gpu, py.g, k->ldy, px.g, k->ldx, pA.g, pB.g, po.g, k->E, k->in, k->out, k->R, scale, k->p, seed);
+    cpu->moe_lora_fwd(cpu, py.c, k->ldy, px.c, k->ldx, gc, k->K, pA.c, pB.c, po.c, k->E, k->in, k->out, k->R, scale,
+                      k->p, seed);
+    gpu->moe_lora_fwd(gpu, py.g, k->ldy, px.g, k->ldx, gg, k->K, pA.g, pB.g, po.g, k->E, k->in, k->out, k->R, scale,
+                      k->p, seed);
     double e = n > 0 ? act_err(py, n, k->out, k->ldy) : 0.0;
-    CHECK(e < 2e-2, "fwd y rel err %g (E %d, n %d, R %d, p %g)", e, k->E, n, k->R, k->p);
+    CHECK(e < 2e-2, "fwd y rel err %g (E %d, n %d, R %d, p %g, gather K %d)", e, k->E, n, k->R, k->p, k->K);
     CHECK(rows_unchanged(py, y0, n, SPARE_ROWS, k->ldy, k->ldy), "fwd wrote rows past offsets[E]");
 
-    cpu->moe_lora_bwd(cpu, k->with_dx ? pdx.c : NULL, k->ldx, pdA.c, pdB.c, pdy.c, k->ldy, px.c, k->ldx, pA.c, pB.c,
-                      po.c, k->E, k->in, k->out, k->R, scale, k->p, seed);
-    gpu->moe_lora_bwd(gpu, k->with_dx ? pdx.g : NULL, k->ldx, pdA.g, pdB.g, pdy.g, k->ldy, px.g, k->ldx, pA.g, pB.g,
-                      po.g, k->E, k->in, k->out, k->R, scale, k->p, seed);
+    cpu->moe_lora_bwd(cpu, k->with_dx ? pdx.c : NULL, k->ldx, pdA.c, pdB.c, pdy.c, k->ldy, px.c, k->ldx, gc, k->K,
+                      pA.c, pB.c, po.c, k->E, k->in, k->out, k->R, scale, k->p, seed);
+    gpu->moe_lora_bwd(gpu, k->with_dx ? pdx.g : NULL, k->ldx, pdA.g, pdB.g, pdy.g, k->ldy, px.g, k->ldx, gg, k->K,
+                      pA.g, pB.g, po.g, k->E, k->in, k->out, k->R, scale, k->p, seed);
     double ea = f32_err(pdA, nA), eb = f32_err(pdB, nB);
-    CHECK(ea < 1e-2, "dA rel err %g (E %d, n %d, R %d, p %g)", ea, k->E, n, k->R, k->p);
-    CHECK(eb < 1e-2, "dB rel err %g (E %d, n %d, R %d, p %g)", eb, k->E, n, k->R, k->p);
+    CHECK(ea < 1e-2, "dA rel err %g (E %d, n %d, R %d, p %g, gather K %d)", ea, k->E, n, k->R, k->p, k->K);
+    CHECK(eb < 1e-2, "dB rel err %g (E %d, n %d, R %d, p %g, gather K %d)", eb, k->E, n, k->R, k->p, k->K);
     if (k->with_dx) {
         double ex = n > 0 ? act_err(pdx, n, k->in, k->ldx) : 0.0;
-        CHECK(ex < 2e-2, "dx rel err %g (E %d, n %d, R %d, p %g)", ex, k->E, n, k->R, k->p);
+        CHECK(ex < 2e-2, "dx rel err %g (E %d, n %d, R %d, p %g, gather K %d)", ex, k->E, n, k->R, k->p, k->K);
         CHECK(rows_unchanged(pdx, dx0, n, SPARE_ROWS, k->ldx, k->ldx), "bwd wrote dx rows past offsets[E]");
     } else {
         CHECK(rows_unchanged(pdx, dx0, 0, rows, k->ldx, k->ldx), "dx is NULL, yet the buffer changed");
     }
-    drop(px); drop(pA); drop(pB); drop(py); drop(pdy); drop(pdA); drop(pdB); drop(pdx); drop(po);
-    free(off); free(x); free(A); free(B); free(y0); free(dy); free(dA0); free(dB0); free(dx0);
+    drop(px); drop(pA); drop(pB); drop(py); drop(pdy); drop(pdA); drop(pdB); drop(pdx); drop(po); drop(pg);
+    free(off); free(gather); free(x); free(A); free(B); free(y0); free(dy); free(dA0); free(dB0); free(dx0);
 }
 
 TEST(moe_lora_fwd_bwd_match_cpu_without_dropout)
 {
     NEED_GPU();
-    lora_case k = {8, 72, 200, 16, 80, 216, COUNTS8, 0.0f, 1};
+    lora_case k = {8, 72, 200, 16, 80, 216, COUNTS8, 0.0f, 1, 0};
     lora_run(&k);
     int all1[1] = {300};
-    lora_case k1 = {1, 128, 64, 16, 128, 64, all1, 0.0f, 1};
+    lora_case k1 = {1, 128, 64, 16, 128, 64, all1, 0.0f, 1, 0};
     lora_run(&k1);
 }
 
 TEST(moe_lora_dropout_masks_match_cpu_per_expert)
 {
     NEED_GPU();
-    lora_case k = {8, 72, 200, 8, 72, 200, COUNTS8, 0.1f, 1};
+    lora_case k = {8, 72, 200, 8, 72, 200, COUNTS8, 0.1f, 1, 0};
     lora_run(&k);
-    lora_case knull = {8, 136, 64, 24, 144, 64, COUNTS8, 0.1f, 0};
+    lora_case knull = {8, 136, 64, 24, 144, 64, COUNTS8, 0.1f, 0, 0};
     lora_run(&knull);
 }
 
@@ -322,11 +392,11 @@ TEST(moe_lora_matches_cpu_with_128_uneven_experts_and_rank_64)
     NEED_GPU();
     int counts[128];
     uneven_counts(counts, 128, 5000);
-    lora_case k = {128, 128, 64, 16, 128, 72, counts, 0.1f, 1};
+    lora_case k = {128, 128, 64, 16, 128, 72, counts, 0.1f, 1, 0};
     lora_run(&k);
     int c32[32];
     uneven_counts(c32, 32, 2000);
-    lora_case k64 = {32, 264, 136, 64, 264, 136, c32, 0.0f, 1};
+    lora_case k64 = {32, 264, 136, 64, 264, 136, c32, 0.0f, 1, 0};
     lora_run(&k64);
 }
 
@@ -337,8 +407,25 @@ TEST(moe_lora_bwd_matches_cpu_over_several_row_chunks)
 {
     NEED_GPU();
     int counts[4] = {15000, 0, 20000, 5000};
-    lora_case k = {4, 64, 48, 64, 64, 48, counts, 0.1f, 1};
+    lora_case k = {4, 64, 48, 64, 64, 48, counts, 0.1f, 1, 0};
     lora_run(&k);
+}
+
+/* x read through a gather (the gate|up LoRA of the graph): the forward's u, the
+ * backward's u and its dA reduction all read token rows; dropout's index stays the
+ * row within the expert. Ranks 16 and 64 (two backward chunks at 40000 rows). */
+TEST(moe_lora_through_a_gather_matches_cpu)
+{
+    NEED_GPU();
+    lora_case k = {8, 72, 200, 16, 80, 216, COUNTS8, 0.1f, 1, 8};
+    lora_run(&k);
+    int counts[128];
+    uneven_counts(counts, 128, 5000);
+    lora_case k128 = {128, 136, 64, 16, 144, 72, counts, 0.0f, 1, 8};
+    lora_run(&k128);
+    int big[4] = {15000, 0, 20000, 5000};
+    lora_case kc = {4, 64, 48, 64, 64, 48, big, 0.1f, 0, 4};
+    lora_run(&kc);
 }
 
 /* Each gradient element has one owner and a fixed summation order. */
@@ -367,7 +454,8 @@ TEST(moe_lora_bwd_is_bit_reproducible)
         gpu->zero(gpu, gdA, nA * 4);
         gpu->zero(gpu, gdB, nB * 4);
         gpu->zero(gpu, gdx, nx * ab);
-        gpu->moe_lora_bwd(gpu, gdx, in, gdA, gdB, gdy, out, gx, in, gA, gB, go, E, in, out, R, 2.0f, 0.1f, 99);
+        gpu->moe_lora_bwd(gpu, gdx, in, gdA, gdB, gdy, out, gx, in, NULL, 1, gA, gB, go, E, in, out, R, 2.0f, 0.1f,
+                          99);
         dx[run] = ct_malloc(nx * ab);
         dA[run] = ct_malloc(nA * 4);
         dB[run] = ct_malloc(nB * 4);
@@ -391,23 +479,35 @@ TEST(moe_lora_bwd_is_bit_reproducible)
 
 int main(void)
 {
+    static const char *const VERSIONS[] = {"old", "new"};
     ct_error err = {0};
     cpu = backend_cpu_new();
-    gpu = backend_cuda_new(&err);
-    if (!gpu) printf("# CUDA backend unavailable: %s\n", err.msg);
     ct_rng_seed(&rng, 20261207);
-    RUN(moe_linear_fwd_matches_cpu_on_edge_tiles_with_bias_accumulate_and_strides);
-    RUN(moe_linear_fwd_one_expert_with_all_rows_and_a_single_row);
-    RUN(moe_linear_fwd_matches_cpu_with_128_uneven_experts);
-    RUN(moe_linear_fwd_matches_cpu_over_a_long_reduction);
-    RUN(moe_linear_bwd_input_matches_cpu_on_edge_tiles_overwrite_and_accumulate);
-    RUN(moe_linear_bwd_input_matches_cpu_with_uneven_experts);
-    RUN(moe_lora_fwd_bwd_match_cpu_without_dropout);
-    RUN(moe_lora_dropout_masks_match_cpu_per_expert);
-    RUN(moe_lora_matches_cpu_with_128_uneven_experts_and_rank_64);
-    RUN(moe_lora_bwd_matches_cpu_over_several_row_chunks);
-    RUN(moe_lora_bwd_is_bit_reproducible);
-    if (gpu) gpu->destroy(gpu);
+    for (int v = 0; v < 2; v++) {
+        version = VERSIONS[v];
+        setenv("CTUNE_MOE_GEMM", version, 1);
+        gpu = backend_cuda_new(&err);
+        if (!gpu) printf("# CUDA backend unavailable: %s\n", err.msg);
+        printf("# grouped GEMM version: CTUNE_MOE_GEMM=%s\n", version);
+        RUN(moe_linear_fwd_matches_cpu_on_edge_tiles_with_bias_accumulate_and_strides);
+        RUN(moe_linear_fwd_one_expert_with_all_rows_and_a_single_row);
+        RUN(moe_linear_fwd_matches_cpu_with_128_uneven_experts);
+        RUN(moe_linear_fwd_matches_cpu_over_a_long_reduction);
+        RUN(moe_linear_fwd_through_a_gather_matches_cpu);
+        RUN(moe_linear_fwd_and_bwd_input_with_many_tiles_per_block_and_one_k_step);
+        RUN(moe_linear_bwd_input_matches_cpu_on_edge_tiles_overwrite_and_accumulate);
+        RUN(moe_linear_bwd_input_matches_cpu_with_uneven_experts);
+        if (v == 1) { /* LoRA has one version: once is enough */
+            RUN(moe_lora_fwd_bwd_match_cpu_without_dropout);
+            RUN(moe_lora_dropout_masks_match_cpu_per_expert);
+            RUN(moe_lora_matches_cpu_with_128_uneven_experts_and_rank_64);
+            RUN(moe_lora_bwd_matches_cpu_over_several_row_chunks);
+            RUN(moe_lora_through_a_gather_matches_cpu);
+            RUN(moe_lora_bwd_is_bit_reproducible);
+        }
+        if (gpu) gpu->destroy(gpu);
+    }
+    unsetenv("CTUNE_MOE_GEMM");
     cpu->destroy(cpu);
     return check_summary();
 }

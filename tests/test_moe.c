@@ -203,7 +203,7 @@ TEST(grouped_gemm_reads_offsets_and_matches_each_expert_alone)
                 for (int i = 0; i < IN; i++) s += (double)x[r * IN + i] * W[(e * OUT + o) * IN + i];
                 want[r * OUT + o] = (float)s;
             }
-    be->moe_linear_fwd(be, y, OUT, x, IN, W, b, offsets, E, IN, OUT, 0);
+    be->moe_linear_fwd(be, y, OUT, x, IN, NULL, 1, W, b, offsets, E, IN, OUT, 0);
     CHECK(check_max_rel_err(y, want, N * OUT) <= 1e-4, "grouped forward: %.3e", check_max_rel_err(y, want, N * OUT));
     float dx[N * IN], dwant[N * IN];
     for (int e = 0; e < E; e++)
@@ -215,6 +215,47 @@ TEST(grouped_gemm_reads_offsets_and_matches_each_expert_alone)
             }
     be->moe_linear_bwd_input(be, dx, IN, y, OUT, W, offsets, E, IN, OUT, 0);
     CHECK(check_max_rel_err(dx, dwant, N * IN) <= 1e-4, "grouped backward input");
+}
+
+/* gather = row_slot reads the token rows in place: the same bits as moe_gather
+ * into an expert-ordered copy and then the op without gather, for the GEMM and
+ * both LoRA directions (dropout on: its mask index is the row within the expert). */
+TEST(grouped_ops_with_gather_equal_moe_gather_then_the_op_bit_for_bit)
+{
+    enum { T = 23, E = 6, K = 2, N = T * K, IN = 12, LDX = 16, OUT = 10, R = 3 };
+    int32_t idx[N], counts[E], offsets[E + 1], row_slot[N], slot_row[N];
+    random_choices(idx, T, E, K);
+    be->moe_count(be, counts, idx, N, E);
+    be->moe_offsets(be, offsets, counts, E);
+    be->moe_permute(be, row_slot, slot_row, idx, offsets, N, E);
+    float x[T * LDX], xe[N * IN], W[E * OUT * IN], b[E * OUT], A[E * R * IN], B[E * OUT * R], dy[N * OUT];
+    for (int i = 0; i < T * LDX; i++) x[i] = ct_rng_normal(&rng);
+    for (int i = 0; i < E * OUT * IN; i++) W[i] = ct_rng_normal(&rng);
+    for (int i = 0; i < E * OUT; i++) b[i] = ct_rng_normal(&rng);
+    for (int i = 0; i < E * R * IN; i++) A[i] = ct_rng_normal(&rng);
+    for (int i = 0; i < E * OUT * R; i++) B[i] = ct_rng_normal(&rng);
+    for (int i = 0; i < N * OUT; i++) dy[i] = ct_rng_normal(&rng);
+    be->moe_gather(be, xe, x, LDX, row_slot, T, K, IN);
+
+    float y0[N * OUT], y1[N * OUT];
+    be->moe_linear_fwd(be, y0, OUT, xe, IN, NULL, K, W, b, offsets, E, IN, OUT, 0);
+    be->moe_linear_fwd(be, y1, OUT, x, LDX, row_slot, K, W, b, offsets, E, IN, OUT, 0);
+    CHECK(!memcmp(y0, y1, sizeof y0), "moe_linear_fwd: gathered rows differ from moe_gather's");
+    be->moe_lora_fwd(be, y0, OUT, xe, IN, NULL, K, A, B, offsets, E, IN, OUT, R, 2.0f, 0.25f, 77);
+    be->moe_lora_fwd(be, y1, OUT, x, LDX, row_slot, K, A, B, offsets, E, IN, OUT, R, 2.0f, 0.25f, 77);
+    CHECK(!memcmp(y0, y1, sizeof y0), "moe_lora_fwd: gathered rows differ from moe_gather's");
+
+    float dx0[N * IN] = {0}, dx1[N * IN] = {0}, dA0[E * R * IN] = {0}, dA1[E * R * IN] = {0};
+    float dB0[E * OUT * R] = {0}, dB1[E * OUT * R] = {0};
+    be->moe_lora_bwd(be, dx0, IN, dA0, dB0, dy, OUT, xe, IN, NULL, K, A, B, offsets, E, IN, OUT, R, 2.0f, 0.25f, 77);
+    be->moe_lora_bwd(be, dx1, IN, dA1, dB1, dy, OUT, x, LDX, row_slot, K, A, B, offsets, E, IN, OUT, R, 2.0f, 0.25f,
+                     77);
+    CHECK(!memcmp(dx0, dx1, sizeof dx0), "moe_lora_bwd: dx differs with gather");
+    CHECK(!memcmp(dA0, dA1, sizeof dA0), "moe_lora_bwd: dA differs with gather");
+    CHECK(!memcmp(dB0, dB1, sizeof dB0), "moe_lora_bwd: dB differs with gather");
+    double sa = 0;
+    for (int i = 0; i < E * R * IN; i++) sa += fabs(dA1[i]);
+    CHECK(sa > 0, "dA is zero: the test compared nothing");
 }
 
 /* Routing weights in double with the selection fixed, plus sum aux_e p_e. */
@@ -644,6 +685,7 @@ int main(void)
     RUN(counts_and_offsets_handle_experts_that_get_no_tokens);
     RUN(permutation_is_stable_and_scatter_undoes_gather);
     RUN(grouped_gemm_reads_offsets_and_matches_each_expert_alone);
+    RUN(grouped_ops_with_gather_equal_moe_gather_then_the_op_bit_for_bit);
     RUN(route_bwd_matches_finite_differences_for_every_rule);
     RUN(clamped_swiglu_bwd_matches_finite_differences_and_stops_at_the_limits);
     RUN(lora_gradients_match_finite_differences_qwen3_moe_experts_and_dense_layer);

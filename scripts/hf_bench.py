@@ -81,7 +81,13 @@ def main():
     from transformers import AutoModelForCausalLM
 
     docs = [d for s in a.shards for d in read_shard(s)]
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, attn_implementation=a.attn).cuda()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, attn_implementation=a.attn)
+    except ValueError as e:  # e.g. gpt_oss (attention sinks) has no sdpa path in transformers 5.17
+        print(f"note: attn_implementation={a.attn} refused ({str(e)[:80]}...); using eager", file=sys.stderr)
+        a.attn = "eager"
+        model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, attn_implementation=a.attn)
+    model = model.cuda()
     if a.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()

@@ -20,14 +20,10 @@
  * "skip NAME: skipped: no GPU". */
 #include "backend.h"
 #include "check.h"
+#include "cuda_pair.h"
 
 #include <math.h>
 #include <stdint.h>
-
-static ct_backend *cpu, *gpu;
-static ct_rng rng;
-
-#define NEED_GPU() do { if (!gpu) SKIP("skipped: no GPU"); } while (0)
 
 enum {
     LD = 6144,          /* the fused qkv row of llama3.1-8b: (32 + 2*8) heads of 128 */
@@ -38,39 +34,6 @@ enum {
 };
 
 static uint16_t *pattern; /* PATTERN_N random bf16 bit patterns in [-1, 1] */
-
-typedef struct { void *c, *g; } pair; /* the same tensor on the CPU and the GPU */
-
-/* n bf16-representable values uniform in [-a, a] (caller frees). */
-static float *rnd(size_t n, float a)
-{
-    float *x = ct_malloc(n * sizeof(float) + 4);
-    for (size_t i = 0; i < n; i++)
-        x[i] = ct_bf16_to_f32(ct_f32_to_bf16(a * (2.0f * (float)ct_rng_uniform(&rng) - 1.0f)));
-    return x;
-}
-
-static pair put_weight(const float *h, size_t n)
-{
-    pair p = {cpu->alloc(cpu, n * cpu->weight_bytes), gpu->alloc(gpu, n * gpu->weight_bytes)};
-    cpu->upload_weight(cpu, p.c, h, CT_DTYPE_F32, n);
-    gpu->upload_weight(gpu, p.g, h, CT_DTYPE_F32, n);
-    return p;
-}
-
-static pair put_raw(const void *h, size_t bytes) /* fp32 or int32 */
-{
-    pair p = {cpu->alloc(cpu, bytes), gpu->alloc(gpu, bytes)};
-    cpu->upload(cpu, p.c, h, bytes);
-    gpu->upload(gpu, p.g, h, bytes);
-    return p;
-}
-
-static void drop(pair p)
-{
-    cpu->free(cpu, p.c);
-    gpu->free(gpu, p.g);
-}
 
 static void *cpu_raw(const void *h, size_t bytes)
 {
@@ -158,7 +121,7 @@ static double rows_err(void *g, size_t ld, size_t r0, void *c, int n, size_t c0,
 }
 
 /* Error of n fp32 values at GPU address g against CPU address c. */
-static double f32_err(const float *g, const float *c, size_t n)
+static double f32_err_at(const float *g, const float *c, size_t n)
 {
     float *a = ct_malloc(n * sizeof(float) + 4), *b = ct_malloc(n * sizeof(float) + 4);
     gpu->download(gpu, a, g, n * sizeof(float));
@@ -194,7 +157,7 @@ TEST(rmsnorm_fwd_bwd_on_q_heads_of_a_512k_token_qkv)
     for (int e = 0; e < 2; e++) {
         cpu->rmsnorm_fwd(cpu, cy[e], LD, crs[e], cx[e], LD, pw.c, EDGE, nh, D, 1e-5f);
         double ey = rows_err(y, LD, r0[e], cy[e], EDGE, 0, W);
-        double er = f32_err(rs + r0[e] * nh, crs[e], (size_t)EDGE * nh);
+        double er = f32_err_at(rs + r0[e] * nh, crs[e], (size_t)EDGE * nh);
         CHECK(ey < 1e-2, "%s rows: y rel err %g", edge_name(e), ey);
         CHECK(er < 1e-3, "%s rows: rstd rel err %g", edge_name(e), er);
     }
@@ -394,7 +357,7 @@ TEST(cross_entropy_writes_dx_rows_past_2g_elements)
     gpu->cross_entropy(gpu, pl.g, dx, x, pW.g, grows, gtg, n, H, V, 1.0f / n);
     for (int e = 0; e < 2; e++)
         cpu->cross_entropy(cpu, pl.c, cdx[e], cx[e], pW.c, crel, ctg[e], NE, H, V, 1.0f / n);
-    double el = f32_err(pl.g, pl.c, 1);
+    double el = f32_err_at(pl.g, pl.c, 1);
     CHECK(el < 1e-3, "loss rel err %g", el);
     /* Target rows against the CPU; the rows between them must keep their values.
      * Targets are every 4th row: viewed as (NE, 4H), columns [0, H) are the
@@ -450,7 +413,7 @@ TEST(attention_fwd_bwd_on_the_last_documents_of_a_512k_token_sequence)
         cpu->attention_fwd(cpu, cat(co[e], qo), LD, cl[e], cat(cq[e], qo), LD, cat(cq[e], ko), LD, cat(cq[e], vo),
                            LD, ccu, ED, DOC, ROWS, nq, nkv, D, scale, 0, NULL);
         double eo = rows_err(out, LD, r0[e], co[e], ROWS, qo, (size_t)nq * D);
-        double el = f32_err(lse + r0[e] * nq, cl[e], (size_t)ROWS * nq);
+        double el = f32_err_at(lse + r0[e] * nq, cl[e], (size_t)ROWS * nq);
         CHECK(eo < 2e-2, "%s documents: out rel err %g", edge_name(e), eo);
         CHECK(el < 1e-3, "%s documents: lse rel err %g", edge_name(e), el);
 
@@ -539,7 +502,7 @@ static void lora_large_case(float p)
     for (int e = 0; e < 2; e++)
         cpu->lora_bwd(cpu, cdx[e], LD, pdA.c, pdB.c, cat(cdy[e], yc), LD, cx[e], LD, pA.c, pB.c, EDGE, in, out,
                       R, scale, 0.0f, 0);
-    double ea = f32_err(pdA.g, pdA.c, (size_t)R * in), eb = f32_err(pdB.g, pdB.c, (size_t)out * R);
+    double ea = f32_err_at(pdA.g, pdA.c, (size_t)R * in), eb = f32_err_at(pdB.g, pdB.c, (size_t)out * R);
     CHECK(ea < 2e-2, "dA rel err %g (p %g)", ea, p);
     CHECK(eb < 2e-2, "dB rel err %g (p %g)", eb, p);
     for (int e = 0; e < 2; e++) {

@@ -17,43 +17,12 @@
  * Without a GPU every test reports "skip NAME: skipped: no GPU". */
 #include "backend.h"
 #include "check.h"
+#include "cuda_pair.h"
 
 #include <math.h>
 #include <stdint.h>
 
-static ct_backend *cpu, *gpu;
-static ct_rng rng;
-
-#define NEED_GPU() do { if (!gpu) SKIP("skipped: no GPU"); } while (0)
-
 static const char *const rule_names[3] = {"softmax_topk", "softmax_topk_norm", "topk_softmax"};
-
-typedef struct { void *c, *g; } pair; /* the same tensor on the CPU and the GPU */
-
-/* n bf16-representable values uniform in [-a, a] (caller frees). */
-static float *rnd(size_t n, float a)
-{
-    float *x = ct_malloc(n * sizeof(float) + 4);
-    for (size_t i = 0; i < n; i++)
-        x[i] = ct_bf16_to_f32(ct_f32_to_bf16(a * (2.0f * (float)ct_rng_uniform(&rng) - 1.0f)));
-    return x;
-}
-
-static pair put_act(const float *h, size_t n)
-{
-    pair p = {cpu->alloc(cpu, n * cpu->act_bytes), gpu->alloc(gpu, n * gpu->act_bytes)};
-    cpu->act_from_f32(cpu, p.c, h, n);
-    gpu->act_from_f32(gpu, p.g, h, n);
-    return p;
-}
-
-static pair put_raw(const void *h, size_t bytes) /* fp32 or int32 */
-{
-    pair p = {cpu->alloc(cpu, bytes), gpu->alloc(gpu, bytes)};
-    cpu->upload(cpu, p.c, h, bytes);
-    gpu->upload(gpu, p.g, h, bytes);
-    return p;
-}
 
 /* An fp32 or int32 output buffer of 0xff bytes on both backends. */
 static pair put_garbage(size_t bytes)
@@ -63,30 +32,6 @@ static pair put_garbage(size_t bytes)
     pair p = put_raw(h, bytes);
     free(h);
     return p;
-}
-
-static void drop(pair p)
-{
-    cpu->free(cpu, p.c);
-    gpu->free(gpu, p.g);
-}
-
-/* Error of an act tensor: rows x cols at stride ld (elements). */
-static double act_err(pair p, size_t rows, size_t cols, size_t ld)
-{
-    size_t n = (rows - 1) * ld + cols;
-    float *c = ct_malloc(n * sizeof(float)), *g = ct_malloc(n * sizeof(float));
-    float *cs = ct_malloc(rows * cols * sizeof(float)), *gs = ct_malloc(rows * cols * sizeof(float));
-    cpu->act_to_f32(cpu, c, p.c, n);
-    gpu->act_to_f32(gpu, g, p.g, n);
-    for (size_t r = 0; r < rows; r++)
-        for (size_t j = 0; j < cols; j++) {
-            cs[r * cols + j] = c[r * ld + j];
-            gs[r * cols + j] = g[r * ld + j];
-        }
-    double e = check_max_norm_err(gs, cs, rows * cols);
-    free(c); free(g); free(cs); free(gs);
-    return e;
 }
 
 /* fp32 results: normwise (norm = 1) or elementwise relative (norm = 0). */
@@ -99,7 +44,6 @@ static double f32_err_as(pair p, size_t n, int norm)
     free(c); free(g);
     return e;
 }
-static double f32_err(pair p, size_t n) { return f32_err_as(p, n, 1); }
 static double f32_rel_err(pair p, size_t n) { return f32_err_as(p, n, 0); }
 
 static int32_t *get_ints(ct_backend *be, const void *p, size_t n)

@@ -2,7 +2,9 @@
 #   make          build/ctune (CUDA backend too when nvcc is present)
 #   make test     build and run every test; ends with "N passed, N failed"
 #   make demo     the quick start: tiny model, bundled data, a short training run
-#   make bench    GPU benchmarks (on a machine with a GPU)
+#   make bench    GPU benchmarks (on a machine with a GPU): BENCH=dense (default,
+#                 scripts/bench.sh), memory (scripts/bench_memory.sh), moe
+#                 (scripts/bench_moe.sh) or all
 #   make test-asan  the CPU test suite under AddressSanitizer + UBSan (build-asan/)
 #   make fuzz     libFuzzer targets (clang) for every untrusted-input reader, each
 #                 run FUZZ_SECONDS (default 60); see docs/RELIABILITY.md
@@ -91,8 +93,11 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libctune.a
 
 bench-bins: all $(BENCH_BINS)
 
+BENCH ?= dense
 bench: bench-bins
-	@bash scripts/bench.sh
+	@case " $(BENCH) " in *" dense "*|*" all "*) bash scripts/bench.sh ;; esac
+	@case " $(BENCH) " in *" memory "*|*" all "*) bash scripts/bench_memory.sh ;; esac
+	@case " $(BENCH) " in *" moe "*|*" all "*) bash scripts/bench_moe.sh ;; esac
 
 # The CPU suite again with every object built under ASan + UBSan; a sanitizer
 # report aborts the test that triggered it (no recovery), so it counts as failed.

@@ -209,7 +209,8 @@ void memory_plan_print(const ct_memory_plan *p, FILE *f)
         fprintf(f, "  (MLP in chunks of %d tokens)", o->mlp_chunk);
     fprintf(f, "\n  op workspace         %s\n", size_str(b, sizeof b, p->workspace));
     fprintf(f, "  batch metadata       %s\n", size_str(b, sizeof b, p->graph.batch));
-    fprintf(f, "  total on the device  %s", size_str(b, sizeof b, p->device_total));
+    fprintf(f, "  total %-14s %s", strcmp(p->backend, "cpu") ? "on the device" : "(host memory)",
+            size_str(b, sizeof b, p->device_total));
     if (p->available != SIZE_MAX)
         fprintf(f, "  (%s available for activations and workspace: %s)\n", size_str(h, sizeof h, p->available),
                 p->fits ? "fits" : "does NOT fit");

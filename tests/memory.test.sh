@@ -18,7 +18,7 @@ run_tiny() {
 dry_run_prints_the_plan_and_writes_nothing() {
     run_tiny out --dry-run >log 2>&1 || { cat log; false; }
     grep -q "memory plan (cpu, 256 tokens per micro-batch)" log
-    grep -q "saved layer inputs" log && grep -q "layer working set" log && grep -q "total on the device" log
+    grep -q "saved layer inputs" log && grep -q "layer working set" log && grep -q "total (host memory)" log
     grep -q "dry run: the plan fits" log
     [ ! -e out ]
 }

@@ -11,6 +11,10 @@
  * go through a host buffer and wait: they run at load time, never in a step. */
 #include "ct_cuda.cuh"
 
+extern "C" {
+#include "model_config.h"
+}
+
 #include <cuda_fp16.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,6 +151,35 @@ static void cuda_sync(ct_backend *be)
     CUDA_CHECK(cudaStreamSynchronize(ctx_of(be)->stream));
 }
 
+/* The shapes the kernels cover: attention for head_dim 32/64/128, 16-byte
+ * vector access along every row (so widths multiples of 8), routing for up to
+ * 256 experts and 32 per token (moe_route.cu). Real models all fit; a config
+ * that does not gets a clear input error here instead of an internal assertion
+ * in a kernel launcher later. */
+static int cuda_check_model(ct_backend *be, const ct_model_config *c, const char *dir, ct_error *err)
+{
+    const char *why = NULL;
+    char buf[160];
+    bool dense = false;
+    for (int l = 0; l < c->num_hidden_layers; l++) dense |= !c->layer_sparse[l];
+    if (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128)
+        snprintf(buf, sizeof buf, "head_dim %d (the CUDA attention kernels cover 32, 64 and 128)", c->head_dim), why = buf;
+    else if (c->hidden_size % 8)
+        snprintf(buf, sizeof buf, "hidden_size %d is not a multiple of 8", c->hidden_size), why = buf;
+    else if (dense && c->intermediate_size % 8)
+        snprintf(buf, sizeof buf, "intermediate_size %d is not a multiple of 8", c->intermediate_size), why = buf;
+    else if (c->num_experts > 0 && c->moe_intermediate_size % 8)
+        snprintf(buf, sizeof buf, "moe_intermediate_size %d is not a multiple of 8", c->moe_intermediate_size), why = buf;
+    else if (c->num_experts > 256)
+        snprintf(buf, sizeof buf, "%d experts (the CUDA routing covers up to 256)", c->num_experts), why = buf;
+    else if (c->num_experts > 0 && c->num_experts_per_tok > 32)
+        snprintf(buf, sizeof buf, "%d experts per token (the CUDA routing covers up to 32)", c->num_experts_per_tok),
+            why = buf;
+    if (!why) return CT_OK;
+    return CT_FAIL_INPUT(err, "%s/config.json: %s: not supported by the CUDA backend (set device: cpu to train it "
+                         "on the CPU reference backend)", dir, why);
+}
+
 static size_t cuda_memory_used(ct_backend *be)
 {
     size_t free_b = 0, total = 0;
@@ -221,6 +254,7 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     be->sync = cuda_sync;
     be->destroy = cuda_destroy;
     be->memory_used = cuda_memory_used;
+    be->check_model = cuda_check_model;
     cuda_fill_offload_ops(be);
     be->embedding = cuda_embedding;
     be->rmsnorm_fwd = cuda_rmsnorm_fwd;

@@ -24,6 +24,7 @@
 #include "safetensors.h"
 
 typedef struct ct_backend ct_backend;
+struct ct_model_config;
 
 /* How a mixture-of-experts router turns a token's logits (E) into K experts and
  * their weights (moe_route). Top-K is in decreasing order. */
@@ -55,6 +56,10 @@ struct ct_backend {
     /* Device memory in use now, in bytes (all processes), for the progress line;
      * NULL where there is no device (CPU). */
     size_t (*memory_used)(ct_backend *be);
+    /* CT_ERR_INPUT naming dir/config.json when the backend's kernels do not
+     * cover the model's shapes (head_dim, alignment, expert counts); NULL when
+     * every shape is supported (CPU). */
+    int (*check_model)(ct_backend *be, const struct ct_model_config *c, const char *dir, ct_error *err);
     /* Device memory that can still be allocated, in bytes; NULL where there is no
      * device (CPU: the memory plan then checks nothing). */
     size_t (*memory_free)(ct_backend *be);

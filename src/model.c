@@ -229,6 +229,7 @@ int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
     int rc = model_config_load(&m->cfg, dir, err);
     if (rc) return rc;
     const ct_model_config *c = &m->cfg;
+    if (be->check_model && (rc = be->check_model(be, c, dir, err))) return rc;
     if (c->num_experts > 0 && !backend_has_moe(be))
         return CT_FAIL_INPUT(err, "%s: model_type '%s' is a mixture of experts; the %s backend does not implement "
                              "the MoE ops yet (set device: cpu to train it on the CPU reference backend)",

@@ -20,6 +20,7 @@
 #include "backend.h"
 #include "check.h"
 #include "cuda_pair.h"
+#include "model_config.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -439,6 +440,37 @@ TEST(adamw_matches_cpu_with_and_without_clipping)
     }
 }
 
+/* Shapes the kernels do not cover are input errors at model load, not
+ * assertions inside a launcher. */
+TEST(unsupported_model_shapes_are_input_errors)
+{
+    NEED_GPU();
+    ct_model_config c = {.hidden_size = 1024, .intermediate_size = 3072, .head_dim = 128,
+                         .num_hidden_layers = 2, .num_attention_heads = 8, .num_key_value_heads = 2};
+    ct_error err = {0};
+    CHECK(gpu->check_model(gpu, &c, "m", &err) == CT_OK, "a llama-like shape refused: %s", err.msg);
+    struct { const char *what; int hidden, inter, head_dim, experts, k, moe_i; } bad[] = {
+        {"head_dim 96", 1024, 3072, 96, 0, 0, 0},
+        {"hidden_size 1020", 1020, 3072, 128, 0, 0, 0},
+        {"intermediate_size 3070", 1024, 3070, 128, 0, 0, 0},
+        {"512 experts", 1024, 3072, 128, 512, 8, 768},
+        {"moe_intermediate_size 770", 1024, 3072, 128, 64, 8, 770},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ct_model_config b = c;
+        b.hidden_size = bad[i].hidden;
+        b.intermediate_size = bad[i].inter;
+        b.head_dim = bad[i].head_dim;
+        b.num_experts = bad[i].experts;
+        b.num_experts_per_tok = bad[i].k;
+        b.moe_intermediate_size = bad[i].moe_i;
+        err = (ct_error){0};
+        int rc = gpu->check_model(gpu, &b, "m", &err);
+        CHECK(rc == CT_ERR_INPUT && strstr(err.msg, "m/config.json") && strstr(err.msg, "device: cpu"),
+              "%s: rc %d, '%s'", bad[i].what, rc, err.msg);
+    }
+}
+
 int main(void)
 {
     ct_error err = {0};
@@ -471,5 +503,6 @@ int main(void)
     RUN(adamw_matches_cpu_with_and_without_clipping);
     if (gpu) gpu->destroy(gpu);
     cpu->destroy(cpu);
+    RUN(unsupported_model_shapes_are_input_errors);
     return check_summary();
 }

@@ -60,6 +60,7 @@ struct ct_backend {
      * cover the model's shapes (head_dim, alignment, expert counts); NULL when
      * every shape is supported (CPU). */
     int (*check_model)(ct_backend *be, const struct ct_model_config *c, const char *dir, ct_error *err);
+    int max_expert_lora_rank;  /* largest LoRA r of moe_lora_fwd/bwd; 0 = any (lora_init checks it) */
     /* Device memory that can still be allocated, in bytes; NULL where there is no
      * device (CPU: the memory plan then checks nothing). */
     size_t (*memory_free)(ct_backend *be);

@@ -57,6 +57,17 @@ int lora_init(ct_lora *lo, const ct_model *m, const ct_lora_config *cfg, uint64_
         lora_free(lo, be);
         return CT_FAIL_INPUT(err, "lora.target_modules selects no projection of this model");
     }
+    bool experts_adapted = false;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        experts_adapted |= c->layer_sparse[l] && (lo->targeted[CT_MOD_GATE] || lo->targeted[CT_MOD_UP] ||
+                                                  lo->targeted[CT_MOD_DOWN]);
+    if (experts_adapted && be->max_expert_lora_rank > 0 && lo->R > be->max_expert_lora_rank) {
+        int R = lo->R;
+        lora_free(lo, be);
+        return CT_FAIL_INPUT(err, "lora.r %d: the %s backend's expert LoRA kernels cover r <= %d (lower lora.r, "
+                             "or leave gate_proj/up_proj/down_proj out of lora.target_modules)", R, be->name,
+                             be->max_expert_lora_rank);
+    }
     lo->n_params = n;
     size_t bytes = n * sizeof(float);
     lo->params = be->alloc(be, bytes);

@@ -663,12 +663,41 @@ TEST(moe_model_on_a_backend_without_moe_ops_is_an_input_error)
     char dir[] = "/tmp/ctune_moe_XXXXXX";
     REQUIRE(mkdtemp(dir) && fixture_write_model(dir, fixture_mixtral_json, 1) == 0, "fixture");
     ct_backend *nomoe = backend_cpu_new();
-    nomoe->moe_route = NULL; /* as the CUDA backend is today */
+    nomoe->moe_route = NULL; /* a backend without the MoE ops */
     ct_model m;
     ct_error err = {0};
     CHECK(model_load(&m, nomoe, dir, &err) == CT_ERR_INPUT && strstr(err.msg, "mixture of experts") &&
           strstr(err.msg, "device: cpu"), "%s", err.msg);
     nomoe->destroy(nomoe);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {}
+}
+
+/* A backend whose expert LoRA kernels stop at some rank (CUDA: 64) refuses a
+ * larger lora.r on expert modules at lora_init, and only there. */
+TEST(expert_lora_rank_beyond_the_backend_limit_is_an_input_error)
+{
+    char dir[] = "/tmp/ctune_moe_XXXXXX";
+    REQUIRE(mkdtemp(dir) && fixture_write_model(dir, fixture_mixtral_json, 1) == 0, "fixture");
+    ct_backend *capped = backend_cpu_new();
+    capped->max_expert_lora_rank = 4;
+    ct_model m;
+    ct_error err = {0};
+    REQUIRE(model_load(&m, capped, dir, &err) == CT_OK, "%s", err.msg);
+    ct_lora lo;
+    ct_lora_config lc = {.r = 8, .lora_alpha = 16, .n_target_modules = 2};
+    strcpy(lc.target_modules[0], "q_proj");
+    strcpy(lc.target_modules[1], "gate_proj"); /* mixtral w1 */
+    strcpy(lc.init_lora_weights, "true");
+    CHECK(lora_init(&lo, &m, &lc, 1, &err) == CT_ERR_INPUT && strstr(err.msg, "lora.r 8") &&
+          strstr(err.msg, "r <= 4"), "rank 8 on experts accepted: %s", err.msg);
+    lc.n_target_modules = 1; /* attention only: no expert kernel involved */
+    err = (ct_error){0};
+    CHECK(lora_init(&lo, &m, &lc, 1, &err) == CT_OK, "rank 8 on attention refused: %s", err.msg);
+    lora_free(&lo, capped);
+    model_free(&m);
+    capped->destroy(capped);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) {}
@@ -701,6 +730,7 @@ int main(void)
     RUN(peft_adapter_names_each_expert_mixtral_w1_w3_w2);
     RUN(peft_adapter_gpt_oss_experts_use_target_parameters_layout);
     RUN(moe_model_on_a_backend_without_moe_ops_is_an_input_error);
+    RUN(expert_lora_rank_beyond_the_backend_limit_is_an_input_error);
     be->destroy(be);
     return check_summary();
 }

@@ -33,6 +33,13 @@
  * the accumulator registers into A fragments without touching shared memory.
  * Softmax runs in base 2 (exp2 of logits pre-scaled by scale * log2 e).
  *
+ * Forward on wgmma (attention_fwd_sm90.cu, D = 64 and 128): the same contract and
+ * work list, one warpgroup per 64 queries, both products on Hopper's warpgroup MMA
+ * and the softmax overlapped with P V (FlashAttention-3's intra-warpgroup
+ * pipelining). CTUNE_ATTN_FWD=mma|wgmma, read each time a backend is created
+ * (attention_init, process-wide), picks the forward; mma stays the default until
+ * wgmma is validated and timed on an H200. D = 32 always runs mma.sync.
+ *
  * Backward: delta_i = sum_d dout_i out_i first (written head-major, (nq, T), next
  * to lse * log2 e, so that a tile's values are contiguous); then two kernels,
  * both deterministic (no atomics): dq walks the key tiles of a 64-query tile;
@@ -64,6 +71,10 @@
  * is not yet measured: bench/attn_bench.c times it. Later: TMA + wgmma (FA3
  * schedule), producer/consumer warps, 128-query forward tiles. */
 #include "attention.cuh"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #define TAIL_ROWS 16       /* rows per block of the padding-rows kernel */
 #define TILES_THREADS 1024 /* the work-list kernel's one block */
@@ -331,19 +342,36 @@ size_t attn_tiles_bytes(int n_docs, size_t slots)
 
 template <int D> static size_t fwd_smem() { return (size_t)5 * TILE * Cfg<D>::ROW * 2; }
 
+/* Whether cuda_attention_fwd runs the wgmma forward at D = 64 and 128: set from
+ * CTUNE_ATTN_FWD by attention_init, i.e. by the latest backend created. */
+static bool fwd_wgmma = false;
+
+/* CTUNE_ATTN_FWD=mma (the default) or wgmma; anything else is refused by name. */
+static bool fwd_wgmma_from_env(void)
+{
+    const char *v = getenv("CTUNE_ATTN_FWD");
+    if (!v || !*v || !strcmp(v, "mma")) return false;
+    if (!strcmp(v, "wgmma")) return true;
+    fprintf(stderr, "ctune: CTUNE_ATTN_FWD=%s is not mma or wgmma\n"
+                    "HINT: unset it (the default is mma) or set wgmma for the Hopper wgmma forward\n", v);
+    exit(CT_ERR_INPUT);
+}
+
 template <int D> static void attention_init_d()
 {
     CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fwd_smem<D>()));
 }
 
 /* Raises the shared-memory limit of every instantiation once (more than 48 KB
- * needs an explicit opt-in). */
+ * needs an explicit opt-in) and reads CTUNE_ATTN_FWD. */
 void attention_init(void)
 {
     attention_init_d<32>();
     attention_init_d<64>();
     attention_init_d<128>();
+    attn_fwd_sm90_init();
     attention_bwd_init();
+    fwd_wgmma = fwd_wgmma_from_env();
 }
 
 /* Also checks that the 1-D grid of the largest launch (slots x nq blocks) fits. */
@@ -389,7 +417,9 @@ void cuda_attention_fwd(ct_backend *be, void *out, int ldo, float *lse, const vo
     const int4 *tiles = attn_build_tiles(st, &sc, cu_seqlens, n_docs, slots);
     bf16 *o = (bf16 *)out;
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
-    if (D == 32) fwd_launch<32>(st, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, scale, window, sinks);
+    if (fwd_wgmma && D != 32)
+        attn_fwd_sm90(o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, D, scale, window, sinks, st);
+    else if (D == 32) fwd_launch<32>(st, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, scale, window, sinks);
     else if (D == 64) fwd_launch<64>(st, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, scale, window, sinks);
     else fwd_launch<128>(st, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, scale, window, sinks);
 }

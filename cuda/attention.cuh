@@ -146,4 +146,10 @@ void attn_check_args(const char *op, int D, int nq, int nkv, int T, int n_docs, 
 /* attention_bwd.cu: raises the backward kernels' shared-memory limits. */
 void attention_bwd_init(void);
 
+/* attention_fwd_sm90.cu: the wgmma forward (D = 64 or 128) and its shared-memory opt-in. */
+void attn_fwd_sm90(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf16 *k, int ldk,
+                   const bf16 *v, int ldv, const int4 *tiles, size_t slots, int nq, int nkv, int D,
+                   float scale, int window, const float *sinks, cudaStream_t st);
+void attn_fwd_sm90_init(void);
+
 #endif

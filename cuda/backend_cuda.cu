@@ -261,10 +261,13 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     be->rmsnorm_fwd = cuda_rmsnorm_fwd;
     be->rmsnorm_bwd = cuda_rmsnorm_bwd;
     be->linear_fwd = cuda_linear_fwd;
+    be->linear_fwd_residual = cuda_linear_fwd_residual;
     be->linear_bwd_input = cuda_linear_bwd_input;
     be->lora_fwd = cuda_lora_fwd;
     be->lora_bwd = cuda_lora_bwd;
     be->rope = cuda_rope;
+    be->rmsnorm_rope_fwd = cuda_rmsnorm_rope_fwd;
+    be->rmsnorm_rope_bwd = cuda_rmsnorm_rope_bwd;
     be->attention_fwd = cuda_attention_fwd;
     be->attention_bwd = cuda_attention_bwd;
     be->attention_decode = cuda_attention_decode;

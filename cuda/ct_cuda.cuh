@@ -79,6 +79,10 @@ static inline void *scratch_take(scratch_carver *s, size_t bytes)
 void gemm(cuda_ctx *c, void *C, cudaDataType_t ctype, int ldc,
           const void *A, int lda, bool ta, const void *B, int ldb, bool tb,
           int M, int N, int K, float alpha, float beta, const bf16 *bias);
+/* gemm with C read from C_in (same layout as C; C_in may equal C). */
+void gemm_from(cuda_ctx *c, void *C, const void *C_in, cudaDataType_t ctype, int ldc,
+               const void *A, int lda, bool ta, const void *B, int ldb, bool tb,
+               int M, int N, int K, float alpha, float beta, const bf16 *bias);
 void gemm_plans_free(cuda_ctx *c);
 
 /* ---- device helpers ---- */
@@ -125,7 +129,15 @@ void cuda_embedding(ct_backend *be, void *out, const int32_t *ids, const void *t
 void cuda_rmsnorm_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
                       const void *w, int T, int nh, int D, float eps);
 void cuda_rmsnorm_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x,
-                      int ldx, const float *rstd, const void *w, int T, int nh, int D, int accumulate);
+                      int ldx, const float *rstd, const void *w, int T, int nh, int D,
+                      const void *dres, int lddres);
+void cuda_rmsnorm_rope_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
+                           const void *w, const int32_t *pos, const float *inv_freq,
+                           int T, int nh, int D, int rot_dim, float eps, float attn_scaling);
+void cuda_rmsnorm_rope_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
+                           const void *x, int ldx, const float *rstd, const void *w,
+                           const int32_t *pos, const float *inv_freq,
+                           int T, int nh, int D, int rot_dim, float attn_scaling);
 void cuda_rope(ct_backend *be, void *x, int ldx, const int32_t *pos, const float *inv_freq,
                int T, int nh, int D, int rot_dim, float attn_scaling, int inverse);
 void cuda_swiglu_fwd(ct_backend *be, void *h, const void *gu, int T, int I);
@@ -136,6 +148,8 @@ void cuda_copy_2d(ct_backend *be, void *dst, int lddst, const void *src, int lds
 /* lora.cu (+ the plain linear layers, which are one gemm each) */
 void cuda_linear_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const void *W,
                      const void *bias, int T, int in, int out, int accumulate);
+void cuda_linear_fwd_residual(ct_backend *be, void *y, int ldy, const void *res, const void *x, int ldx,
+                              const void *W, const void *bias, int T, int in, int out);
 void cuda_linear_bwd_input(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
                            const void *W, int T, int in, int out, int accumulate);
 void cuda_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const float *A,

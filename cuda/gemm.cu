@@ -30,7 +30,7 @@ struct gemm_plan {
     uint64_t hash;   /* of key: the scan compares this first */
     gemm_key key;
     cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t la, lb, lc; /* cuBLASLt's A (our B), B (our A), C = D */
+    cublasLtMatrixLayout_t la, lb, lc; /* cuBLASLt's A (our B), B (our A), C and D */
     cublasLtMatmulAlgo_t algo;
 };
 
@@ -120,6 +120,15 @@ void gemm(cuda_ctx *c, void *C, cudaDataType_t ctype, int ldc,
           const void *A, int lda, bool ta, const void *B, int ldb, bool tb,
           int M, int N, int K, float alpha, float beta, const bf16 *bias)
 {
+    gemm_from(c, C, C, ctype, ldc, A, lda, ta, B, ldb, tb, M, N, K, alpha, beta, bias);
+}
+
+/* cuBLASLt reads C and writes D through separate pointers with one layout: D =
+ * alpha op(A) op(B) + beta C_in + bias, so a residual add costs no extra pass. */
+void gemm_from(cuda_ctx *c, void *C, const void *C_in, cudaDataType_t ctype, int ldc,
+               const void *A, int lda, bool ta, const void *B, int ldb, bool tb,
+               int M, int N, int K, float alpha, float beta, const bf16 *bias)
+{
     CT_ASSERT(M >= 0 && N >= 0 && K > 0, "gemm: bad sizes M=%d N=%d K=%d", M, N, K);
     CT_ASSERT(ctype == CUDA_R_16BF || ctype == CUDA_R_32F, "gemm: output type %d", (int)ctype);
     CT_ASSERT(ldc >= N && lda >= (ta ? M : K) && ldb >= (tb ? K : N),
@@ -132,11 +141,12 @@ void gemm(cuda_ctx *c, void *C, cudaDataType_t ctype, int ldc,
     key.ta = ta; key.tb = tb; key.ctype = (int)ctype; key.bias = bias != NULL;
     key.align_a = alignment_of(A);
     key.align_b = alignment_of(B);
-    key.align_c = alignment_of(C);
+    int al_out = alignment_of(C), al_in = alignment_of(C_in);
+    key.align_c = al_out < al_in ? al_out : al_in;
     gemm_plan *p = plan_get(c, &key);
     if (bias)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    CUBLAS_CHECK(cublasLtMatmul(c->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
+    CUBLAS_CHECK(cublasLtMatmul(c->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C_in, p->lc, C, p->lc,
                                 &p->algo, c->workspace, c->workspace_bytes, c->stream));
 }
 

@@ -66,6 +66,14 @@ void cuda_linear_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, c
          T, out, in, 1.0f, accumulate ? 1.0f : 0.0f, (const bf16 *)bias);
 }
 
+void cuda_linear_fwd_residual(ct_backend *be, void *y, int ldy, const void *res, const void *x, int ldx,
+                              const void *W, const void *bias, int T, int in, int out)
+{
+    CT_ASSERT(res != y, "linear_fwd_residual: res must not alias y");
+    gemm_from(ctx_of(be), y, res, CUDA_R_16BF, ldy, x, ldx, false, W, in, true, T, out, in, 1.0f, 1.0f,
+              (const bf16 *)bias);
+}
+
 void cuda_linear_bwd_input(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
                            const void *W, int T, int in, int out, int accumulate)
 {

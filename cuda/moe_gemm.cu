@@ -67,6 +67,7 @@
  * rounded to padded bf16 copies first (A, A^T, B, B^T as needed; E*RP*(in+out)
  * elements). */
 #include "moe_gemm.cuh"
+#include "wgmma.cuh"
 
 #include <climits>
 #include <cooperative_groups.h>
@@ -268,41 +269,6 @@ constexpr int ACH = BM * BK / 8 / NTHREADS, BCH = BN * BK / 8 / NTHREADS; /* 16-
 constexpr int NN_PANEL = BK * ROW_BYTES;                /* NN: B as 4 panels of 64 columns x BK rows */
 constexpr size_t smem_bytes() { return (size_t)STAGES * STAGE_BYTES + 1024; } /* + alignment slack */
 }
-
-/* Shared-memory matrix descriptor (PTX "matrix descriptor format"): start address,
- * leading and stride byte offsets (all >> 4), 128-byte swizzle (mode 1 in bits 62-63).
- * K-major (A, and B forward): 8-row groups of 128-byte rows at SBO 1024, LBO unused
- * (1). MN-major (B of bwd_input): SBO 1024 between 8-row (k) groups, LBO between
- * 64-column panels. Swizzled atoms start 1024-byte aligned (base offset 0). */
-__device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
-{
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 | 1ull << 62;
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait()
-{
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
-}
-/* Orders the compiler's accesses to d after a wgmma_wait (the asm above hides them). */
-__device__ __forceinline__ void wgmma_acc_fence(float (&d)[128])
-{
-#pragma unroll
-    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i]) :: "memory");
-}
-/* Makes this thread's completed cp.async writes visible to wgmma (the async proxy). */
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-__device__ __forceinline__ void cp_async16_s(uint32_t s, const void *g, bool valid)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(s), "l"(g), "r"(valid ? 16 : 0) : "memory");
-}
-
-/* Byte offset of 16-byte chunk c (0..7) of row r in a 128-byte-swizzled tile: the
- * chunk index XOR the row's low 3 bits (Swizzle<3,4,3>, what the descriptor's mode 1
- * reads back). */
-__device__ __forceinline__ uint32_t swz(int r, int c) { return (uint32_t)(r * wg::ROW_BYTES + ((c ^ (r & 7)) << 4)); }
 
 /* d (64 x 256 fp32, this warpgroup's accumulators) (=|+=) A (64 x 16) @ B (16 x 256),
  * both from shared memory through descriptors; scale_d 0 overwrites d. TRANS_B: B

@@ -1,5 +1,6 @@
-/* norm_rope.cu — the memory-bound ops: embedding, RMSNorm fwd/bwd, RoPE, SwiGLU
- * fwd/bwd, add, copy_2d. All bf16 in and out, fp32 math.
+/* norm_rope.cu — the memory-bound ops: embedding, RMSNorm fwd/bwd (the backward
+ * adding the residual gradient), RoPE, RMSNorm + RoPE fused (Qwen3's q/k norm),
+ * SwiGLU fwd/bwd, add, copy_2d. All bf16 in and out, fp32 math.
  *
  * Layouts (row-major, strides in elements): embedding out (T,H), table (V,H);
  * RMSNorm rows (t, h) of D elements at x + t*ldx + h*D; RoPE x (T, nh, D) with
@@ -70,10 +71,11 @@ __global__ void rmsnorm_fwd_kernel(bf16 *y, int ldy, float *rstd, const bf16 *x,
     }
 }
 
-/* dx_j = r w_j dy_j - x_j r^3 / D * sum_i dy_i w_i x_i. */
+/* dx_j = dres_j + r w_j dy_j - x_j r^3 / D * sum_i dy_i w_i x_i. dres may alias
+ * dx (each lane reads a chunk of it just before overwriting that chunk). */
 __global__ void rmsnorm_bwd_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy, const bf16 *x,
                                    int ldx, const float *rstd, const bf16 *w, int T, int nh, int D,
-                                   int accumulate)
+                                   const bf16 *dres, int lddres)
 {
     size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -81,6 +83,7 @@ __global__ void rmsnorm_bwd_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy,
     size_t t = row / nh, h = row % nh;
     const bf16 *xr = x + t * ldx + h * D, *dyr = dy + t * lddy + h * D;
     bf16 *dxr = dx + t * lddx + h * D;
+    const bf16 *rr = dres ? dres + t * lddres + h * D : NULL;
     float dot = 0.0f;
     for (int i = lane * 8; i < D; i += 256) {
         float xf[8], gf[8], wf[8];
@@ -98,11 +101,11 @@ __global__ void rmsnorm_bwd_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy,
         load8(xf, xr + i);
         load8(gf, dyr + i);
         load8(wf, w + i);
-        if (accumulate) load8(o, dxr + i);
+        if (rr) load8(o, rr + i);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             float g = r * wf[j] * gf[j] - cx * xf[j];
-            o[j] = accumulate ? o[j] + g : g;
+            o[j] = rr ? o[j] + g : g;
         }
         store8(dxr + i, o);
     }
@@ -129,6 +132,74 @@ __global__ void rope_kernel(bf16 *x, int ldx, const int32_t *pos, const float *i
         float a = __bfloat162float(xr[i]), b = __bfloat162float(xr[i + half]);
         xr[i] = __float2bfloat16_rn(a * c - b * s);
         xr[i + half] = __float2bfloat16_rn(b * c + a * s);
+    }
+}
+
+/* Fused q/k norm + RoPE (rot_dim == D). One warp per token; its lanes form
+ * groups of CPR = D/8 lanes, a group holding one head's row as one 16-byte chunk
+ * per lane, so 32/CPR heads are in flight per pass over the token's heads. The
+ * row's sum of squares is a reduction inside the group (xor offsets < CPR), and
+ * RoPE's partner of chunk c (element i pairs with i + D/2) is chunk c ^ CPR/2,
+ * the lane lane ^ CPR/2 of the same group. A lane's 8 angles depend on the token
+ * and its chunk only: sincos runs once per lane and serves every head.
+ * Forward: y = rope(x r w). Backward (SIGN -1, the transposed rotation):
+ * g = rope^T(dy), dx = r w g - x r^3 / D * sum g w x. y (dx) may alias x (dy):
+ * every lane has read its chunk and exchanged with its partner before it writes. */
+template <int D, bool BWD>
+__global__ void rmsnorm_rope_kernel(bf16 *y, int ldy, float *rstd_out, const float *rstd_in, const bf16 *x,
+                                    int ldx, const bf16 *xs, int ldxs, const bf16 *w, const int32_t *pos,
+                                    const float *inv_freq, int T, int nh, float eps, float attn_scaling)
+{
+    constexpr int CPR = D / 8, R = 32 / CPR, HALF = D / 2;
+    size_t t = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    if (t >= (size_t)T) return;
+    int lane = threadIdx.x % 32, grp = lane / CPR, c = lane % CPR;
+    bool first = c < CPR / 2;
+    float cs[8], sn[8], wf[8];
+    float p = (float)pos[t];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        sincosf(p * inv_freq[(c * 8 + j) % HALF], &sn[j], &cs[j]);
+        cs[j] *= attn_scaling;
+        sn[j] *= BWD ? -attn_scaling : attn_scaling;
+    }
+    load8(wf, w + c * 8);
+    for (int h0 = 0; h0 < nh; h0 += R) {
+        int h = h0 + grp;
+        bool active = h < nh;
+        size_t row = t * nh + h;
+        float f[8], o[8], xf[8];
+        if (active) load8(f, x + t * ldx + (size_t)h * D + c * 8);
+        else for (int j = 0; j < 8; j++) f[j] = 0.0f;
+        if (BWD) { /* rotate the incoming gradient first */
+#pragma unroll
+            for (int j = 0; j < 8; j++) o[j] = __shfl_xor_sync(0xffffffffu, f[j], CPR / 2);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = first ? f[j] * cs[j] - o[j] * sn[j] : f[j] * cs[j] + o[j] * sn[j];
+            if (active) load8(xf, xs + t * ldxs + (size_t)h * D + c * 8);
+            else for (int j = 0; j < 8; j++) xf[j] = 0.0f;
+        }
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc += BWD ? f[j] * wf[j] * xf[j] : f[j] * f[j];
+#pragma unroll
+        for (int m = CPR / 2; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+        if (BWD) {
+            float r = active ? rstd_in[row] : 0.0f;
+            float cx = acc * r * r * r / (float)D;
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = r * wf[j] * f[j] - cx * xf[j];
+        } else {
+            float r = 1.0f / sqrtf(acc / (float)D + eps);
+            if (active && rstd_out && c == 0) rstd_out[row] = r;
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = f[j] * r * wf[j];
+#pragma unroll
+            for (int j = 0; j < 8; j++) o[j] = __shfl_xor_sync(0xffffffffu, f[j], CPR / 2);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = first ? f[j] * cs[j] - o[j] * sn[j] : f[j] * cs[j] + o[j] * sn[j];
+        }
+        if (active) store8(y + t * ldy + (size_t)h * D + c * 8, f);
     }
 }
 
@@ -216,8 +287,10 @@ void cuda_rmsnorm_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void 
 }
 
 void cuda_rmsnorm_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x,
-                      int ldx, const float *rstd, const void *w, int T, int nh, int D, int accumulate)
+                      int ldx, const float *rstd, const void *w, int T, int nh, int D,
+                      const void *dres, int lddres)
 {
+    if (dres) check_vec8("rmsnorm_bwd", dres, lddres, D);
     check_vec8("rmsnorm_bwd", dx, lddx, D);
     check_vec8("rmsnorm_bwd", dy, lddy, D);
     check_vec8("rmsnorm_bwd", x, ldx, D);
@@ -226,7 +299,7 @@ void cuda_rmsnorm_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int ld
     if (rows == 0) return;
     rmsnorm_bwd_kernel<<<grid_for(rows, WARPS_PER_BLOCK), WARPS_PER_BLOCK * 32, 0, ctx_of(be)->stream>>>(
         (bf16 *)dx, lddx, (const bf16 *)dy, lddy, (const bf16 *)x, ldx, rstd, (const bf16 *)w,
-        T, nh, D, accumulate);
+        T, nh, D, (const bf16 *)dres, lddres);
     LAUNCH_CHECK();
 }
 
@@ -241,6 +314,76 @@ void cuda_rope(ct_backend *be, void *x, int ldx, const int32_t *pos, const float
     rope_kernel<<<grid_for(n, 256), 256, 0, ctx_of(be)->stream>>>(
         (bf16 *)x, ldx, pos, inv_freq, T, nh, D, half, attn_scaling, inverse ? -1.0f : 1.0f);
     LAUNCH_CHECK();
+}
+
+/* The fused kernel covers rot_dim == D with D/8 lanes a power of two dividing
+ * the warp (D 32..256: every qk_norm model); anything else composes the
+ * unfused kernels. */
+static bool rmsnorm_rope_fused(int D, int rot_dim)
+{
+    return rot_dim == D && (D == 32 || D == 64 || D == 128 || D == 256);
+}
+
+template <int D, bool BWD>
+static void rmsnorm_rope_launch(cudaStream_t st, bf16 *y, int ldy, float *rstd_out, const float *rstd_in,
+                                const bf16 *x, int ldx, const bf16 *xs, int ldxs, const bf16 *w,
+                                const int32_t *pos, const float *inv_freq, int T, int nh, float eps, float sc)
+{
+    rmsnorm_rope_kernel<D, BWD><<<grid_for((size_t)T, WARPS_PER_BLOCK), WARPS_PER_BLOCK * 32, 0, st>>>(
+        y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, pos, inv_freq, T, nh, eps, sc);
+    LAUNCH_CHECK();
+}
+
+template <bool BWD>
+static void rmsnorm_rope_dispatch(cudaStream_t st, bf16 *y, int ldy, float *rstd_out, const float *rstd_in,
+                                  const bf16 *x, int ldx, const bf16 *xs, int ldxs, const bf16 *w,
+                                  const int32_t *pos, const float *inv_freq, int T, int nh, int D, float eps,
+                                  float sc)
+{
+    switch (D) {
+    case 32: rmsnorm_rope_launch<32, BWD>(st, y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, pos, inv_freq, T, nh, eps, sc); break;
+    case 64: rmsnorm_rope_launch<64, BWD>(st, y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, pos, inv_freq, T, nh, eps, sc); break;
+    case 128: rmsnorm_rope_launch<128, BWD>(st, y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, pos, inv_freq, T, nh, eps, sc); break;
+    default: rmsnorm_rope_launch<256, BWD>(st, y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, pos, inv_freq, T, nh, eps, sc); break;
+    }
+}
+
+void cuda_rmsnorm_rope_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
+                           const void *w, const int32_t *pos, const float *inv_freq,
+                           int T, int nh, int D, int rot_dim, float eps, float attn_scaling)
+{
+    if (!rmsnorm_rope_fused(D, rot_dim)) {
+        cuda_rmsnorm_fwd(be, y, ldy, rstd, x, ldx, w, T, nh, D, eps);
+        cuda_rope(be, y, ldy, pos, inv_freq, T, nh, D, rot_dim, attn_scaling, 0);
+        return;
+    }
+    check_vec8("rmsnorm_rope_fwd", y, ldy, D);
+    check_vec8("rmsnorm_rope_fwd", x, ldx, D);
+    check_vec8("rmsnorm_rope_fwd", w, D, D);
+    if (T == 0 || nh == 0) return;
+    rmsnorm_rope_dispatch<false>(ctx_of(be)->stream, (bf16 *)y, ldy, rstd, NULL, (const bf16 *)x, ldx, NULL, 0,
+                                 (const bf16 *)w, pos, inv_freq, T, nh, D, eps, attn_scaling);
+}
+
+void cuda_rmsnorm_rope_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
+                           const void *x, int ldx, const float *rstd, const void *w,
+                           const int32_t *pos, const float *inv_freq,
+                           int T, int nh, int D, int rot_dim, float attn_scaling)
+{
+    if (!rmsnorm_rope_fused(D, rot_dim)) { /* rotate a copy in dx, then normalise in place */
+        if (dx != dy) cuda_copy_2d(be, dx, lddx, dy, lddy, T, nh * D);
+        cuda_rope(be, dx, lddx, pos, inv_freq, T, nh, D, rot_dim, attn_scaling, 1);
+        cuda_rmsnorm_bwd(be, dx, lddx, dx, lddx, x, ldx, rstd, w, T, nh, D, NULL, 0);
+        return;
+    }
+    check_vec8("rmsnorm_rope_bwd", dx, lddx, D);
+    check_vec8("rmsnorm_rope_bwd", dy, lddy, D);
+    check_vec8("rmsnorm_rope_bwd", x, ldx, D);
+    check_vec8("rmsnorm_rope_bwd", w, D, D);
+    if (T == 0 || nh == 0) return;
+    rmsnorm_rope_dispatch<true>(ctx_of(be)->stream, (bf16 *)dx, lddx, NULL, rstd, (const bf16 *)dy, lddy,
+                                (const bf16 *)x, ldx, (const bf16 *)w, pos, inv_freq, T, nh, D, 0.0f,
+                                attn_scaling);
 }
 
 void cuda_swiglu_fwd(ct_backend *be, void *h, const void *gu, int T, int I)

@@ -109,14 +109,20 @@ struct ct_backend {
      * fp32 saved for backward (may be NULL). y may alias x. */
     void (*rmsnorm_fwd)(ct_backend *be, void *y, int ldy, float *rstd,
                         const void *x, int ldx, const void *w, int T, int nh, int D, float eps);
-    /* dx (=|+=) d/dx of the above given dy, x and the saved rstd (w frozen: no dw). */
+    /* dx = dres + d/dx of the above given dy, x and the saved rstd (w frozen: no
+     * dw). dres (stride lddres) is the residual stream's gradient, added in the
+     * same pass; it may alias dx, or be NULL (nothing added). */
     void (*rmsnorm_bwd)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
                         const void *x, int ldx, const float *rstd, const void *w,
-                        int T, int nh, int D, int accumulate);
+                        int T, int nh, int D, const void *dres, int lddres);
 
     /* y[:, 0:out] (=|+=) x (T,in) @ W^T + bias ; W (out,in) weight ; bias (out) weight or NULL */
     void (*linear_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx,
                        const void *W, const void *bias, int T, int in, int out, int accumulate);
+    /* y = res + x @ W^T + bias: the residual add done by the GEMM's epilogue.
+     * res (T,out) has y's stride and must not alias y. */
+    void (*linear_fwd_residual)(ct_backend *be, void *y, int ldy, const void *res, const void *x, int ldx,
+                                const void *W, const void *bias, int T, int in, int out);
     /* dx (T,in) (=|+=) dy (T,out) @ W */
     void (*linear_bwd_input)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
                              const void *W, int T, int in, int out, int accumulate);
@@ -140,6 +146,17 @@ struct ct_backend {
      * inverse = 1 applies the transpose (the backward of the forward rotation). */
     void (*rope)(ct_backend *be, void *x, int ldx, const int32_t *pos, const float *inv_freq,
                  int T, int nh, int D, int rot_dim, float attn_scaling, int inverse);
+
+    /* Qwen3's q/k norm followed by RoPE, in one pass: y = rope(rmsnorm(x)) with
+     * rmsnorm_fwd's layout and rope's forward rotation. y may alias x. */
+    void (*rmsnorm_rope_fwd)(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
+                             const void *w, const int32_t *pos, const float *inv_freq,
+                             int T, int nh, int D, int rot_dim, float eps, float attn_scaling);
+    /* Its backward: dx = rmsnorm_bwd(rope^T(dy)) (overwritten). dx may alias dy. */
+    void (*rmsnorm_rope_bwd)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
+                             const void *x, int ldx, const float *rstd, const void *w,
+                             const int32_t *pos, const float *inv_freq,
+                             int T, int nh, int D, int rot_dim, float attn_scaling);
 
     /* Causal GQA attention over documents [cu_seqlens[d], cu_seqlens[d+1]), d < n_docs;
      * no attention across documents. q (T,nq,D), k and v (T,nkv,D), out (T,nq,D),

@@ -150,7 +150,7 @@ static void cpu_rmsnorm_fwd(ct_backend *be, void *y, int ldy, float *rstd, const
  * dx_j = r w_j dy_j - x_j r^3 / D * sum_i dy_i w_i x_i. */
 static void cpu_rmsnorm_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
                             const void *x, int ldx, const float *rstd, const void *w,
-                            int T, int nh, int D, int accumulate)
+                            int T, int nh, int D, const void *dres, int lddres)
 {
     const float *wf = w;
     #pragma omp parallel for schedule(static)
@@ -159,12 +159,13 @@ static void cpu_rmsnorm_bwd(ct_backend *be, void *dx, int lddx, const void *dy, 
             const float *xr = (const float *)x + (size_t)t * ldx + (size_t)h * D;
             const float *dyr = (const float *)dy + (size_t)t * lddy + (size_t)h * D;
             float *dxr = (float *)dx + (size_t)t * lddx + (size_t)h * D;
+            const float *rr = dres ? (const float *)dres + (size_t)t * lddres + (size_t)h * D : NULL;
             double r = rstd[(size_t)t * nh + h], dot = 0;
             for (int i = 0; i < D; i++) dot += (double)dyr[i] * wf[i] * xr[i];
             double c = dot * r * r * r / D;
             for (int i = 0; i < D; i++) {
                 float g = (float)(r * wf[i] * dyr[i] - c * xr[i]);
-                dxr[i] = accumulate ? dxr[i] + g : g;
+                dxr[i] = rr ? rr[i] + g : g;
             }
         }
     }
@@ -180,6 +181,15 @@ static void cpu_linear_fwd(ct_backend *be, void *y, int ldy, const void *x, int 
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++)
         for (int j = 0; j < out; j++) yf[(size_t)t * ldy + j] += b[j];
+}
+
+static void cpu_linear_fwd_residual(ct_backend *be, void *y, int ldy, const void *res, const void *x,
+                                    int ldx, const void *W, const void *bias, int T, int in, int out)
+{
+    CT_ASSERT(res != y, "linear_fwd_residual: res must not alias y");
+    for (int t = 0; t < T; t++)
+        memcpy((float *)y + (size_t)t * ldy, (const float *)res + (size_t)t * ldy, (size_t)out * sizeof(float));
+    cpu_linear_fwd(be, y, ldy, x, ldx, W, bias, T, in, out, 1);
 }
 
 static void cpu_linear_bwd_input(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
@@ -281,6 +291,29 @@ static void cpu_rope(ct_backend *be, void *x, int ldx, const int32_t *pos, const
             }
         }
     }
+}
+
+/* The oracle composes the two ops: in fp32 nothing is rounded in between. */
+static void cpu_rmsnorm_rope_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
+                                 const void *w, const int32_t *pos, const float *inv_freq,
+                                 int T, int nh, int D, int rot_dim, float eps, float attn_scaling)
+{
+    cpu_rmsnorm_fwd(be, y, ldy, rstd, x, ldx, w, T, nh, D, eps);
+    cpu_rope(be, y, ldy, pos, inv_freq, T, nh, D, rot_dim, attn_scaling, 0);
+}
+
+static void cpu_rmsnorm_rope_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
+                                 const void *x, int ldx, const float *rstd, const void *w,
+                                 const int32_t *pos, const float *inv_freq,
+                                 int T, int nh, int D, int rot_dim, float attn_scaling)
+{
+    size_t row = (size_t)nh * D;
+    float *g = ct_malloc((size_t)T * row * sizeof(float) + 1);
+    for (int t = 0; t < T; t++)
+        memcpy(g + (size_t)t * row, (const float *)dy + (size_t)t * lddy, row * sizeof(float));
+    cpu_rope(be, g, (int)row, pos, inv_freq, T, nh, D, rot_dim, attn_scaling, 1);
+    cpu_rmsnorm_bwd(be, dx, lddx, g, (int)row, x, ldx, rstd, w, T, nh, D, NULL, 0);
+    free(g);
 }
 
 static void cpu_swiglu_fwd(ct_backend *be, void *h, const void *gu, int T, int I)
@@ -449,10 +482,13 @@ ct_backend *backend_cpu_new(void)
     be->rmsnorm_fwd = cpu_rmsnorm_fwd;
     be->rmsnorm_bwd = cpu_rmsnorm_bwd;
     be->linear_fwd = cpu_linear_fwd;
+    be->linear_fwd_residual = cpu_linear_fwd_residual;
     be->linear_bwd_input = cpu_linear_bwd_input;
     be->lora_fwd = cpu_lora_fwd;
     be->lora_bwd = cpu_lora_bwd;
     be->rope = cpu_rope;
+    be->rmsnorm_rope_fwd = cpu_rmsnorm_rope_fwd;
+    be->rmsnorm_rope_bwd = cpu_rmsnorm_rope_bwd;
     be->attention_fwd = cpu_attention_fwd;
     be->attention_bwd = cpu_attention_bwd;
     be->attention_decode = cpu_attention_decode;

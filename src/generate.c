@@ -25,7 +25,7 @@ struct ct_generator {
     int32_t *tokens, *positions;/* (chunk) device */
     void *x;                    /* (chunk, H) the residual stream */
     void *xn, *h, *hn;          /* (chunk, H) */
-    void *qkv, *qkv_raw;        /* (chunk, QKV); qkv_raw only with qk_norm */
+    void *qkv;                  /* (chunk, QKV) */
     void *attn;                 /* (chunk, Q) */
     void *gu;                   /* (chunk, 2I) */
     void *act;                  /* (chunk, I) */
@@ -85,7 +85,6 @@ ct_generator *generator_new(const ct_model *m, const ct_lora *lo, int capacity, 
     g->h = galloc(g, C * H * A);
     g->hn = galloc(g, C * H * A);
     g->qkv = galloc(g, C * QKV * A);
-    if (c->qk_norm) g->qkv_raw = galloc(g, C * QKV * A);
     g->attn = galloc(g, C * Q * A);
     g->gu = galloc(g, C * 2 * I * A);
     g->act = galloc(g, C * I * A);
@@ -111,7 +110,7 @@ void generator_free(ct_generator *g)
         FREE(g->v_cache[l]);
     }
     FREE(g->tokens); FREE(g->positions); FREE(g->x); FREE(g->xn); FREE(g->h); FREE(g->hn); FREE(g->qkv);
-    FREE(g->qkv_raw); FREE(g->attn); FREE(g->gu); FREE(g->act); FREE(g->xf); FREE(g->logits);
+    FREE(g->attn); FREE(g->gu); FREE(g->act); FREE(g->xf); FREE(g->logits);
 #undef FREE
     free(g->k_cache);
     free(g->v_cache);
@@ -141,19 +140,21 @@ static void layer_forward(ct_generator *g, int l, int T)
     float eps = (float)c->rms_norm_eps;
 
     be->rmsnorm_fwd(be, g->xn, H, NULL, g->x, H, w->attn_norm, T, 1, H, eps);
-    void *lin = c->qk_norm ? g->qkv_raw : g->qkv;
-    be->linear_fwd(be, lin, QKV, g->xn, H, w->wqkv, w->bqkv, T, H, QKV, 0);
-    lora_fwd(g, l, CT_MOD_Q, lin, QKV, g->xn, H, T);
-    lora_fwd(g, l, CT_MOD_K, act_at(g, lin, Q), QKV, g->xn, H, T);
-    lora_fwd(g, l, CT_MOD_V, act_at(g, lin, Q + KV), QKV, g->xn, H, T);
+    be->linear_fwd(be, g->qkv, QKV, g->xn, H, w->wqkv, w->bqkv, T, H, QKV, 0);
+    lora_fwd(g, l, CT_MOD_Q, g->qkv, QKV, g->xn, H, T);
+    lora_fwd(g, l, CT_MOD_K, act_at(g, g->qkv, Q), QKV, g->xn, H, T);
+    lora_fwd(g, l, CT_MOD_V, act_at(g, g->qkv, Q + KV), QKV, g->xn, H, T);
     void *q = g->qkv, *k = act_at(g, g->qkv, Q), *v = act_at(g, g->qkv, Q + KV);
-    if (c->qk_norm) {
-        be->rmsnorm_fwd(be, q, QKV, NULL, g->qkv_raw, QKV, w->q_norm, T, nq, D, eps);
-        be->rmsnorm_fwd(be, k, QKV, NULL, act_at(g, g->qkv_raw, Q), QKV, w->k_norm, T, nkv, D, eps);
-        be->copy_2d(be, v, QKV, act_at(g, g->qkv_raw, Q + KV), QKV, T, KV);
+    const int32_t *pos = g->positions;
+    const float *freq = g->m->inv_freq, scaling = g->m->attn_scaling;
+    int rot = g->m->rot_dim;
+    if (c->qk_norm) { /* in place: nothing reads the raw projections in inference */
+        be->rmsnorm_rope_fwd(be, q, QKV, NULL, q, QKV, w->q_norm, pos, freq, T, nq, D, rot, eps, scaling);
+        be->rmsnorm_rope_fwd(be, k, QKV, NULL, k, QKV, w->k_norm, pos, freq, T, nkv, D, rot, eps, scaling);
+    } else {
+        be->rope(be, q, QKV, pos, freq, T, nq, D, rot, scaling, 0);
+        be->rope(be, k, QKV, pos, freq, T, nkv, D, rot, scaling, 0);
     }
-    be->rope(be, q, QKV, g->positions, g->m->inv_freq, T, nq, D, g->m->rot_dim, g->m->attn_scaling, 0);
-    be->rope(be, k, QKV, g->positions, g->m->inv_freq, T, nkv, D, g->m->rot_dim, g->m->attn_scaling, 0);
     size_t at = (size_t)g->n_past * KV;
     be->copy_2d(be, act_at(g, g->k_cache[l], at), KV, k, QKV, T, KV);
     be->copy_2d(be, act_at(g, g->v_cache[l], at), KV, v, QKV, T, KV);

@@ -20,7 +20,8 @@ typedef struct layer_acts {
     void *xn;        /* (T, H) */
     float *rstd1;    /* (T) */
     void *qkv_raw;   /* (T, QKV) before q/k norm; NULL without qk_norm */
-    void *qkv;       /* (T, QKV) after norm and rope: what attention read */
+    void *qkv;       /* (T, QKV) q and k after norm and rope: what attention read;
+                      * v there too without qk_norm, else v stays in qkv_raw */
     float *rstd_q;   /* (T, nq) */
     float *rstd_k;   /* (T, nkv) */
     void *attn;      /* (T, Q) */
@@ -55,7 +56,7 @@ struct ct_graph {
     void *dact;           /* (C, I) */
     void *dgu;            /* (C, 2I) */
     void *dattn;          /* (T, Q) */
-    void *dqkv, *dqkv2;   /* (T, QKV) */
+    void *dqkv;           /* (T, QKV) */
     int32_t *tokens, *positions, *cu_seqlens, *target_rows, *target_ids; /* the current batch's device set */
     /* Batch upload (graph_set_batch): CT_UPLOAD_SLOTS device sets of the five
      * arrays above, each (5T + 1) int32, filled from page-locked staging on the
@@ -75,6 +76,12 @@ struct ct_graph {
 };
 
 static void *act_at(const ct_graph *g, void *p, size_t elems) { return (char *)p + elems * g->be->act_bytes; }
+/* The v columns attention reads: with qk_norm the fused norm + RoPE writes only q
+ * and k, and v is read where the projection put it (no copy). */
+static void *layer_v(const ct_graph *g, const layer_acts *a, size_t v_col)
+{
+    return act_at(g, g->m->cfg.qk_norm ? a->qkv_raw : a->qkv, v_col);
+}
 
 /* One batch set: tokens, positions (T each), cu_seqlens (T + 1), target rows
  * and ids (T each), int32, in that order. */
@@ -126,7 +133,6 @@ static void graph_layout(ct_graph *g, ct_arena *ar)
     g->dgu = dense_mlp ? arena_take(ar, C * 2 * I * A) : NULL;
     g->dattn = arena_take(ar, T * Q * A);
     g->dqkv = arena_take(ar, T * QKV * A);
-    g->dqkv2 = c->qk_norm ? arena_take(ar, T * QKV * A) : NULL;
     if (g->moe) moe_layout(g->moe, ar);
     g->sizes.working = ar->used - mark;
     mark = ar->used;
@@ -354,8 +360,8 @@ static void mlp_forward(ct_graph *g, const lora_ctx *lc, int l, layer_acts *a, v
         int n = T - t0 < g->mlp_chunk ? T - t0 : g->mlp_chunk;
         size_t row = (size_t)t0 * H;
         mlp_chunk_forward(g, lc, l, act_at(g, a->hn, row), a->gu, a->act, n, ci);
-        be->copy_2d(be, act_at(g, out, row), H, act_at(g, a->h, row), H, n, H);
-        be->linear_fwd(be, act_at(g, out, row), H, a->act, I, w->wdown, w->bdown, n, I, H, 1);
+        be->linear_fwd_residual(be, act_at(g, out, row), H, act_at(g, a->h, row), a->act, I, w->wdown, w->bdown,
+                                n, I, H);
         lora_fwd(g, lc, l, CT_MOD_DOWN, act_at(g, out, row), H, a->act, I, n, ci);
     }
 }
@@ -402,19 +408,23 @@ static void layer_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x,
     lora_fwd(g, lc, l, CT_MOD_Q, qkv_lin, QKV, a->xn, H, T, 0);
     lora_fwd(g, lc, l, CT_MOD_K, act_at(g, qkv_lin, Q), QKV, a->xn, H, T, 0);
     lora_fwd(g, lc, l, CT_MOD_V, act_at(g, qkv_lin, Q + KV), QKV, a->xn, H, T, 0);
-    void *q = a->qkv, *k = act_at(g, a->qkv, Q), *v = act_at(g, a->qkv, Q + KV);
+    void *q = a->qkv, *k = act_at(g, a->qkv, Q), *v = layer_v(g, a, Q + KV);
+    const int32_t *pos = g->positions;
+    const float *freq = g->m->inv_freq, scaling = g->m->attn_scaling;
+    int rot = g->m->rot_dim;
     if (c->qk_norm) {
-        be->rmsnorm_fwd(be, q, QKV, a->rstd_q, a->qkv_raw, QKV, w->q_norm, T, nq, D, eps);
-        be->rmsnorm_fwd(be, k, QKV, a->rstd_k, act_at(g, a->qkv_raw, Q), QKV, w->k_norm, T, nkv, D, eps);
-        be->copy_2d(be, v, QKV, act_at(g, a->qkv_raw, Q + KV), QKV, T, KV);
+        be->rmsnorm_rope_fwd(be, q, QKV, a->rstd_q, a->qkv_raw, QKV, w->q_norm, pos, freq, T, nq, D, rot, eps,
+                             scaling);
+        be->rmsnorm_rope_fwd(be, k, QKV, a->rstd_k, act_at(g, a->qkv_raw, Q), QKV, w->k_norm, pos, freq, T, nkv,
+                             D, rot, eps, scaling);
+    } else {
+        be->rope(be, q, QKV, pos, freq, T, nq, D, rot, scaling, 0);
+        be->rope(be, k, QKV, pos, freq, T, nkv, D, rot, scaling, 0);
     }
-    be->rope(be, q, QKV, g->positions, g->m->inv_freq, T, nq, D, g->m->rot_dim, g->m->attn_scaling, 0);
-    be->rope(be, k, QKV, g->positions, g->m->inv_freq, T, nkv, D, g->m->rot_dim, g->m->attn_scaling, 0);
     be->attention_fwd(be, a->attn, Q, a->lse, q, QKV, k, QKV, v, QKV, g->cu_seqlens, g->n_docs, g->max_seqlen,
                       T, nq, nkv, D, 1.0f / sqrtf((float)D), layer_window(c, l), w->sinks);
 
-    be->copy_2d(be, a->h, H, x, H, T, H);
-    be->linear_fwd(be, a->h, H, a->attn, Q, w->wo, w->bo, T, Q, H, 1);
+    be->linear_fwd_residual(be, a->h, H, x, a->attn, Q, w->wo, w->bo, T, Q, H);
     lora_fwd(g, lc, l, CT_MOD_O, a->h, H, a->attn, Q, T, 0);
 
     be->rmsnorm_fwd(be, a->hn, H, a->rstd2, a->h, H, w->mlp_norm, T, 1, H, eps);
@@ -438,39 +448,40 @@ static void layer_backward(ct_graph *g, const lora_ctx *lc, int l, const void *x
     int nq = c->num_attention_heads, nkv = c->num_key_value_heads, Q = nq * D, KV = nkv * D, QKV = Q + 2 * KV;
 
     /* MLP: out = h + down(swiglu(gu(norm(h)))), or out = h + MoE(norm(h)) */
-    be->copy_2d(be, g->dh, H, d, H, T, H);
     if (c->layer_sparse[l]) {
         moe_lora ml = moe_lora_of(lc);
         moe_backward(g->moe, &ml, l, ws_of(g, l), d, g->dhn, T, g->router_aux);
     } else {
         mlp_backward(g, lc, l, a, d);
     }
-    be->rmsnorm_bwd(be, g->dh, H, g->dhn, H, a->h, H, a->rstd2, w->mlp_norm, T, 1, H, 1);
+    be->rmsnorm_bwd(be, g->dh, H, g->dhn, H, a->h, H, a->rstd2, w->mlp_norm, T, 1, H, d, H);
 
     /* attention: h = x + o(attn(rope(norm_qk(qkv(norm(x)))))) */
     be->linear_bwd_input(be, g->dattn, Q, g->dh, H, w->wo, T, Q, H, 0);
     lora_bwd(g, lc, l, CT_MOD_O, g->dattn, Q, g->dh, H, a->attn, Q, T, 0);
-    void *q = a->qkv, *k = act_at(g, a->qkv, Q), *v = act_at(g, a->qkv, Q + KV);
+    void *q = a->qkv, *k = act_at(g, a->qkv, Q), *v = layer_v(g, a, Q + KV);
     void *dq = g->dqkv, *dk = act_at(g, g->dqkv, Q), *dv = act_at(g, g->dqkv, Q + KV);
     be->attention_bwd(be, dq, QKV, dk, QKV, dv, QKV, g->dattn, Q, a->attn, Q, a->lse, q, QKV, k, QKV, v, QKV,
                       g->cu_seqlens, g->n_docs, g->max_seqlen, T, nq, nkv, D, 1.0f / sqrtf((float)D),
                       layer_window(c, l), w->sinks);
-    be->rope(be, dq, QKV, g->positions, g->m->inv_freq, T, nq, D, g->m->rot_dim, g->m->attn_scaling, 1);
-    be->rope(be, dk, QKV, g->positions, g->m->inv_freq, T, nkv, D, g->m->rot_dim, g->m->attn_scaling, 1);
-    void *dlin = g->dqkv;
-    if (c->qk_norm) {
-        dlin = g->dqkv2;
-        be->rmsnorm_bwd(be, dlin, QKV, dq, QKV, a->qkv_raw, QKV, a->rstd_q, w->q_norm, T, nq, D, 0);
-        be->rmsnorm_bwd(be, act_at(g, dlin, Q), QKV, dk, QKV, act_at(g, a->qkv_raw, Q), QKV, a->rstd_k,
-                        w->k_norm, T, nkv, D, 0);
-        be->copy_2d(be, act_at(g, dlin, Q + KV), QKV, dv, QKV, T, KV);
+    const int32_t *pos = g->positions;
+    const float *freq = g->m->inv_freq, scaling = g->m->attn_scaling;
+    int rot = g->m->rot_dim;
+    if (c->qk_norm) { /* in place: dq, dk become the gradients of the raw projections */
+        be->rmsnorm_rope_bwd(be, dq, QKV, dq, QKV, a->qkv_raw, QKV, a->rstd_q, w->q_norm, pos, freq, T, nq, D, rot,
+                             scaling);
+        be->rmsnorm_rope_bwd(be, dk, QKV, dk, QKV, act_at(g, a->qkv_raw, Q), QKV, a->rstd_k, w->k_norm, pos, freq,
+                             T, nkv, D, rot, scaling);
+    } else {
+        be->rope(be, dq, QKV, pos, freq, T, nq, D, rot, scaling, 1);
+        be->rope(be, dk, QKV, pos, freq, T, nkv, D, rot, scaling, 1);
     }
+    void *dlin = g->dqkv;
     be->linear_bwd_input(be, g->dxn, H, dlin, QKV, w->wqkv, T, H, QKV, 0);
     lora_bwd(g, lc, l, CT_MOD_Q, g->dxn, H, dlin, QKV, a->xn, H, T, 0);
     lora_bwd(g, lc, l, CT_MOD_K, g->dxn, H, act_at(g, dlin, Q), QKV, a->xn, H, T, 0);
     lora_bwd(g, lc, l, CT_MOD_V, g->dxn, H, act_at(g, dlin, Q + KV), QKV, a->xn, H, T, 0);
-    be->copy_2d(be, d, H, g->dh, H, T, H);
-    be->rmsnorm_bwd(be, d, H, g->dxn, H, x, H, a->rstd1, w->attn_norm, T, 1, H, 1);
+    be->rmsnorm_bwd(be, d, H, g->dxn, H, x, H, a->rstd1, w->attn_norm, T, 1, H, g->dh, H);
 }
 
 static layer_acts *acts_of(ct_graph *g, int l) { return &g->ws[ws_of(g, l)]; }
@@ -563,7 +574,7 @@ void graph_train_step(ct_graph *g, const ct_lora *lo, float grad_scale, uint64_t
     be->zero(be, g->dxf, (size_t)T * H * be->act_bytes);
     be->cross_entropy(be, g->loss_sum, g->dxf, g->xf, g->m->lm_head, g->target_rows, g->target_ids, g->n_targets,
                       H, c->vocab_size, grad_scale);
-    be->rmsnorm_bwd(be, g->dstream, H, g->dxf, H, g->xs[L], H, g->rstd_f, g->m->final_norm, T, 1, H, 0);
+    be->rmsnorm_bwd(be, g->dstream, H, g->dxf, H, g->xs[L], H, g->rstd_f, g->m->final_norm, T, 1, H, NULL, 0);
     for (int l = L - 1; l >= 0; l--) {
         offload_before_backward(g, l);
         if (g->checkpointing) layer_forward(g, &lc, l, layer_input(g, l), NULL, acts_of(g, l));

@@ -280,7 +280,7 @@ TEST(rmsnorm_bwd_matches_finite_differences)
     float *x = rand_f(n, -2, 2), *w = rand_f(RN_D, 0.5f, 1.5f), *dy = rand_f(ny, -1, 1);
     float *dx = fill_f(n, 9.0f), rstd[RN_T * RN_NH], *y = ct_malloc(n * sizeof(float));
     be->rmsnorm_fwd(be, y, RN_LD, rstd, x, RN_LD, w, RN_T, RN_NH, RN_D, 1e-5f);
-    be->rmsnorm_bwd(be, dx, RN_LD, dy, RN_NH * RN_D, x, RN_LD, rstd, w, RN_T, RN_NH, RN_D, 0);
+    be->rmsnorm_bwd(be, dx, RN_LD, dy, RN_NH * RN_D, x, RN_LD, rstd, w, RN_T, RN_NH, RN_D, NULL, 0);
     struct rmsnorm_ctx c = {to_d(x, n), to_d(w, RN_D), to_d(dy, ny), ct_malloc(ny * sizeof(double))};
     size_t idx[RN_T * RN_NH * RN_D];
     float got[RN_T * RN_NH * RN_D];
@@ -295,19 +295,23 @@ TEST(rmsnorm_bwd_matches_finite_differences)
     free(x); free(w); free(dy); free(dx); free(y); free(c.x); free(c.w); free(c.dy); free(c.y); free(fd);
 }
 
-TEST(rmsnorm_bwd_accumulates)
+TEST(rmsnorm_bwd_adds_the_residual_gradient_in_place_or_not)
 {
     int T = 3, D = 8;
     size_t n = (size_t)T * D;
     float *x = rand_f(n, -2, 2), *w = rand_f(D, 0.5f, 1.5f), *dy = rand_f(n, -1, 1), rstd[3];
-    float *over = ct_malloc(n * sizeof(float)), *acc = fill_f(n, 0.5f), *want = ct_malloc(n * sizeof(float));
+    float *res = rand_f(n, -1, 1), *over = ct_malloc(n * sizeof(float)), *sep = ct_malloc(n * sizeof(float));
+    float *acc = ct_malloc(n * sizeof(float)), *want = ct_malloc(n * sizeof(float));
+    memcpy(acc, res, n * sizeof(float));
     be->rmsnorm_fwd(be, over, D, rstd, x, D, w, T, 1, D, 1e-5f);
-    be->rmsnorm_bwd(be, over, D, dy, D, x, D, rstd, w, T, 1, D, 0);
-    be->rmsnorm_bwd(be, acc, D, dy, D, x, D, rstd, w, T, 1, D, 1);
-    for (size_t i = 0; i < n; i++) want[i] = 0.5f + over[i];
-    double e = check_max_rel_err(acc, want, n);
-    CHECK(e <= FWD_TOL, "max rel err %.3g", e);
-    free(x); free(w); free(dy); free(over); free(acc); free(want);
+    be->rmsnorm_bwd(be, over, D, dy, D, x, D, rstd, w, T, 1, D, NULL, 0);
+    be->rmsnorm_bwd(be, sep, D, dy, D, x, D, rstd, w, T, 1, D, res, D);
+    be->rmsnorm_bwd(be, acc, D, dy, D, x, D, rstd, w, T, 1, D, acc, D);
+    for (size_t i = 0; i < n; i++) want[i] = res[i] + over[i];
+    double e = check_max_rel_err(sep, want, n), ea = check_max_rel_err(acc, want, n);
+    CHECK(e <= FWD_TOL, "separate residual: max rel err %.3g", e);
+    CHECK(ea <= FWD_TOL, "residual aliasing dx: max rel err %.3g", ea);
+    free(x); free(w); free(dy); free(res); free(over); free(sep); free(acc); free(want);
 }
 
 // ---- GEMM, linear, LoRA ----
@@ -519,6 +523,68 @@ TEST(rope_inverse_is_the_transpose)
     }
     CHECK(fabs(a - b) <= 1e-6 * mag, "<Rx, y> = %.9g but <x, R^T y> = %.9g", a, b);
     free(x); free(y); free(rx); free(rty);
+}
+
+/* rmsnorm + RoPE fused (Qwen3's q/k path): forward against the double
+ * references composed, backward against finite differences of them, both in
+ * and out of place. Partial rotary (RO_ROT < RO_D) with scaling. */
+struct normrope_ctx { double *x, *w, *dy, *y; const int32_t *pos; const float *inv_freq; };
+static void ref_rope(double *x, int ldx, const int32_t *pos, const float *inv_freq, int T, int nh, int D, int rot,
+                     double scaling)
+{
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < rot / 2; i++) {
+            double a = (double)(float)((float)pos[t] * inv_freq[i]), c = cos(a) * scaling, s = sin(a) * scaling;
+            for (int h = 0; h < nh; h++) {
+                double *xr = x + (size_t)t * ldx + (size_t)h * D, u = xr[i], v = xr[i + rot / 2];
+                xr[i] = u * c - v * s;
+                xr[i + rot / 2] = v * c + u * s;
+            }
+        }
+}
+static double normrope_obj(void *p)
+{
+    struct normrope_ctx *c = p;
+    ref_rmsnorm(c->y, RO_NH * RO_D, c->x, RO_LD, c->w, RO_T, RO_NH, RO_D, 1e-5);
+    ref_rope(c->y, RO_NH * RO_D, c->pos, c->inv_freq, RO_T, RO_NH, RO_D, RO_ROT, RO_SCALING);
+    return dot_d(c->y, c->dy, RO_T * RO_NH * RO_D);
+}
+
+TEST(rmsnorm_rope_matches_composed_references_and_finite_differences)
+{
+    int32_t pos[RO_T] = {0, 3, 17, 2500};
+    float inv_freq[RO_ROT / 2] = {1.0f, 0.2f, 0.03f};
+    size_t n = (size_t)RO_T * RO_LD, ny = (size_t)RO_T * RO_NH * RO_D;
+    float *x = rand_f(n, -2, 2), *w = rand_f(RO_D, 0.5f, 1.5f), *dy = rand_f(ny, -1, 1);
+    float *y = fill_f(n, 9.0f), *dx = fill_f(n, 9.0f), rstd[RO_T * RO_NH];
+    struct normrope_ctx c = {to_d(x, n), to_d(w, RO_D), to_d(dy, ny), ct_malloc(ny * sizeof(double)), pos, inv_freq};
+    normrope_obj(&c);
+    float *want = to_f(c.y, ny), *got = ct_malloc(ny * sizeof(float));
+    be->rmsnorm_rope_fwd(be, y, RO_LD, rstd, x, RO_LD, w, pos, inv_freq, RO_T, RO_NH, RO_D, RO_ROT, 1e-5f, RO_SCALING);
+    size_t idx[RO_T * RO_NH * RO_D];
+    for (size_t i = 0; i < ny; i++) {
+        idx[i] = (i / (RO_NH * RO_D)) * RO_LD + i % (RO_NH * RO_D);
+        got[i] = y[idx[i]];
+    }
+    double e = check_max_rel_err(got, want, ny);
+    CHECK(e <= FWD_TOL, "forward: max rel err %.3g", e);
+    CHECK(y[RO_LD - 1] == 9.0f, "padding of y was written");
+
+    be->rmsnorm_rope_bwd(be, dx, RO_LD, dy, RO_NH * RO_D, x, RO_LD, rstd, w, pos, inv_freq, RO_T, RO_NH, RO_D,
+                         RO_ROT, RO_SCALING);
+    for (size_t i = 0; i < ny; i++) got[i] = dx[idx[i]];
+    float *fd = fd_grad(c.x, ny, idx, normrope_obj, &c);
+    double eg = check_max_rel_err(got, fd, ny);
+    CHECK(eg <= GRAD_TOL, "backward vs finite differences: max rel err %.3g", eg);
+    CHECK(dx[RO_LD - 1] == 9.0f, "padding of dx was written");
+
+    float *inplace = ct_malloc(ny * sizeof(float));
+    memcpy(inplace, dy, ny * sizeof(float));
+    be->rmsnorm_rope_bwd(be, inplace, RO_NH * RO_D, inplace, RO_NH * RO_D, x, RO_LD, rstd, w, pos, inv_freq, RO_T,
+                         RO_NH, RO_D, RO_ROT, RO_SCALING);
+    CHECK(memcmp(inplace, got, ny * sizeof(float)) == 0, "in-place backward differs");
+    free(x); free(w); free(dy); free(y); free(dx); free(want); free(got); free(fd); free(inplace);
+    free(c.x); free(c.w); free(c.dy); free(c.y);
 }
 
 // ---- attention ----
@@ -816,7 +882,7 @@ int main(void)
     RUN(rmsnorm_fwd_matches_formula_with_groups_and_strides);
     RUN(rmsnorm_fwd_in_place);
     RUN(rmsnorm_bwd_matches_finite_differences);
-    RUN(rmsnorm_bwd_accumulates);
+    RUN(rmsnorm_bwd_adds_the_residual_gradient_in_place_or_not);
     RUN(sgemm_all_transposes_match_naive_across_blocks);
     RUN(sgemm_result_independent_of_thread_count);
     RUN(linear_fwd_matches_formula_with_bias_into_ldy_slice);
@@ -827,6 +893,7 @@ int main(void)
     RUN(lora_bwd_with_dropout_matches_finite_differences);
     RUN(rope_matches_rotation_matrix_with_partial_rotary_and_scaling);
     RUN(rope_inverse_is_the_transpose);
+    RUN(rmsnorm_rope_matches_composed_references_and_finite_differences);
     RUN(attention_fwd_matches_masked_softmax);
     RUN(attention_bwd_matches_finite_differences);
     RUN(attention_fwd_packed_batch_equals_documents_alone);

@@ -16,6 +16,9 @@
  *   GEMM-based (linear, LoRA, rmsnorm bwd)           2e-2
  *   attention out / dq, dk, dv                       2e-2 / 4e-2
  *   fp32 results (lse, loss, optimizer)              1e-3 .. 1e-5
+ * The attention tests run twice, on a backend created under CTUNE_ATTN_FWD=mma and
+ * then on one under =wgmma (the Hopper forward; the backward, one kernel either
+ * way, is compared in the first pass only).
  * Without a GPU every test reports "skip NAME: skipped: no GPU". */
 #include "backend.h"
 #include "check.h"
@@ -24,6 +27,8 @@
 
 #include <math.h>
 #include <stdint.h>
+
+static const char *attn_fwd = "mma"; /* the CTUNE_ATTN_FWD gpu was created under */
 
 TEST(embedding_copies_rows_exactly)
 {
@@ -56,31 +61,36 @@ TEST(rmsnorm_fwd_matches_cpu_on_strided_head_groups)
     drop(px); drop(pw); drop(py); drop(rs); free(x); free(w);
 }
 
-static void rmsnorm_bwd_case(int accumulate)
+/* residual: 0 none, 1 the residual gradient in dx itself (aliasing), 2 in its own buffer. */
+static void rmsnorm_bwd_case(int residual)
 {
     int T = 29, nh = 2, D = 64, ld = nh * D;
     float *x = rnd((size_t)T * ld, 2.0f), *w = rnd(D, 1.5f), *dy = rnd((size_t)T * ld, 1.0f);
-    float *dx0 = rnd((size_t)T * ld, 1.0f);
+    float *dx0 = rnd((size_t)T * ld, 1.0f), *res = rnd((size_t)T * ld, 1.0f);
     pair px = put_act(x, (size_t)T * ld), pw = put_weight(w, D), pdy = put_act(dy, (size_t)T * ld);
     pair pdx = put_act(dx0, (size_t)T * ld), rs = put_raw(x, (size_t)T * nh * sizeof(float));
+    pair pres = put_act(res, (size_t)T * ld);
     cpu->rmsnorm_fwd(cpu, pdy.c, ld, rs.c, px.c, ld, pw.c, T, nh, D, 1e-5f); /* rstd only */
     float *r = ct_malloc((size_t)T * nh * sizeof(float));
     cpu->download(cpu, r, rs.c, (size_t)T * nh * sizeof(float));
     gpu->upload(gpu, rs.g, r, (size_t)T * nh * sizeof(float));
     cpu->act_from_f32(cpu, pdy.c, dy, (size_t)T * ld);
-    cpu->rmsnorm_bwd(cpu, pdx.c, ld, pdy.c, ld, px.c, ld, rs.c, pw.c, T, nh, D, accumulate);
-    gpu->rmsnorm_bwd(gpu, pdx.g, ld, pdy.g, ld, px.g, ld, rs.g, pw.g, T, nh, D, accumulate);
+    const void *rc = residual == 0 ? NULL : residual == 1 ? pdx.c : pres.c;
+    const void *rg = residual == 0 ? NULL : residual == 1 ? pdx.g : pres.g;
+    cpu->rmsnorm_bwd(cpu, pdx.c, ld, pdy.c, ld, px.c, ld, rs.c, pw.c, T, nh, D, rc, ld);
+    gpu->rmsnorm_bwd(gpu, pdx.g, ld, pdy.g, ld, px.g, ld, rs.g, pw.g, T, nh, D, rg, ld);
     double e = act_err(pdx, T, ld, ld);
-    CHECK(e < 2e-2, "dx rel err %g (accumulate %d)", e, accumulate);
-    drop(px); drop(pw); drop(pdy); drop(pdx); drop(rs);
-    free(x); free(w); free(dy); free(dx0); free(r);
+    CHECK(e < 2e-2, "dx rel err %g (residual mode %d)", e, residual);
+    drop(px); drop(pw); drop(pdy); drop(pdx); drop(rs); drop(pres);
+    free(x); free(w); free(dy); free(dx0); free(res); free(r);
 }
 
-TEST(rmsnorm_bwd_matches_cpu_overwrite_and_accumulate)
+TEST(rmsnorm_bwd_matches_cpu_with_and_without_residual)
 {
     NEED_GPU();
     rmsnorm_bwd_case(0);
     rmsnorm_bwd_case(1);
+    rmsnorm_bwd_case(2);
 }
 
 TEST(linear_fwd_with_bias_accumulates_into_a_slice)
@@ -210,34 +220,39 @@ static void attention_case(const int *lens, int n_docs, int pad, int nq, int nkv
     gpu->attention_fwd(gpu, po.g, ldo, plse.g, qg + qo * gb, ldqkv, qg + ko * gb, ldqkv, qg + vo * gb, ldqkv,
                        pcu.g, n_docs, max_seqlen, T, nq, nkv, D, scale, window, sg);
     double eo = act_err(po, T, ldo, ldo), el = f32_err(plse, (size_t)T * nq);
-    CHECK(eo < 2e-2, "out rel err %g", eo);
-    CHECK(el < 1e-3, "lse rel err %g", el);
+    CHECK(eo < 2e-2, "out rel err %g (%s forward)", eo, attn_fwd);
+    CHECK(el < 1e-3, "lse rel err %g (%s forward)", el, attn_fwd);
 
-    /* Backward from identical inputs: the CPU's out (rounded to bf16) and lse. */
-    float *o = ct_malloc((size_t)T * ldo * sizeof(float)), *lse = ct_malloc((size_t)T * nq * sizeof(float));
-    cpu->act_to_f32(cpu, o, po.c, (size_t)T * ldo);
-    for (size_t i = 0; i < (size_t)T * ldo; i++) o[i] = ct_bf16_to_f32(ct_f32_to_bf16(o[i]));
-    cpu->download(cpu, lse, plse.c, (size_t)T * nq * sizeof(float));
-    pair pout = put_act(o, (size_t)T * ldo);
-    gpu->upload(gpu, plse.g, lse, (size_t)T * nq * sizeof(float));
-    pair pdo = put_act(dout, (size_t)T * ldo), pd = put_act(qkv, (size_t)T * ldqkv); /* dq | dk | dv */
-    char *dc = pd.c, *dg = pd.g;
-    cpu->attention_bwd(cpu, dc + qo * eb, ldqkv, dc + ko * eb, ldqkv, dc + vo * eb, ldqkv, pdo.c, ldo, pout.c, ldo,
-                       plse.c, qc + qo * eb, ldqkv, qc + ko * eb, ldqkv, qc + vo * eb, ldqkv, pcu.c, n_docs,
-                       max_seqlen, T, nq, nkv, D, scale, window, sc);
-    gpu->attention_bwd(gpu, dg + qo * gb, ldqkv, dg + ko * gb, ldqkv, dg + vo * gb, ldqkv, pdo.g, ldo, pout.g, ldo,
-                       plse.g, qg + qo * gb, ldqkv, qg + ko * gb, ldqkv, qg + vo * gb, ldqkv, pcu.g, n_docs,
-                       max_seqlen, T, nq, nkv, D, scale, window, sg);
-    /* Compare dq, dk, dv one slice at a time: their scales differ. */
-    const char *names[3] = {"dq", "dk", "dv"};
-    size_t offs[3] = {qo, ko, vo}, widths[3] = {(size_t)nq * D, (size_t)ldkv, (size_t)ldkv};
-    for (int s = 0; s < 3; s++) {
-        pair slice = {dc + offs[s] * eb, dg + offs[s] * gb};
-        double e = act_err(slice, T, widths[s], ldqkv);
-        CHECK(e < 4e-2, "%s rel err %g", names[s], e);
+    /* Backward from identical inputs: the CPU's out (rounded to bf16) and lse. It
+     * has one kernel whichever forward ran: the mma pass compares it. */
+    if (strcmp(attn_fwd, "mma") == 0) {
+        float *o = ct_malloc((size_t)T * ldo * sizeof(float)), *lse = ct_malloc((size_t)T * nq * sizeof(float));
+        cpu->act_to_f32(cpu, o, po.c, (size_t)T * ldo);
+        for (size_t i = 0; i < (size_t)T * ldo; i++) o[i] = ct_bf16_to_f32(ct_f32_to_bf16(o[i]));
+        cpu->download(cpu, lse, plse.c, (size_t)T * nq * sizeof(float));
+        pair pout = put_act(o, (size_t)T * ldo);
+        gpu->upload(gpu, plse.g, lse, (size_t)T * nq * sizeof(float));
+        pair pdo = put_act(dout, (size_t)T * ldo), pd = put_act(qkv, (size_t)T * ldqkv); /* dq | dk | dv */
+        char *dc = pd.c, *dg = pd.g;
+        cpu->attention_bwd(cpu, dc + qo * eb, ldqkv, dc + ko * eb, ldqkv, dc + vo * eb, ldqkv, pdo.c, ldo, pout.c, ldo,
+                           plse.c, qc + qo * eb, ldqkv, qc + ko * eb, ldqkv, qc + vo * eb, ldqkv, pcu.c, n_docs,
+                           max_seqlen, T, nq, nkv, D, scale, window, sc);
+        gpu->attention_bwd(gpu, dg + qo * gb, ldqkv, dg + ko * gb, ldqkv, dg + vo * gb, ldqkv, pdo.g, ldo, pout.g, ldo,
+                           plse.g, qg + qo * gb, ldqkv, qg + ko * gb, ldqkv, qg + vo * gb, ldqkv, pcu.g, n_docs,
+                           max_seqlen, T, nq, nkv, D, scale, window, sg);
+        /* Compare dq, dk, dv one slice at a time: their scales differ. */
+        const char *names[3] = {"dq", "dk", "dv"};
+        size_t offs[3] = {qo, ko, vo}, widths[3] = {(size_t)nq * D, (size_t)ldkv, (size_t)ldkv};
+        for (int s = 0; s < 3; s++) {
+            pair slice = {dc + offs[s] * eb, dg + offs[s] * gb};
+            double e = act_err(slice, T, widths[s], ldqkv);
+            CHECK(e < 4e-2, "%s rel err %g", names[s], e);
+        }
+        drop(pout); drop(pdo); drop(pd);
+        free(o); free(lse);
     }
-    drop(pqkv); drop(pcu); drop(ps); drop(po); drop(plse); drop(pout); drop(pdo); drop(pd);
-    free(qkv); free(dout); free(o); free(lse); free(cu);
+    drop(pqkv); drop(pcu); drop(ps); drop(po); drop(plse);
+    free(qkv); free(dout); free(cu);
 }
 
 TEST(attention_one_token_and_odd_documents_mha_d64)
@@ -471,21 +486,10 @@ TEST(unsupported_model_shapes_are_input_errors)
     }
 }
 
-int main(void)
+/* Every attention test, on the forward kernel gpu was created with (attn_fwd). */
+static void run_attention_tests(void)
 {
-    ct_error err = {0};
-    cpu = backend_cpu_new();
-    gpu = backend_cuda_new(&err);
-    if (!gpu) printf("# CUDA backend unavailable: %s\n", err.msg);
-    ct_rng_seed(&rng, 20261129);
-    RUN(embedding_copies_rows_exactly);
-    RUN(rmsnorm_fwd_matches_cpu_on_strided_head_groups);
-    RUN(rmsnorm_bwd_matches_cpu_overwrite_and_accumulate);
-    RUN(linear_fwd_with_bias_accumulates_into_a_slice);
-    RUN(linear_bwd_input_matches_cpu);
-    RUN(lora_fwd_bwd_match_cpu_without_dropout);
-    RUN(lora_dropout_mask_is_bit_identical_to_cpu);
-    RUN(rope_matches_cpu_forward_and_inverse_on_partial_dims);
+    printf("# attention forward: CTUNE_ATTN_FWD=%s\n", attn_fwd);
     RUN(attention_one_token_and_odd_documents_mha_d64);
     RUN(attention_gqa4_d128_with_sinks);
     RUN(attention_gqa8_d128_4097_token_document);
@@ -494,13 +498,38 @@ int main(void)
     RUN(attention_window_with_interior_tiles_gqa2_d128);
     RUN(attention_window_with_interior_tiles_gqa2_d64);
     RUN(attention_many_short_documents_gqa2_d128);
-    RUN(attention_bwd_is_bit_reproducible);
+    if (strcmp(attn_fwd, "mma") == 0) RUN(attention_bwd_is_bit_reproducible); /* the backward: once is enough */
+}
+
+int main(void)
+{
+    ct_error err = {0};
+    cpu = backend_cpu_new();
+    setenv("CTUNE_ATTN_FWD", attn_fwd, 1);
+    gpu = backend_cuda_new(&err);
+    if (!gpu) printf("# CUDA backend unavailable: %s\n", err.msg);
+    ct_rng_seed(&rng, 20261129);
+    RUN(embedding_copies_rows_exactly);
+    RUN(rmsnorm_fwd_matches_cpu_on_strided_head_groups);
+    RUN(rmsnorm_bwd_matches_cpu_with_and_without_residual);
+    RUN(linear_fwd_with_bias_accumulates_into_a_slice);
+    RUN(linear_bwd_input_matches_cpu);
+    RUN(lora_fwd_bwd_match_cpu_without_dropout);
+    RUN(lora_dropout_mask_is_bit_identical_to_cpu);
+    RUN(rope_matches_cpu_forward_and_inverse_on_partial_dims);
+    run_attention_tests();
     RUN(swiglu_fwd_bwd_match_cpu);
     RUN(add_and_copy_2d_match_cpu);
     RUN(cross_entropy_matches_cpu_in_one_chunk);
     RUN(cross_entropy_matches_cpu_over_several_chunks);
     RUN(sum_squares_adds_to_out);
     RUN(adamw_matches_cpu_with_and_without_clipping);
+    if (gpu) gpu->destroy(gpu);
+    attn_fwd = "wgmma"; /* the kernel is chosen when a backend is created */
+    setenv("CTUNE_ATTN_FWD", attn_fwd, 1);
+    gpu = backend_cuda_new(&err);
+    run_attention_tests();
+    unsetenv("CTUNE_ATTN_FWD");
     if (gpu) gpu->destroy(gpu);
     cpu->destroy(cpu);
     RUN(unsupported_model_shapes_are_input_errors);

@@ -170,9 +170,9 @@ TEST(rmsnorm_fwd_bwd_on_q_heads_of_a_512k_token_qkv)
         cpu->download(cpu, r, crs[e], (size_t)EDGE * nh * sizeof(float));
         gpu->upload(gpu, rs + r0[e] * nh, r, (size_t)EDGE * nh * sizeof(float));
     }
-    gpu->rmsnorm_bwd(gpu, dx, LD, y, LD, x, LD, rs, pw.g, T, nh, D, 1);
+    gpu->rmsnorm_bwd(gpu, dx, LD, y, LD, x, LD, rs, pw.g, T, nh, D, dx, LD);
     for (int e = 0; e < 2; e++) {
-        cpu->rmsnorm_bwd(cpu, cdx[e], LD, cdy[e], LD, cx[e], LD, crs[e], pw.c, EDGE, nh, D, 1);
+        cpu->rmsnorm_bwd(cpu, cdx[e], LD, cdy[e], LD, cx[e], LD, crs[e], pw.c, EDGE, nh, D, cdx[e], LD);
         double ed = rows_err(dx, LD, r0[e], cdx[e], EDGE, 0, W);
         double er = rows_err(dx, LD, r0[e], cdx[e], EDGE, W, LD - W); /* k, v columns untouched */
         CHECK(ed < 2e-2, "%s rows: dx rel err %g", edge_name(e), ed);

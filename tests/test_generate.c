@@ -248,14 +248,21 @@ TEST(a_prompt_fed_in_chunks_gives_the_logits_of_one_fed_token_by_token)
     be->destroy(be);
 }
 
+/* fixture_qwen3_json with the smallest head_dim the CUDA attention covers (32). */
+static const char *const gpu_qwen3_json =
+    "{\"model_type\": \"qwen3\", \"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 64,"
+    " \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 32, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
+    " \"max_position_embeddings\": 256, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}";
+
 TEST(kv_cache_decoding_on_gpu_matches_cpu)
 {
     ct_error why = {0};
     ct_backend *gpu = backend_cuda_new(&why);
     if (!gpu) SKIP("skipped: no GPU");
     fixture fc, fg;
-    REQUIRE(fixture_open(&fc, backend_cpu_new(), fixture_qwen3_json) == 0, "cpu fixture");
-    REQUIRE(fixture_open(&fg, gpu, fixture_qwen3_json) == 0, "gpu fixture");
+    REQUIRE(fixture_open(&fc, backend_cpu_new(), gpu_qwen3_json) == 0, "cpu fixture");
+    REQUIRE(fixture_open(&fg, gpu, gpu_qwen3_json) == 0, "gpu fixture");
     ct_error err = {0};
     int V = fc.model.cfg.vocab_size;
     float *a = ct_malloc(V * sizeof(float)), *b = ct_malloc(V * sizeof(float));

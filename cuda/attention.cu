@@ -36,9 +36,10 @@
  * Forward on wgmma (attention_fwd_sm90.cu, D = 64 and 128): the same contract and
  * work list, one warpgroup per 64 queries, both products on Hopper's warpgroup MMA
  * and the softmax overlapped with P V (FlashAttention-3's intra-warpgroup
- * pipelining). CTUNE_ATTN_FWD=mma|wgmma, read each time a backend is created
- * (attention_init, process-wide), picks the forward; mma stays the default until
- * wgmma is validated and timed on an H200. D = 32 always runs mma.sync.
+ * pipelining). CTUNE_ATTN_FWD=wgmma|mma, read each time a backend is created
+ * (attention_init, process-wide), picks the forward; wgmma is the default (on the
+ * H200, hd128 4k documents: 344 TFLOP/s against mma.sync's 242; every attention
+ * test passes on both). D = 32 always runs mma.sync.
  *
  * Backward: delta_i = sum_d dout_i out_i first (written head-major, (nq, T), next
  * to lse * log2 e, so that a tile's values are contiguous); then two kernels,
@@ -67,9 +68,9 @@
  *
  * Version 2 (cp.async, interior tiles unmasked, the work list) replaced version 1
  * (synchronous loads, masks on every tile, the padded grid; ncu on the H200 in a
- * qwen3-0.6b step: backward 5.5 ms per layer, ~55 TFLOP/s). Version 2's speed
- * is not yet measured: bench/attn_bench.c times it. Later: TMA + wgmma (FA3
- * schedule), producer/consumer warps, 128-query forward tiles. */
+ * qwen3-0.6b step: backward 5.5 ms per layer, ~55 TFLOP/s). Version 2 on the
+ * H200 (bench/attn_bench.c, hd128, 4k documents): forward 242, backward 196
+ * TFLOP/s. Next: the backward on wgmma, TMA loads with producer warps. */
 #include "attention.cuh"
 
 #include <cstdio>
@@ -346,14 +347,14 @@ template <int D> static size_t fwd_smem() { return (size_t)5 * TILE * Cfg<D>::RO
  * CTUNE_ATTN_FWD by attention_init, i.e. by the latest backend created. */
 static bool fwd_wgmma = false;
 
-/* CTUNE_ATTN_FWD=mma (the default) or wgmma; anything else is refused by name. */
+/* CTUNE_ATTN_FWD=wgmma (the default) or mma; anything else is refused by name. */
 static bool fwd_wgmma_from_env(void)
 {
     const char *v = getenv("CTUNE_ATTN_FWD");
-    if (!v || !*v || !strcmp(v, "mma")) return false;
-    if (!strcmp(v, "wgmma")) return true;
+    if (!v || !*v || !strcmp(v, "wgmma")) return true;
+    if (!strcmp(v, "mma")) return false;
     fprintf(stderr, "ctune: CTUNE_ATTN_FWD=%s is not mma or wgmma\n"
-                    "HINT: unset it (the default is mma) or set wgmma for the Hopper wgmma forward\n", v);
+                    "HINT: unset it (the default is wgmma) or set mma for the mma.sync forward\n", v);
     exit(CT_ERR_INPUT);
 }
 

@@ -12,8 +12,8 @@ B=${BUILD:-build}
 SHAPES=${SHAPES:-qwen3-0.6b}
 STEPS=${STEPS:-30}
 WARMUP=${WARMUP:-5}
-HF_MODES=${HF_MODES:-"packed packed-ckpt"}
-CTUNE_MODES=${CTUNE_MODES:-"ckpt nockpt"}
+HF_MODES=${HF_MODES-"packed packed-ckpt"}  # set empty for none
+CTUNE_MODES=${CTUNE_MODES-"ckpt nockpt"}
 mkdir -p "$OUT"
 : >"$OUT/bench.jsonl"
 

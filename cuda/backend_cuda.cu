@@ -255,7 +255,7 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     be->destroy = cuda_destroy;
     be->memory_used = cuda_memory_used;
     be->check_model = cuda_check_model;
-    be->max_expert_lora_rank = 64; /* moe_gemm.cu pads R to 16, 32 or 64 */
+    be->max_expert_lora_rank = 64; /* moe_lora.cu pads R to 16, 32 or 64 */
     cuda_fill_offload_ops(be);
     be->embedding = cuda_embedding;
     be->rmsnorm_fwd = cuda_rmsnorm_fwd;
@@ -281,5 +281,6 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     /* Mixture of experts. An op left NULL makes model_load refuse MoE models. */
     cuda_fill_moe_route_ops(be);
     cuda_fill_moe_gemm_ops(be);
+    cuda_fill_moe_lora_ops(be);
     return be;
 }

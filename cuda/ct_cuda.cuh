@@ -197,8 +197,9 @@ void cuda_fill_offload_ops(ct_backend *be);
 /* moe_route.cu: routing, permutation, gather/scatter, activation, router backward,
  * load-balancing statistics (every be->moe_* op except the GEMM and LoRA ones). */
 void cuda_fill_moe_route_ops(ct_backend *be);
-/* moe_gemm.cu: the grouped expert GEMMs and the expert LoRA
- * (be->moe_linear_fwd, moe_linear_bwd_input, moe_lora_fwd, moe_lora_bwd). */
+/* moe_gemm.cu: the grouped expert GEMMs (be->moe_linear_fwd, moe_linear_bwd_input). */
 void cuda_fill_moe_gemm_ops(ct_backend *be);
+/* moe_lora.cu: the expert LoRA (be->moe_lora_fwd, moe_lora_bwd). */
+void cuda_fill_moe_lora_ops(ct_backend *be);
 
 #endif

@@ -1,12 +1,25 @@
-/* moe_gemm.cuh — the expert tile schedule of moe_gemm.cu's kernels, read on the
- * device from offsets (E+1) int32 in device memory.
+/* moe_gemm.cuh — what the grouped expert GEMMs (moe_gemm.cu) and the expert LoRA
+ * (moe_lora.cu) share: the row layout, the expert tile schedule read on the device
+ * from offsets, and the setup of their persistent launches.
  *
- * Every block copies offsets into shared memory (sched_load) and scans them into
- * toff[e], the first row tile of expert e over the rows inside [c0, c1) (an
- * expert's rows cut into ceil(rows / bm) tiles that never cross an expert; toff[E]
- * is the tile count), with warp 0 (sched_tiles). sched_find maps a tile index to
- * (expert, first row, rows) by binary search over toff. So the host launches a
- * grid sized without n, and experts without rows own no tiles. */
+ * Layouts. Rows are in expert order: expert e owns rows [offsets[e], offsets[e+1])
+ * of x, y, dy, dx (act bf16, each with its row stride). offsets (E+1) int32 stay
+ * in device memory; the host never learns n = offsets[E], so no launcher waits
+ * for the device, loops over experts on the host, or sizes scratch by n.
+ * Gather: an op's input rows x_r are x[r], or with gather x[gather[r] / K] (token
+ * rows; gather is the routing's row_slot). The kernels resolve each row's address
+ * once per tile, when they set up the copies of its rows, so moe_gather's (n, H)
+ * copy and its pass over memory do not exist.
+ *
+ * Scheduling. Every block copies offsets into shared memory (sched_load) and scans
+ * them into toff[e], the first row tile of expert e over the rows inside [c0, c1)
+ * (an expert's rows cut into ceil(rows / bm) tiles that never cross an expert;
+ * toff[E] is the tile count), with warp 0 (sched_tiles). sched_find maps a tile
+ * index to (expert, first row, rows) by binary search over toff. Kernels are
+ * persistent: the grid is what the GPU holds at once (occupancy x SMs, measured by
+ * kernel_setup and sized on the host without n) and blocks stride over the tile
+ * list, whose length only the device knows. Experts without rows own no tiles and
+ * cost nothing. */
 #ifndef CT_MOE_GEMM_CUH
 #define CT_MOE_GEMM_CUH
 
@@ -78,6 +91,21 @@ __device__ __forceinline__ row_tile sched_find(const moe_sched &s, int E, int bm
     t.m0 = max(s.offs[lo], c0) + (rt - s.toff[lo]) * bm;
     t.rows = min(bm, min(s.offs[lo + 1], c1) - t.m0);
     return t;
+}
+
+/* Raises the shared-memory limit of a kernel (more than 48 KB needs an opt-in) and
+ * returns how many of its blocks one SM holds. */
+static inline int kernel_setup(const void *fn, int threads, size_t smem)
+{
+    int n = 0;
+    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    /* All shared: the launch then gets the occupancy measured here (the cooperative
+     * grid must be resident at once). */
+    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, threads, smem));
+    CT_ASSERT(n >= 1, "moe_gemm: a kernel does not fit on one SM (%zu bytes of shared memory)", smem);
+    return n;
 }
 
 #endif

@@ -7,7 +7,12 @@
 # qwen3-0.6b shapes, and the largest micro-batch each plan accepts; then one
 # measured optimizer step on one 524288-token sequence with the 8B shape cut to
 # LAYERS layers (a full-depth step costs ~3e17 attention FLOPs: tens of minutes).
-#   STEPS=6 WARMUP=2 LAYERS=2 bash scripts/bench_memory.sh
+# Part 3 (fulldepth): one optimizer step of 524288 tokens per micro-batch on the
+# full 32-layer 8B shape, packed from the bench shards' documents (up to 4096
+# tokens each). Activations, offload and chunking take the same memory as for one
+# 524288-token sequence (attention keeps O(T) state: q, k, v, out, lse); only
+# the attention FLOPs differ, which is what makes this step minutes, not an hour.
+#   STEPS=6 WARMUP=2 LAYERS=2 PARTS="modes long fulldepth" bash scripts/bench_memory.sh
 # Writes $OUT/memory.jsonl and prints a table. Peak VRAM: the most nvidia-smi
 # reported in use while the run ran (100 ms samples; includes the CUDA context).
 set -u
@@ -16,7 +21,7 @@ B=${BUILD:-build}
 STEPS=${STEPS:-6}
 WARMUP=${WARMUP:-2}
 LAYERS=${LAYERS:-2}
-PARTS=${PARTS:-"modes long"}
+PARTS=${PARTS:-"modes long fulldepth"}
 LONG=524288
 mkdir -p "$OUT"
 : >"$OUT/memory.jsonl"
@@ -120,6 +125,21 @@ if has long; then
     rc=$?
     record "llama3.1-8b ${LAYERS} layers, one $LONG-token sequence, offload on" "$run" "$run.log" $rc "$(peak_stop)" \
         "{\"wall_s\": $(( $(date +%s) - t0 )), \"warmup\": 0}"
+fi
+
+if has fulldepth; then
+    run=$OUT/fulldepth-8b-$LONG
+    rm -rf "$run"
+    peak_start
+    t0=$(date +%s)
+    "$B/ctune" train configs/llama3.1-8b.yaml --set model=$model --set output_dir=$run \
+        --set "data.train_files=[$data/train.shard]" --set "data.eval_files=[]" \
+        --set data.tokens_per_micro_batch=$LONG --set training.max_steps=1 \
+        --set training.warmup_steps=1 --set training.save_steps=0 --set training.eval_steps=0 >"$run.log" 2>&1
+    rc=$?
+    record "llama3.1-8b 32 layers, $LONG tokens of documents, offload auto" "$run" "$run.log" $rc "$(peak_stop)" \
+        "{\"wall_s\": $(( $(date +%s) - t0 )), \"warmup\": 0}"
+    grep -A9 "memory plan" "$run.log"
 fi
 
 python3 - "$OUT/memory.jsonl" <<'PY'

@@ -14,7 +14,7 @@ static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
  *   loss.cu       per-row losses, a (chunk,V) fp32 + bf16 logits chunk sized by
  *                 its 256 MiB logits budget, (chunk,H) gathers
  *   attention     2 (T,nq) fp32 rows in backward + the tile list (24 B/token)
- *   moe_gemm.cu   as lora.cu over T*K expert rows, plus the tile list */
+ *   moe_lora.cu   as lora.cu over T*K expert rows, plus the tile list */
 size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
 {
     if (strcmp(m->be->name, "cuda") != 0) return 0;

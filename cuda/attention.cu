@@ -41,6 +41,11 @@
  * H200, hd128 4k documents: 344 TFLOP/s against mma.sync's 242; every attention
  * test passes on both). D = 32 always runs mma.sync.
  *
+ * Backward on wgmma (attention_bwd_sm90.cu, D = 64 and 128): the same two
+ * deterministic kernels and work list, one warpgroup per 64-query (dq) or 64-key
+ * (dk/dv) tile, all four products on wgmma. CTUNE_ATTN_BWD=mma|wgmma, read next to
+ * CTUNE_ATTN_FWD, picks it; mma is the default until it has run on a GPU.
+ *
  * Backward: delta_i = sum_d dout_i out_i first (written head-major, (nq, T), next
  * to lse * log2 e, so that a tile's values are contiguous); then two kernels,
  * both deterministic (no atomics): dq walks the key tiles of a 64-query tile;
@@ -70,7 +75,8 @@
  * (synchronous loads, masks on every tile, the padded grid; ncu on the H200 in a
  * qwen3-0.6b step: backward 5.5 ms per layer, ~55 TFLOP/s). Version 2 on the
  * H200 (bench/attn_bench.c, hd128, 4k documents): forward 242, backward 196
- * TFLOP/s. Next: the backward on wgmma, TMA loads with producer warps. */
+ * TFLOP/s. Next: validating and timing the wgmma backward (above), TMA loads
+ * with producer warps. */
 #include "attention.cuh"
 
 #include <cstdio>
@@ -358,20 +364,32 @@ static bool fwd_wgmma_from_env(void)
     exit(CT_ERR_INPUT);
 }
 
+/* CTUNE_ATTN_BWD=mma (the default until the wgmma backward is validated on a GPU)
+ * or wgmma; anything else is refused by name. */
+static bool bwd_wgmma_from_env(void)
+{
+    const char *v = getenv("CTUNE_ATTN_BWD");
+    if (!v || !*v || !strcmp(v, "mma")) return false;
+    if (!strcmp(v, "wgmma")) return true;
+    fprintf(stderr, "ctune: CTUNE_ATTN_BWD=%s is not mma or wgmma\n"
+                    "HINT: unset it (the default is mma) or set wgmma for the Hopper backward\n", v);
+    exit(CT_ERR_INPUT);
+}
+
 template <int D> static void attention_init_d()
 {
     CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fwd_smem<D>()));
 }
 
 /* Raises the shared-memory limit of every instantiation once (more than 48 KB
- * needs an explicit opt-in) and reads CTUNE_ATTN_FWD. */
+ * needs an explicit opt-in) and reads CTUNE_ATTN_FWD and CTUNE_ATTN_BWD. */
 void attention_init(void)
 {
     attention_init_d<32>();
     attention_init_d<64>();
     attention_init_d<128>();
     attn_fwd_sm90_init();
-    attention_bwd_init();
+    attention_bwd_init(bwd_wgmma_from_env());
     fwd_wgmma = fwd_wgmma_from_env();
 }
 

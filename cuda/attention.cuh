@@ -143,13 +143,24 @@ const int4 *attn_build_tiles(cudaStream_t st, scratch_carver *sc, const int32_t 
 /* Asserts the shapes, strides and alignment both directions need. */
 void attn_check_args(const char *op, int D, int nq, int nkv, int T, int n_docs, int max_seqlen,
                      const void *const *ptrs, const int *lds, int n);
-/* attention_bwd.cu: raises the backward kernels' shared-memory limits. */
-void attention_bwd_init(void);
+/* attention_bwd.cu: raises the backward kernels' shared-memory limits and picks
+ * the backward cuda_attention_bwd runs at D = 64 and 128 from now on (process-wide):
+ * wgmma (attention_bwd_sm90.cu) or mma.sync. */
+void attention_bwd_init(bool wgmma);
 
 /* attention_fwd_sm90.cu: the wgmma forward (D = 64 or 128) and its shared-memory opt-in. */
 void attn_fwd_sm90(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf16 *k, int ldk,
                    const bf16 *v, int ldv, const int4 *tiles, size_t slots, int nq, int nkv, int D,
                    float scale, int window, const float *sinks, cudaStream_t st);
 void attn_fwd_sm90_init(void);
+
+/* attention_bwd_sm90.cu: the wgmma dq and dk/dv kernels (D = 64 or 128) after
+ * attn_delta_kernel filled delta and lse2 ((nq, T) each), and their shared-memory
+ * opt-in. Arguments as attention_bwd.cu's mma.sync launch. */
+void attn_bwd_sm90(bf16 *dq, int lddq, bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, int lddo,
+                   const float *lse2, const float *delta, const bf16 *q, int ldq, const bf16 *k, int ldk,
+                   const bf16 *v, int ldv, const int4 *tiles, size_t slots, int T, int nq, int nkv, int D,
+                   float scale, int window, cudaStream_t st);
+void attn_bwd_sm90_init(void);
 
 #endif

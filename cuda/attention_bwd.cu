@@ -1,6 +1,8 @@
 /* attention_bwd.cu — backward of the varlen causal GQA flash attention: delta,
- * then dq and dk/dv in two deterministic kernels. The algorithm, layouts, work
- * list and pipelining are described in attention.cu's header comment. */
+ * then dq and dk/dv in two deterministic kernels, here on mma.sync, or at D = 64
+ * and 128 on wgmma (attention_bwd_sm90.cu) under CTUNE_ATTN_BWD=wgmma. The
+ * algorithm, layouts, work list and pipelining are described in attention.cu's
+ * header comment. */
 #include "attention.cuh"
 
 // ---- kernels ----
@@ -297,11 +299,17 @@ template <int D> static void attention_bwd_init_d()
     CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem<D>()));
 }
 
-void attention_bwd_init(void)
+/* Whether cuda_attention_bwd runs the wgmma kernels at D = 64 and 128: set by
+ * attention_init (CTUNE_ATTN_BWD), i.e. by the latest backend created. */
+static bool bwd_wgmma = false;
+
+void attention_bwd_init(bool wgmma)
 {
     attention_bwd_init_d<32>();
     attention_bwd_init_d<64>();
     attention_bwd_init_d<128>();
+    attn_bwd_sm90_init();
+    bwd_wgmma = wgmma;
 }
 
 template <int D>
@@ -314,6 +322,11 @@ static void bwd_launch(cudaStream_t st, float *delta, float *lse2, const int4 *t
     size_t rows = (size_t)T * nq;
     attn_delta_kernel<D><<<grid_for(rows, 8), 256, 0, st>>>(delta, lse2, dout, lddo, out, ldo, lse, T, nq);
     LAUNCH_CHECK();
+    if (bwd_wgmma && D != 32) {
+        attn_bwd_sm90(dq, lddq, dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles,
+                      slots, T, nq, nkv, D, scale, window, st);
+        return;
+    }
     attn_bwd_dq_kernel<D><<<(unsigned)(slots * nq), THREADS, dq_smem<D>(), st>>>(
         dq, lddq, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, T, nq, nq / nkv, scale,
         scale * LOG2E, window);

@@ -1,6 +1,6 @@
 /* wgmma.cuh — Hopper (sm_90a) warpgroup MMA and the shared-memory plumbing it
  * needs, shared by the kernels that use it (moe_gemm.cu's v2 GEMM,
- * attention_fwd_sm90.cu's forward).
+ * attention_fwd_sm90.cu's forward, attention_bwd_sm90.cu's backward).
  *
  * A warpgroup is 4 consecutive warps (128 threads). wgmma.mma_async computes
  * D (64 x N, fp32 in registers) (=|+=) A (64 x 16) B (16 x N); B always comes
@@ -86,6 +86,20 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t da, 
         "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
         "%32, %33, p, 1, 1, 0, %35;\n}\n"
         : WGMMA_ACC32(d)
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TRANS_B ? 1 : 0));
+}
+
+/* d (64 x 32 fp32) (=|+=) A (64 x 16) @ B (16 x 32), both from shared memory, as
+ * the m64n64k16 form above (the dk/dv backward's 32-query steps at D = 128). */
+template <bool TRANS_B>
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t da, uint64_t db, int scale_d)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "%16, %17, p, 1, 1, 0, %19;\n}\n"
+        : WGMMA_ACC8(d, 0), WGMMA_ACC8(d, 8)
         : "l"(da), "l"(db), "r"(scale_d), "n"(TRANS_B ? 1 : 0));
 }
 

@@ -17,8 +17,9 @@
  *   attention out / dq, dk, dv                       2e-2 / 4e-2
  *   fp32 results (lse, loss, optimizer)              1e-3 .. 1e-5
  * The attention tests run twice, on a backend created under CTUNE_ATTN_FWD=mma and
- * then on one under =wgmma (the Hopper forward; the backward, one kernel either
- * way, is compared in the first pass only).
+ * CTUNE_ATTN_BWD=mma, then on one under =wgmma for both (the Hopper kernels); each
+ * pass compares the forward and the backward and checks that the backward is
+ * bit-reproducible.
  * Without a GPU every test reports "skip NAME: skipped: no GPU". */
 #include "backend.h"
 #include "check.h"
@@ -29,6 +30,7 @@
 #include <stdint.h>
 
 static const char *attn_fwd = "mma"; /* the CTUNE_ATTN_FWD gpu was created under */
+static const char *attn_bwd = "mma"; /* and its CTUNE_ATTN_BWD */
 
 TEST(embedding_copies_rows_exactly)
 {
@@ -223,34 +225,31 @@ static void attention_case(const int *lens, int n_docs, int pad, int nq, int nkv
     CHECK(eo < 2e-2, "out rel err %g (%s forward)", eo, attn_fwd);
     CHECK(el < 1e-3, "lse rel err %g (%s forward)", el, attn_fwd);
 
-    /* Backward from identical inputs: the CPU's out (rounded to bf16) and lse. It
-     * has one kernel whichever forward ran: the mma pass compares it. */
-    if (strcmp(attn_fwd, "mma") == 0) {
-        float *o = ct_malloc((size_t)T * ldo * sizeof(float)), *lse = ct_malloc((size_t)T * nq * sizeof(float));
-        cpu->act_to_f32(cpu, o, po.c, (size_t)T * ldo);
-        for (size_t i = 0; i < (size_t)T * ldo; i++) o[i] = ct_bf16_to_f32(ct_f32_to_bf16(o[i]));
-        cpu->download(cpu, lse, plse.c, (size_t)T * nq * sizeof(float));
-        pair pout = put_act(o, (size_t)T * ldo);
-        gpu->upload(gpu, plse.g, lse, (size_t)T * nq * sizeof(float));
-        pair pdo = put_act(dout, (size_t)T * ldo), pd = put_act(qkv, (size_t)T * ldqkv); /* dq | dk | dv */
-        char *dc = pd.c, *dg = pd.g;
-        cpu->attention_bwd(cpu, dc + qo * eb, ldqkv, dc + ko * eb, ldqkv, dc + vo * eb, ldqkv, pdo.c, ldo, pout.c, ldo,
-                           plse.c, qc + qo * eb, ldqkv, qc + ko * eb, ldqkv, qc + vo * eb, ldqkv, pcu.c, n_docs,
-                           max_seqlen, T, nq, nkv, D, scale, window, sc);
-        gpu->attention_bwd(gpu, dg + qo * gb, ldqkv, dg + ko * gb, ldqkv, dg + vo * gb, ldqkv, pdo.g, ldo, pout.g, ldo,
-                           plse.g, qg + qo * gb, ldqkv, qg + ko * gb, ldqkv, qg + vo * gb, ldqkv, pcu.g, n_docs,
-                           max_seqlen, T, nq, nkv, D, scale, window, sg);
-        /* Compare dq, dk, dv one slice at a time: their scales differ. */
-        const char *names[3] = {"dq", "dk", "dv"};
-        size_t offs[3] = {qo, ko, vo}, widths[3] = {(size_t)nq * D, (size_t)ldkv, (size_t)ldkv};
-        for (int s = 0; s < 3; s++) {
-            pair slice = {dc + offs[s] * eb, dg + offs[s] * gb};
-            double e = act_err(slice, T, widths[s], ldqkv);
-            CHECK(e < 4e-2, "%s rel err %g", names[s], e);
-        }
-        drop(pout); drop(pdo); drop(pd);
-        free(o); free(lse);
+    /* Backward from identical inputs: the CPU's out (rounded to bf16) and lse. */
+    float *o = ct_malloc((size_t)T * ldo * sizeof(float)), *lse = ct_malloc((size_t)T * nq * sizeof(float));
+    cpu->act_to_f32(cpu, o, po.c, (size_t)T * ldo);
+    for (size_t i = 0; i < (size_t)T * ldo; i++) o[i] = ct_bf16_to_f32(ct_f32_to_bf16(o[i]));
+    cpu->download(cpu, lse, plse.c, (size_t)T * nq * sizeof(float));
+    pair pout = put_act(o, (size_t)T * ldo);
+    gpu->upload(gpu, plse.g, lse, (size_t)T * nq * sizeof(float));
+    pair pdo = put_act(dout, (size_t)T * ldo), pd = put_act(qkv, (size_t)T * ldqkv); /* dq | dk | dv */
+    char *dc = pd.c, *dg = pd.g;
+    cpu->attention_bwd(cpu, dc + qo * eb, ldqkv, dc + ko * eb, ldqkv, dc + vo * eb, ldqkv, pdo.c, ldo, pout.c, ldo,
+                       plse.c, qc + qo * eb, ldqkv, qc + ko * eb, ldqkv, qc + vo * eb, ldqkv, pcu.c, n_docs,
+                       max_seqlen, T, nq, nkv, D, scale, window, sc);
+    gpu->attention_bwd(gpu, dg + qo * gb, ldqkv, dg + ko * gb, ldqkv, dg + vo * gb, ldqkv, pdo.g, ldo, pout.g, ldo,
+                       plse.g, qg + qo * gb, ldqkv, qg + ko * gb, ldqkv, qg + vo * gb, ldqkv, pcu.g, n_docs,
+                       max_seqlen, T, nq, nkv, D, scale, window, sg);
+    /* Compare dq, dk, dv one slice at a time: their scales differ. */
+    const char *names[3] = {"dq", "dk", "dv"};
+    size_t offs[3] = {qo, ko, vo}, widths[3] = {(size_t)nq * D, (size_t)ldkv, (size_t)ldkv};
+    for (int s = 0; s < 3; s++) {
+        pair slice = {dc + offs[s] * eb, dg + offs[s] * gb};
+        double e = act_err(slice, T, widths[s], ldqkv);
+        CHECK(e < 4e-2, "%s rel err %g (%s backward)", names[s], e, attn_bwd);
     }
+    drop(pout); drop(pdo); drop(pd);
+    free(o); free(lse);
     drop(pqkv); drop(pcu); drop(ps); drop(po); drop(plse);
     free(qkv); free(dout); free(cu);
 }
@@ -319,10 +318,9 @@ TEST(attention_many_short_documents_gqa2_d128)
     attention_case(lens, N, 9, 2, 1, 128, 0, 1);
 }
 
-TEST(attention_bwd_is_bit_reproducible)
+static void bwd_reproducible_case(int D)
 {
-    NEED_GPU();
-    int T = 700, nq = 4, nkv = 2, D = 64, ld = (nq + 2 * nkv) * D;
+    int T = 700, nq = 4, nkv = 2, ld = (nq + 2 * nkv) * D;
     int32_t cu[3] = {0, 300, 700};
     float *qkv = rnd((size_t)T * ld, 2.0f), *dout = rnd((size_t)T * nq * D, 1.0f);
     void *pq = gpu->alloc(gpu, (size_t)T * ld * 2), *po = gpu->alloc(gpu, (size_t)T * nq * D * 2);
@@ -341,10 +339,18 @@ TEST(attention_bwd_is_bit_reproducible)
                            D, 0.125f, 0, NULL);
         gpu->download(gpu, run ? b : a, d, (size_t)T * ld * 2);
     }
-    CHECK(memcmp(a, b, (size_t)T * ld * 2) == 0, "two identical backward passes differ");
+    CHECK(memcmp(a, b, (size_t)T * ld * 2) == 0, "two identical backward passes differ (%s backward, D %d)",
+          attn_bwd, D);
     gpu->free(gpu, pq); gpu->free(gpu, po); gpu->free(gpu, pdo); gpu->free(gpu, pcu);
     gpu->free(gpu, plse); gpu->free(gpu, pd);
     free(qkv); free(dout); free(a); free(b);
+}
+
+TEST(attention_bwd_is_bit_reproducible)
+{
+    NEED_GPU();
+    bwd_reproducible_case(64);
+    bwd_reproducible_case(128);
 }
 
 TEST(swiglu_fwd_bwd_match_cpu)
@@ -486,10 +492,10 @@ TEST(unsupported_model_shapes_are_input_errors)
     }
 }
 
-/* Every attention test, on the forward kernel gpu was created with (attn_fwd). */
+/* Every attention test, on the kernels gpu was created with (attn_fwd, attn_bwd). */
 static void run_attention_tests(void)
 {
-    printf("# attention forward: CTUNE_ATTN_FWD=%s\n", attn_fwd);
+    printf("# attention: CTUNE_ATTN_FWD=%s CTUNE_ATTN_BWD=%s\n", attn_fwd, attn_bwd);
     RUN(attention_one_token_and_odd_documents_mha_d64);
     RUN(attention_gqa4_d128_with_sinks);
     RUN(attention_gqa8_d128_4097_token_document);
@@ -498,7 +504,7 @@ static void run_attention_tests(void)
     RUN(attention_window_with_interior_tiles_gqa2_d128);
     RUN(attention_window_with_interior_tiles_gqa2_d64);
     RUN(attention_many_short_documents_gqa2_d128);
-    if (strcmp(attn_fwd, "mma") == 0) RUN(attention_bwd_is_bit_reproducible); /* the backward: once is enough */
+    RUN(attention_bwd_is_bit_reproducible);
 }
 
 int main(void)
@@ -506,6 +512,7 @@ int main(void)
     ct_error err = {0};
     cpu = backend_cpu_new();
     setenv("CTUNE_ATTN_FWD", attn_fwd, 1);
+    setenv("CTUNE_ATTN_BWD", attn_bwd, 1);
     gpu = backend_cuda_new(&err);
     if (!gpu) printf("# CUDA backend unavailable: %s\n", err.msg);
     ct_rng_seed(&rng, 20261129);
@@ -525,11 +532,13 @@ int main(void)
     RUN(sum_squares_adds_to_out);
     RUN(adamw_matches_cpu_with_and_without_clipping);
     if (gpu) gpu->destroy(gpu);
-    attn_fwd = "wgmma"; /* the kernel is chosen when a backend is created */
+    attn_fwd = attn_bwd = "wgmma"; /* the kernels are chosen when a backend is created */
     setenv("CTUNE_ATTN_FWD", attn_fwd, 1);
+    setenv("CTUNE_ATTN_BWD", attn_bwd, 1);
     gpu = backend_cuda_new(&err);
     run_attention_tests();
     unsetenv("CTUNE_ATTN_FWD");
+    unsetenv("CTUNE_ATTN_BWD");
     if (gpu) gpu->destroy(gpu);
     cpu->destroy(cpu);
     RUN(unsupported_model_shapes_are_input_errors);

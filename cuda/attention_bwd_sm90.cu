@@ -1,0 +1,405 @@
+/* attention_bwd_sm90.cu — the varlen causal GQA flash-attention backward (dq, then
+ * dk/dv) on Hopper's warpgroup MMA (wgmma.cuh). Same contract as attention_bwd.cu's
+ * mma.sync kernels: the same work list, grids, masks, delta and lse2 (head-major
+ * (nq, T), written first by attn_delta_kernel), sinks entering only through lse,
+ * the same fp32 -> bf16 roundings (P for dv, dS for dq and dk) and a fixed sum
+ * order, so results are deterministic without atomics; see attention.cu's header.
+ * CTUNE_ATTN_BWD=wgmma selects it for D = 64 and 128 (attention_bwd.cu's dispatch;
+ * D = 32 always runs mma.sync).
+ *
+ * dq: one warpgroup per 64-query tile x head, walking the key tiles it sees:
+ *   S  = Q K^T    SS, K rows as a K-major B (as the forward's Q K^T);
+ *   dP = dO V^T   SS, V rows as a K-major B;
+ *   P  = exp2(S scale log2 e - lse2), dS = P (dP - delta), rows from registers;
+ *   dq += dS K    RS: dS's accumulators repacked as A fragments (wgmma.cuh), K
+ *                 (keys x D) as an MN-major B (the transpose bit, as the forward's V).
+ * dk/dv: one warpgroup per 64-key tile x kv head, walking for each query head of
+ * the group the QT-query steps that see the tile (QT = Cfg<D>::QT: 64 at D = 64,
+ * 32 at D = 128), key-major throughout so that keys are wgmma's M:
+ *   S^T  = K Q^T     SS (m64nQTk16), Q rows K-major;
+ *   dP^T = V dO^T    SS, dO rows K-major;
+ *   P^T  = exp2(S^T scale log2 e - lse2[query]): lse and delta vary along columns
+ *                    now, staged in shared memory with each step's Q and dO;
+ *   dv += P^T dO     RS, dO (queries x D) MN-major;
+ *   dS^T = P^T (dP^T - delta[query]);  dk += dS^T Q   RS, Q MN-major.
+ * At D = 128 the accumulators dk and dv take 64 registers each per thread; 64-query
+ * steps would add 2 x 32 for S^T and dP^T plus their fragments and leave nothing
+ * for addresses (and 6 stages of 16 KB would allow one block per multiprocessor),
+ * hence 32-query steps, as the mma.sync kernel. Two warpgroups splitting each
+ * step's queries (summing dk/dv through shared memory at the end) are the next
+ * step if the m64n32 products turn out to starve on shared-memory bandwidth.
+ *
+ * Overlap inside the warpgroup (FlashAttention-3's idea, our two-kernel split):
+ * each step issues S and dP, then the previous step's last product (dq += dS K;
+ * dk += dS^T Q), and waits for S alone: P is computed while the tensor cores run
+ * dP and that product (in dk/dv, dv += P^T dO is issued next and runs during dS).
+ * The last product of the last step runs after the loop. Every wgmma is retired
+ * by the end of its step, and the first step commits an empty group in place of
+ * the missing product, so the wait counts are the same on every path (with a
+ * branch on them ptxas serializes all wgmma, C7514).
+ *
+ * Shared memory, each tile as D / 64 panels of rows x 128 bytes in the 128-byte
+ * swizzle, 1024-byte aligned, copied with 16-byte cp.async one step ahead (rows
+ * past the document's end zero-filled). A stage read by a product issued in the
+ * next step must not be the one that step's copy fills: dq keeps K in 3 stages
+ * (dq += dS_{i-1} K_{i-1} is issued in step i) and V in 2; dk/dv keeps Q (and,
+ * for uniform indexing, dO, lse2 and delta) in 3 stages, K and V once. One
+ * barrier per step, after the copy wait and the proxy fence, as in the forward.
+ *
+ * Resources (ptxas, sm_90a, CUDA 13; no spills, no serialized wgmma):
+ *   dq    D = 128: 248 registers, 113 KB shared, 2 blocks per multiprocessor
+ *                  (exactly the 228 KB, hence the max-shared carveout);
+ *         D = 64:  185 registers, 57 KB, 2 blocks (registers);
+ *   dk/dv D = 128: 226 registers, 81.75 KB, 2 blocks;
+ *         D = 64:  220 registers, 66.5 KB, 2 blocks (registers).
+ * Written without a GPU at hand: not yet validated or timed (the default stays
+ * mma.sync until it is). */
+#include "attention.cuh"
+#include "wgmma.cuh"
+
+namespace sm90b {
+/* Bytes of one 64-column panel of a ROWS-row tile, and of a ROWS x D tile. */
+template <int ROWS> __host__ __device__ constexpr uint32_t panel() { return (uint32_t)ROWS * 128; }
+template <int D, int ROWS> __host__ __device__ constexpr uint32_t tile_bytes() { return (uint32_t)ROWS * D * 2; }
+/* dq: Q, dO, 3 K stages, 2 V stages; dk/dv: K, V, 3 stages of Q, dO (QT rows) and
+ * of lse2, delta (QT floats); + slack to align the base to 1024 bytes. */
+template <int D> constexpr size_t dq_smem() { return 7 * (size_t)tile_bytes<D, TILE>() + 1024; }
+template <int D> constexpr size_t dkdv_smem()
+{
+    return 2 * (size_t)tile_bytes<D, TILE>() + 6 * (size_t)tile_bytes<D, Cfg<D>::QT>() +
+           6 * (size_t)Cfg<D>::QT * sizeof(float) + 1024;
+}
+}
+
+// ---- kernels ----
+
+/* ROWS x D tile from global (row r at g + r*ld) into the swizzled panels at shared
+ * address s, asynchronously; rows >= valid (valid >= 1) are zero-filled. 16-byte
+ * chunk c of row r goes to panel c / 8 at swz(r, c % 8). */
+template <int D, int ROWS>
+static __device__ __forceinline__ void load_rows_sw(uint32_t s, const bf16 *g, size_t ld, int valid)
+{
+    constexpr int CH = D / 8, N = ROWS * CH;
+    static_assert(N % THREADS == 0, "tile chunks must divide evenly over the block");
+#pragma unroll
+    for (int it = 0; it < N / THREADS; it++) {
+        const int c = it * THREADS + threadIdx.x, r = c / CH, ch = c % CH;
+        const bool ok = r < valid;
+        cp_async16_s(s + (ch / 8) * sm90b::panel<ROWS>() + swz(r, ch % 8), g + (size_t)(ok ? r : 0) * ld + ch * 8, ok);
+    }
+}
+
+/* Issues d = A B^T as one wgmma group: A a 64 x D tile at sa, B an N x D tile at sb,
+ * both rows along D (K-major). Step ks covers D columns [16 ks, 16 ks + 16): panel
+ * ks / 4, 32 bytes per step into the 128-byte rows (the forward's qk_issue). The
+ * fence orders the thread's earlier writes of d before the products. */
+template <int D, int N>
+static __device__ __forceinline__ void abt_issue(float (&d)[N / 2], uint32_t sa, uint32_t sb)
+{
+    static_assert(N == 32 || N == 64, "abt_issue: N = 32 or 64");
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        const uint64_t da = wgmma_desc(sa + (ks / 4) * sm90b::panel<TILE>() + (ks % 4) * 32, 16, 1024);
+        const uint64_t db = wgmma_desc(sb + (ks / 4) * sm90b::panel<N>() + (ks % 4) * 32, 16, 1024);
+        if constexpr (N == 64) wgmma_m64n64k16_ss<false>(d, da, db, ks > 0);
+        else wgmma_m64n32k16_ss<false>(d, da, db, ks > 0);
+    }
+    wgmma_commit();
+}
+
+/* Issues acc += A B as one wgmma group: A (64 x KR) as bf16 fragments a, one per
+ * 16 columns; B a KR x D tile at sb (D contiguous: MN-major). Step kk covers B's
+ * rows from 16 kk (2048 bytes per step), its D columns in D / 64 panels of KR rows
+ * (LBO = one panel) — the forward's pv_issue with KR-row panels. */
+template <int D, int KR>
+static __device__ __forceinline__ void ab_issue(float (&acc)[D / 2], const uint32_t (&a)[KR / 16][4], uint32_t sb)
+{
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KR / 16; kk++) {
+        const uint64_t db = wgmma_desc(sb + kk * 16 * 128, sm90b::panel<KR>(), 1024);
+        if constexpr (D == 128) wgmma_m64n128k16_rs<true>(acc, a[kk], db, 1);
+        else wgmma_m64n64k16_rs<true>(acc, a[kk], db, 1);
+    }
+    wgmma_commit();
+}
+
+/* Commits an empty wgmma group (PTX: a commit with nothing issued makes one), so
+ * that the first step, which has no previous dq or dk product, keeps the wait
+ * counts of the others: a branch on which waits to use makes ptxas serialize
+ * every wgmma (C7514). The fence spares ptxas injecting one (C7519). */
+static __device__ __forceinline__ void empty_group()
+{
+    wgmma_fence();
+    wgmma_commit();
+}
+
+/* A fragments of a 64 x N accumulator tile, rounded to bf16 (wgmma.cuh: columns
+ * [16 kk, 16 kk + 16) are d[8 kk .. 8 kk + 7] in pairs). */
+template <int N>
+static __device__ __forceinline__ void pack_frags(uint32_t (&a)[N / 16][4], const float (&d)[N / 2])
+{
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) a[kk][r] = pack_bf16(d[8 * kk + 2 * r], d[8 * kk + 2 * r + 1]);
+}
+
+/* dq for one 64-query tile of one head: dS = P (dP - delta), dq = scale * dS K.
+ * Accumulators (wgmma.cuh): s[4 j + 2 r + e] is row row[r], key k0 + 8 j +
+ * 2 (lane % 4) + e, as the mma.sync kernel's s[j][2 r + e]. */
+template <int D>
+__global__ void __launch_bounds__(THREADS, 2)
+attn_bwd_dq_sm90_kernel(bf16 *dq, int lddq, const bf16 *dout, int lddo, const float *lse2,
+                        const float *delta, const bf16 *q, int ldq, const bf16 *k, int ldk,
+                        const bf16 *v, int ldv, const int4 *tiles, int T, int nq, int group,
+                        float scale, float scale_log2, int window)
+{
+    static_assert(D == 64 || D == 128, "wgmma backward: D = 64 or 128");
+    constexpr uint32_t TB = sm90b::tile_bytes<D, TILE>();
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t sq = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sdo = sq + TB, sk = sdo + TB, sv = sk + 3 * TB; /* K: 3 stages, V: 2 */
+    const int h = blockIdx.x % nq, kvh = h / group;
+    const int4 tl = tiles[blockIdx.x / nq];
+    const int start = tl.x, len = tl.y;
+    if (len == 0) return;
+    const int q0 = ((len + TILE - 1) / TILE - 1 - tl.z) * TILE;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    const int kmin = window > 0 ? max(0, q0 - window + 1) / TILE * TILE : 0;
+    const int kend = min(len, q0 + TILE);
+    const int n = (kend - kmin + TILE - 1) / TILE;
+    const bf16 *kb = k + (size_t)start * ldk + (size_t)kvh * D, *vb = v + (size_t)start * ldv + (size_t)kvh * D;
+    load_rows_sw<D, TILE>(sq, q + (size_t)(start + q0) * ldq + (size_t)h * D, ldq, min(TILE, len - q0));
+    load_rows_sw<D, TILE>(sdo, dout + (size_t)(start + q0) * lddo + (size_t)h * D, lddo, min(TILE, len - q0));
+    load_rows_sw<D, TILE>(sk, kb + (size_t)kmin * ldk, ldk, min(TILE, len - kmin));
+    load_rows_sw<D, TILE>(sv, vb + (size_t)kmin * ldv, ldv, min(TILE, len - kmin));
+    cp_async_commit();
+
+    const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
+    float lse2r[2], dl[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        size_t t = (size_t)h * T + start + row[r];
+        lse2r[r] = row[r] < len ? lse2[t] : 0.0f;
+        dl[r] = row[r] < len ? delta[t] : 0.0f;
+    }
+    float s[32], dp[32], acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < 32; i++) s[i] = dp[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) acc[i] = 0.0f;
+    uint32_t ds[TILE / 16][4]; /* dS of the previous key tile as bf16 A fragments */
+
+    for (int it = 0; it < n; it++) {
+        const int k0 = kmin + it * TILE;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads(); /* tile it is visible to wgmma; every product issued so far is retired */
+        if (it + 1 < n) {
+            const int kn = k0 + TILE;
+            load_rows_sw<D, TILE>(sk + ((it + 1) % 3) * TB, kb + (size_t)kn * ldk, ldk, min(TILE, len - kn));
+            load_rows_sw<D, TILE>(sv + ((it + 1) & 1) * TB, vb + (size_t)kn * ldv, ldv, min(TILE, len - kn));
+            cp_async_commit();
+        }
+        abt_issue<D, TILE>(s, sq, sk + (it % 3) * TB);
+        abt_issue<D, TILE>(dp, sdo, sv + (it & 1) * TB);
+        if (it > 0) ab_issue<D, TILE>(acc, ds, sk + ((it - 1) % 3) * TB);
+        else empty_group();
+        wgmma_wait<2>(); /* S only: dP and dq += dS_{it-1} K_{it-1} keep running */
+        wgmma_acc_fence(s);
+
+        if (needs_mask(q0, TILE, k0, len, window)) {
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                if (!visible(row[(i >> 1) & 1], k0 + (i / 4) * 8 + 2 * (lane % 4) + (i & 1), len, window))
+                    s[i] = -INFINITY;
+        }
+#pragma unroll
+        for (int i = 0; i < 32; i++) s[i] = exp2f(s[i] * scale_log2 - lse2r[(i >> 1) & 1]); /* masked: 0 */
+
+        wgmma_wait<1>(); /* dP; the dq product keeps running */
+        wgmma_acc_fence(dp);
+#pragma unroll
+        for (int i = 0; i < 32; i++) dp[i] = s[i] * (dp[i] - dl[(i >> 1) & 1]);
+        wgmma_wait<0>(); /* ds is free */
+        pack_frags<TILE>(ds, dp);
+    }
+    ab_issue<D, TILE>(acc, ds, sk + ((n - 1) % 3) * TB);
+    wgmma_wait<0>();
+    wgmma_acc_fence(acc);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (row[r] >= len) continue;
+        bf16 *drow = dq + ((size_t)start + row[r]) * lddq + (size_t)h * D + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *(__nv_bfloat162 *)(drow + j * 8) =
+                __floats2bfloat162_rn(acc[4 * j + 2 * r] * scale, acc[4 * j + 2 * r + 1] * scale);
+    }
+}
+
+/* dk, dv for one 64-key tile of one kv head, summed over its query heads: dv =
+ * P^T dO, dk = scale * dS^T Q. The (head, query step) steps run as one sequence so
+ * that the pipeline crosses head boundaries; the sum order (heads, then queries
+ * ascending) is fixed. Accumulators: s[4 j + 2 r + e] is key key[r], query q0 +
+ * 8 j + 2 (lane % 4) + e. */
+template <int D>
+__global__ void __launch_bounds__(THREADS, 2)
+attn_bwd_dkdv_sm90_kernel(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, int lddo,
+                          const float *lse2, const float *delta, const bf16 *q, int ldq, const bf16 *k,
+                          int ldk, const bf16 *v, int ldv, const int4 *tiles, int T, int nkv, int group,
+                          float scale, float scale_log2, int window)
+{
+    static_assert(D == 64 || D == 128, "wgmma backward: D = 64 or 128");
+    constexpr int QT = Cfg<D>::QT;
+    constexpr uint32_t TB = sm90b::tile_bytes<D, TILE>(), QB = sm90b::tile_bytes<D, QT>();
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    const uint32_t sk = (raw + 1023u) & ~1023u, sv = sk + TB;
+    const uint32_t sq = sv + TB, sdo = sq + 3 * QB; /* 3 stages each */
+    float *lse2_s = (float *)(smem_raw + (sdo + 3 * QB - raw)), *dl_s = lse2_s + 3 * QT; /* (3, QT) each */
+    const int kvh = blockIdx.x % nkv;
+    const int4 tl = tiles[blockIdx.x / nkv];
+    const int start = tl.x, len = tl.y;
+    if (len == 0) return;
+    const int k0 = tl.z * TILE;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    /* Queries that see some key of this tile: i >= k0 and i < k0 + TILE - 1 + window. */
+    const int qend = window > 0 ? min(len, k0 + TILE - 1 + window) : len;
+    const int nqt = (qend - k0 + QT - 1) / QT, nsteps = nqt * group;
+    auto issue = [&](int step, int stage) {
+        const int h = kvh * group + step / nqt, q0 = k0 + (step % nqt) * QT, valid = min(QT, len - q0);
+        load_rows_sw<D, QT>(sq + stage * QB, q + (size_t)(start + q0) * ldq + (size_t)h * D, ldq, valid);
+        load_rows_sw<D, QT>(sdo + stage * QB, dout + (size_t)(start + q0) * lddo + (size_t)h * D, lddo, valid);
+        if (threadIdx.x < 2 * QT) {
+            const int i = threadIdx.x % QT;
+            const bool ok = i < valid;
+            const float *src = (threadIdx.x < QT ? lse2 : delta) + (size_t)h * T + start + q0 + (ok ? i : 0);
+            cp_async4((threadIdx.x < QT ? lse2_s : dl_s) + stage * QT + i, src, ok);
+        }
+    };
+    load_rows_sw<D, TILE>(sk, k + (size_t)(start + k0) * ldk + (size_t)kvh * D, ldk, min(TILE, len - k0));
+    load_rows_sw<D, TILE>(sv, v + (size_t)(start + k0) * ldv + (size_t)kvh * D, ldv, min(TILE, len - k0));
+    issue(0, 0);
+    cp_async_commit();
+
+    const int key[2] = {k0 + warp * 16 + lane / 4, k0 + warp * 16 + lane / 4 + 8};
+    float s[QT / 2], dp[QT / 2], dka[D / 2], dva[D / 2];
+#pragma unroll
+    for (int i = 0; i < QT / 2; i++) s[i] = dp[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) dka[i] = dva[i] = 0.0f;
+    uint32_t pf[QT / 16][4], dsf[QT / 16][4]; /* P^T, and dS^T of the previous step, as bf16 A fragments */
+
+    for (int step = 0; step < nsteps; step++) {
+        const int stage = step % 3, q0 = k0 + (step % nqt) * QT;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads(); /* this stage (at step 0, K and V too) is visible; every product so far is retired */
+        if (step + 1 < nsteps) {
+            issue(step + 1, (step + 1) % 3);
+            cp_async_commit();
+        }
+        const uint32_t sdoc = sdo + stage * QB;
+        const float *lse2c = lse2_s + stage * QT, *dlc = dl_s + stage * QT;
+        abt_issue<D, QT>(s, sk, sq + stage * QB);
+        abt_issue<D, QT>(dp, sv, sdoc);
+        if (step > 0) ab_issue<D, QT>(dka, dsf, sq + ((step - 1) % 3) * QB);
+        else empty_group();
+        wgmma_wait<2>(); /* S^T only: dP^T and dk += dS^T_{step-1} Q_{step-1} keep running */
+        wgmma_acc_fence(s);
+
+        if (needs_mask(q0, QT, k0, len, window)) {
+#pragma unroll
+            for (int i = 0; i < QT / 2; i++)
+                if (!visible(q0 + (i / 4) * 8 + 2 * (lane % 4) + (i & 1), key[(i >> 1) & 1], len, window))
+                    s[i] = -INFINITY;
+        }
+#pragma unroll
+        for (int i = 0; i < QT / 2; i++)
+            s[i] = exp2f(s[i] * scale_log2 - lse2c[(i / 4) * 8 + 2 * (lane % 4) + (i & 1)]); /* masked: 0 */
+        pack_frags<QT>(pf, s);
+        ab_issue<D, QT>(dva, pf, sdoc);
+
+        wgmma_wait<2>(); /* dP^T; the dk and dv products keep running */
+        wgmma_acc_fence(dp);
+#pragma unroll
+        for (int i = 0; i < QT / 2; i++) dp[i] = s[i] * (dp[i] - dlc[(i / 4) * 8 + 2 * (lane % 4) + (i & 1)]);
+        wgmma_wait<0>(); /* pf and dsf are free */
+        pack_frags<QT>(dsf, dp);
+    }
+    ab_issue<D, QT>(dka, dsf, sq + ((nsteps - 1) % 3) * QB);
+    wgmma_wait<0>();
+    wgmma_acc_fence(dka);
+    wgmma_acc_fence(dva);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (key[r] >= len) continue;
+        size_t t = (size_t)start + key[r];
+        bf16 *krow = dk + t * lddk + (size_t)kvh * D + 2 * (lane % 4);
+        bf16 *vrow = dv + t * lddv + (size_t)kvh * D + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            *(__nv_bfloat162 *)(krow + j * 8) =
+                __floats2bfloat162_rn(dka[4 * j + 2 * r] * scale, dka[4 * j + 2 * r + 1] * scale);
+            *(__nv_bfloat162 *)(vrow + j * 8) = __floats2bfloat162_rn(dva[4 * j + 2 * r], dva[4 * j + 2 * r + 1]);
+        }
+    }
+}
+
+// ---- launchers ----
+
+template <int D> static void bwd_sm90_init_d()
+{
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)sm90b::dq_smem<D>()));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)sm90b::dkdv_smem<D>()));
+    /* Two dq blocks at D = 128 need all 228 KB of the multiprocessor as shared memory. */
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_sm90_kernel<D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
+}
+
+/* Raises both instantiations' shared-memory limits (more than 48 KB needs an opt-in). */
+void attn_bwd_sm90_init(void)
+{
+    bwd_sm90_init_d<64>();
+    bwd_sm90_init_d<128>();
+}
+
+/* Both kernels for one D, on the work list tiles (slots entries). */
+template <int D>
+static void bwd_sm90_launch(bf16 *dq, int lddq, bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout,
+                            int lddo, const float *lse2, const float *delta, const bf16 *q, int ldq,
+                            const bf16 *k, int ldk, const bf16 *v, int ldv, const int4 *tiles, size_t slots,
+                            int T, int nq, int nkv, float scale, int window, cudaStream_t st)
+{
+    attn_bwd_dq_sm90_kernel<D><<<(unsigned)(slots * nq), THREADS, sm90b::dq_smem<D>(), st>>>(
+        dq, lddq, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, T, nq, nq / nkv, scale,
+        scale * LOG2E, window);
+    LAUNCH_CHECK();
+    attn_bwd_dkdv_sm90_kernel<D><<<(unsigned)(slots * nkv), THREADS, sm90b::dkdv_smem<D>(), st>>>(
+        dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, T, nkv, nq / nkv,
+        scale, scale * LOG2E, window);
+    LAUNCH_CHECK();
+}
+
+/* dq, dk, dv after attn_delta_kernel, as attention_bwd.cu's bwd_launch; the caller
+ * checked the arguments and zeroes the padding rows. */
+void attn_bwd_sm90(bf16 *dq, int lddq, bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, int lddo,
+                   const float *lse2, const float *delta, const bf16 *q, int ldq, const bf16 *k, int ldk,
+                   const bf16 *v, int ldv, const int4 *tiles, size_t slots, int T, int nq, int nkv, int D,
+                   float scale, int window, cudaStream_t st)
+{
+    CT_ASSERT(D == 64 || D == 128, "attention_bwd (wgmma): head_dim %d is not 64 or 128", D);
+    if (D == 64)
+        bwd_sm90_launch<64>(dq, lddq, dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles,
+                            slots, T, nq, nkv, scale, window, st);
+    else
+        bwd_sm90_launch<128>(dq, lddq, dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles,
+                             slots, T, nq, nkv, scale, window, st);
+}

@@ -37,8 +37,8 @@
  * Resources (ptxas, sm_90a, CUDA 13): D = 128: 214 registers, 97 KB shared, 2
  * blocks (8 warps) per multiprocessor; D = 64: 151 registers, 49 KB, 3 blocks; no
  * spills, and no wgmma serialized by ptxas (it says so when it must, C7510/C7515).
- * Written without a GPU at hand: not yet validated or timed; the first priority
- * was fragment layouts and synchronization right by construction. Later: TMA
+ * On the H200 (2026-11-30) every attention test passes and hd128 4k documents
+ * run at 344 TFLOP/s (mma.sync: 242; bench/attn_bench.c). Later: TMA
  * copies from a producer warp, 128-query tiles (two consumer warpgroups sharing
  * K/V), ping-pong scheduling between warpgroups. */
 #include "attention.cuh"

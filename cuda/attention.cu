@@ -154,16 +154,13 @@ attn_fwd_kernel(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf
     constexpr int TS = TILE * Cfg<D>::ROW;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16 *Qs = (bf16 *)smem_raw, *Ks = Qs + TS, *Vs = Ks + 2 * TS; /* K, V: two stages each */
-    const int h = blockIdx.x % nq, kvh = h / group;
-    const int4 tl = tiles[blockIdx.x / nq];
-    const int start = tl.x, len = tl.y;
+    const auto [h, start, len, tile] = work_entry_of(tiles, nq);
+    const int kvh = h / group;
     if (len == 0) return;
-    const int q0 = ((len + TILE - 1) / TILE - 1 - tl.z) * TILE; /* longest tiles first */
+    const int q0 = ((len + TILE - 1) / TILE - 1 - tile) * TILE; /* longest tiles first */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    const int kmin = window > 0 ? max(0, q0 - window + 1) / TILE * TILE : 0;
-    const int kend = min(len, q0 + TILE);
-    const int n = (kend - kmin + TILE - 1) / TILE;
+    const auto [kmin, n] = key_tiles(q0, len, window);
     const bf16 *kb = k + (size_t)start * ldk + (size_t)kvh * D, *vb = v + (size_t)start * ldv + (size_t)kvh * D;
     load_tile_async<D, TILE>(Qs, q + (size_t)(start + q0) * ldq + (size_t)h * D, ldq, min(TILE, len - q0));
     cp_async_commit();
@@ -179,28 +176,16 @@ attn_fwd_kernel(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf
     float o[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    /* Rows r = 0 (row g) and 1 (row g + 8) of this lane; the sink is a logit with
-     * no value row, so it starts the running max and (once per row) the sum. */
+    /* Rows r = 0 (row g) and 1 (row g + 8) of this lane. */
     const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
     float m[2], l[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        m[r] = sinks ? sinks[h] * LOG2E : -INFINITY;
-        l[r] = sinks && (lane % 4) == 0 ? 1.0f : 0.0f;
-    }
+    softmax_init(m, l, sinks, h);
 
     for (int it = 0; it < n; it++) {
         const int k0 = kmin + it * TILE;
         const bf16 *Kc = Ks + (it & 1) * TS, *Vc = Vs + (it & 1) * TS;
-        if (it + 1 < n) {
-            const int kn = k0 + TILE;
-            load_tile_async<D, TILE>(Ks + ((it + 1) & 1) * TS, kb + (size_t)kn * ldk, ldk, min(TILE, len - kn));
-            load_tile_async<D, TILE>(Vs + ((it + 1) & 1) * TS, vb + (size_t)kn * ldv, ldv, min(TILE, len - kn));
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        kv_prefetch<D>(Ks + ((it + 1) & 1) * TS, Vs + ((it + 1) & 1) * TS, kb, ldk, vb, ldv, it + 1 < n,
+                       k0 + TILE, len);
         __syncthreads(); /* stage it & 1 has landed for every thread's copies */
 
         float s[TILE / 8][4];
@@ -216,6 +201,8 @@ attn_fwd_kernel(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf
                 mma16816(s[2 * j + 1], qf[kk], b[2], b[3]);
             }
         }
+        /* mask_tile, written out: through the helper ptxas schedules this kernel
+         * differently (the other kernels call it). */
         if (needs_mask(q0, TILE, k0, len, window)) {
 #pragma unroll
             for (int nt = 0; nt < TILE / 8; nt++)
@@ -226,75 +213,17 @@ attn_fwd_kernel(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf
         }
 
         float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < TILE / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[nt][e] *= scale_log2;
-                mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
-            }
-        }
+        scale_row_max(s, scale_log2, mx);
         float alpha[2], mref[2];
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            float mn = fmaxf(m[r], mx[r]);
-            /* A row that has seen nothing yet keeps m = -inf: exponentiate against 0
-             * so that -inf - -inf never makes a NaN. */
-            mref[r] = mn == -INFINITY ? 0.0f : mn;
-            alpha[r] = exp2f(m[r] - mref[r]);
-            m[r] = mn;
-            l[r] *= alpha[r];
-        }
-#pragma unroll
-        for (int nt = 0; nt < TILE / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = exp2f(s[nt][e] - mref[e / 2]);
-                s[nt][e] = p;
-                l[e / 2] += p;
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < D / 8; i++) {
-            o[i][0] *= alpha[0];
-            o[i][1] *= alpha[0];
-            o[i][2] *= alpha[1];
-            o[i][3] *= alpha[1];
-        }
-#pragma unroll
-        for (int kk = 0; kk < TILE / 16; kk++) {
-            uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int j = 0; j < D / 16; j++) {
-                uint32_t b[4];
-                ldsm_b<D>(b, Vc, kk * 16, j * 16);
-                mma16816(o[2 * j], a, b[0], b[1]);
-                mma16816(o[2 * j + 1], a, b[2], b[3]);
-            }
-        }
+        for (int r = 0; r < 2; r++) mref[r] = softmax_rescale(m[r], l[r], alpha[r], mx[r]);
+        exp_row_sum(s, mref, l);
+        acc_scale_rows(o, alpha);
+        mma_pb<D, TILE>(o, s, Vc);
         __syncthreads(); /* stage it & 1 is consumed: the next prefetch may overwrite it */
     }
 
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (row[r] >= len) continue;
-        size_t t = (size_t)start + row[r];
-        float inv = 1.0f / l[r];
-        bf16 *orow = out + t * ldo + (size_t)h * D + 2 * (lane % 4);
-#pragma unroll
-        for (int i = 0; i < D / 8; i++)
-            *(__nv_bfloat162 *)(orow + i * 8) = __floats2bfloat162_rn(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
-        if (lane % 4 == 0) lse[t * nq + h] = (m[r] + log2f(l[r])) * LN2;
-    }
+    fwd_store<D>(out, ldo, lse, nq, h, start, len, row, o, m, l);
 }
 
 /* Rows past cu_seqlens[n_docs] belong to no document: their outputs (and lse)

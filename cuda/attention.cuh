@@ -1,11 +1,18 @@
-/* attention.cuh — what attention.cu (work list, padding rows, forward) and
- * attention_bwd.cu (backward) share: tile sizes, the mma.sync / ldmatrix /
- * cp.async helpers, the mask test, and the launch helpers both sides call.
- * attention.cu's header comment describes the kernels. */
+/* attention.cuh — what the attention kernels share: attention.cu (work list,
+ * padding rows, mma.sync forward), attention_bwd.cu (mma.sync backward) and the
+ * wgmma kernels (attention_fwd_sm90.cu, attention_bwd_sm90.cu). Tile sizes, the
+ * mma.sync / ldmatrix / cp.async helpers, the mask, the online softmax, the
+ * epilogues and the wgmma tile helpers live here once, as __forceinline__
+ * functions, and the launch helpers both directions call. attention.cu's header
+ * comment describes the kernels. The helpers were folded out of kernels
+ * validated on the H200 and leave each kernel's SASS byte-identical; where a
+ * helper would change it (ptxas schedules differently) the kernel keeps its
+ * own copy, and says so. */
 #ifndef CT_ATTENTION_CUH
 #define CT_ATTENTION_CUH
 
 #include "ct_cuda.cuh"
+#include "wgmma.cuh"
 
 #define THREADS 128        /* 4 warps */
 #define TILE 64            /* queries per fwd/dq block; keys per tile and per dk/dv block */
@@ -85,6 +92,25 @@ __device__ __forceinline__ void load_tile_async(bf16 *s, const bf16 *g, size_t l
     }
 }
 
+/* The mma.sync forward's and dq's K/V pipeline at the top of a key tile: while
+ * tiles remain (more), queues tile kn's K and V rows (kb, vb: the document's
+ * first row) into the free stage Kn, Vn and waits for all but that copy; at the
+ * last tile waits for all. Either way this thread's copies of the current tile
+ * have landed; the caller's barrier makes them every thread's. */
+template <int D>
+__device__ __forceinline__ void kv_prefetch(bf16 *Kn, bf16 *Vn, const bf16 *kb, int ldk, const bf16 *vb, int ldv,
+                                            bool more, int kn, int len)
+{
+    if (more) {
+        load_tile_async<D, TILE>(Kn, kb + (size_t)kn * ldk, ldk, min(TILE, len - kn));
+        load_tile_async<D, TILE>(Vn, vb + (size_t)kn * ldv, ldv, min(TILE, len - kn));
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+}
+
 /* A fragment (16 rows x 16 cols at (row0, col0)) of a row-major shared tile. */
 template <int D>
 __device__ __forceinline__ void ldsm_a(uint32_t a[4], const bf16 *s, int row0, int col0)
@@ -123,6 +149,346 @@ __device__ __forceinline__ bool needs_mask(int q0, int nqr, int k0, int len, int
 {
     return k0 + TILE - 1 > q0 || (window > 0 && k0 + window <= q0 + nqr - 1) || q0 + nqr > len;
 }
+
+/* This block's work-list entry: the 1-D grid gives block b entry b / heads and
+ * head b % heads (attention.cu's header). Returns the head, the document's start
+ * and len (0: no work) and the tile's index in the document. */
+struct work_entry { int head, start, len, tile; };
+__device__ __forceinline__ work_entry work_entry_of(const int4 *tiles, int heads)
+{
+    const int head = blockIdx.x % heads;
+    const int4 tl = tiles[blockIdx.x / heads];
+    return {head, tl.x, tl.y, tl.z};
+}
+
+/* The key tiles that queries [q0, q0 + TILE) of a document of len see: n tiles
+ * from kmin (the window's lower edge rounded down to a tile) to the one holding
+ * the diagonal or the document's end. */
+struct key_range { int kmin, n; };
+__device__ __forceinline__ key_range key_tiles(int q0, int len, int window)
+{
+    const int kmin = window > 0 ? max(0, q0 - window + 1) / TILE * TILE : 0;
+    const int kend = min(len, q0 + TILE);
+    return {kmin, (kend - kmin + TILE - 1) / TILE};
+}
+
+// ---- mma.sync products (attention.cu, attention_bwd.cu) ----
+
+/* The mma.sync kernels' two products per tile, for this warp's 16 rows. s = A1 B1^T
+ * and dp = A2 B2^T (S = Q K^T with dP = dO V^T, or their transposes in dk/dv): A1
+ * and A2 are shared tiles whose rows 16 warp .. 16 warp + 15 this warp multiplies,
+ * B1 and B2 N x D shared tiles (rows = n); both products share the k-steps. */
+template <int D, int N>
+__device__ __forceinline__ void mma_abt_pair(float (&s)[N / 8][4], float (&dp)[N / 8][4], const bf16 *A1,
+                                             const bf16 *A2, const bf16 *B1, const bf16 *B2, int warp)
+{
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a1[4], a2[4];
+        ldsm_a<D>(a1, A1, warp * 16, kk * 16);
+        ldsm_a<D>(a2, A2, warp * 16, kk * 16);
+#pragma unroll
+        for (int j = 0; j < N / 16; j++) {
+            uint32_t b[4];
+            ldsm_bt<D>(b, B1, j * 16, kk * 16);
+            mma16816(s[2 * j], a1, b[0], b[1]);
+            mma16816(s[2 * j + 1], a1, b[2], b[3]);
+            ldsm_bt<D>(b, B2, j * 16, kk * 16);
+            mma16816(dp[2 * j], a2, b[0], b[1]);
+            mma16816(dp[2 * j + 1], a2, b[2], b[3]);
+        }
+    }
+}
+
+/* acc += P B (O += P V, dq += dS K): P this warp's 16 x KR accumulator tile, packed
+ * to bf16 A fragments in registers (no trip through shared memory); B a KR x D
+ * shared tile (rows = k). */
+template <int D, int KR>
+__device__ __forceinline__ void mma_pb(float (&acc)[D / 8][4], const float (&p)[KR / 8][4], const bf16 *B)
+{
+#pragma unroll
+    for (int kk = 0; kk < KR / 16; kk++) {
+        uint32_t a[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
+                         pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                         pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+        for (int j = 0; j < D / 16; j++) {
+            uint32_t b[4];
+            ldsm_b<D>(b, B, kk * 16, j * 16);
+            mma16816(acc[2 * j], a, b[0], b[1]);
+            mma16816(acc[2 * j + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// ---- accumulator tiles: mask, online softmax, epilogues (all kernels) ----
+
+/* Accumulator tiles in both register layouts, mma.sync's float[NT][4] and wgmma's
+ * flat float[4 NT] (wgmma.cuh): in both, element e of n-tile j is row
+ * 16 warp + lane / 4 + 8 (e / 2) of the tile (this lane's rows[e / 2]) and column
+ * 8 j + 2 (lane % 4) + (e & 1), so one helper serves both kinds of kernel. */
+template <int NT> __device__ __forceinline__ float &acc_el(float (&a)[NT][4], int j, int e) { return a[j][e]; }
+template <int N> __device__ __forceinline__ float &acc_el(float (&a)[N], int j, int e) { return a[4 * j + e]; }
+template <int NT> __device__ __forceinline__ float acc_el(const float (&a)[NT][4], int j, int e) { return a[j][e]; }
+template <int N> __device__ __forceinline__ float acc_el(const float (&a)[N], int j, int e) { return a[4 * j + e]; }
+/* n-tiles (8 columns each) of an accumulator tile of type A. */
+template <class A> __host__ __device__ constexpr int acc_tiles() { return (int)(sizeof(A) / (4 * sizeof(float))); }
+
+/* Sets the logits of the pairs visible() rejects to -inf (exp2 then makes them 0).
+ * Columns start at c0; KEY_ROWS: rows are keys and columns queries (dk/dv's S^T),
+ * else rows are queries. Callers run it only where needs_mask says so. */
+template <bool KEY_ROWS, class A>
+__device__ __forceinline__ void mask_tile(A &s, const int (&rows)[2], int c0, int len, int window)
+{
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int j = 0; j < acc_tiles<A>(); j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int col = c0 + j * 8 + 2 * (lane % 4) + (e & 1);
+            if (!(KEY_ROWS ? visible(col, rows[e / 2], len, window) : visible(rows[e / 2], col, len, window)))
+                acc_el(s, j, e) = -INFINITY;
+        }
+}
+
+/* The forward's running max m and sum l (base 2) of this lane's two rows before
+ * the first key tile: the sink is a logit with no value row, so it starts m and
+ * (once per row, in the row's first lane) l. */
+__device__ __forceinline__ void softmax_init(float (&m)[2], float (&l)[2], const float *sinks, int h)
+{
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        m[r] = sinks ? sinks[h] * LOG2E : -INFINITY;
+        l[r] = sinks && (lane % 4) == 0 ? 1.0f : 0.0f;
+    }
+}
+
+/* s *= scale_log2 (the logits in base 2), and mx[r] = the max of mx[r] and this
+ * lane's part of row r. */
+template <class A> __device__ __forceinline__ void scale_row_max(A &s, float scale_log2, float (&mx)[2])
+{
+#pragma unroll
+    for (int j = 0; j < acc_tiles<A>(); j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            acc_el(s, j, e) *= scale_log2;
+            mx[e / 2] = fmaxf(mx[e / 2], acc_el(s, j, e));
+        }
+    }
+}
+
+/* The online softmax's statistics of one row after a key tile whose row max in
+ * this lane is mx: reduces mx over the row's 4 lanes, raises the running max m,
+ * multiplies the running sum l by alpha = exp2(m_old - m_new) and returns the max
+ * to exponentiate against. A row that has seen nothing yet keeps m = -inf and
+ * gets 0 there, so that -inf - -inf never makes a NaN. (The tile's loops are
+ * scale_row_max and exp_row_sum, and the kernel holds mx, alpha and mref: one
+ * helper with arrays of its own changes the mma.sync forward's SASS.) */
+__device__ __forceinline__ float softmax_rescale(float &m, float &l, float &alpha, float mx)
+{
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    float mn = fmaxf(m, mx);
+    float mref = mn == -INFINITY ? 0.0f : mn;
+    alpha = exp2f(m - mref);
+    m = mn;
+    l *= alpha;
+    return mref;
+}
+
+/* s = P = exp2(s - mref of its row), added to the running sums l. */
+template <class A> __device__ __forceinline__ void exp_row_sum(A &s, const float (&mref)[2], float (&l)[2])
+{
+#pragma unroll
+    for (int j = 0; j < acc_tiles<A>(); j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = exp2f(acc_el(s, j, e) - mref[e / 2]);
+            acc_el(s, j, e) = p;
+            l[e / 2] += p;
+        }
+    }
+}
+
+/* o *= alpha of its row: the output rescaled to the running max softmax_rescale raised. */
+template <class A> __device__ __forceinline__ void acc_scale_rows(A &o, const float (&alpha)[2])
+{
+#pragma unroll
+    for (int j = 0; j < acc_tiles<A>(); j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc_el(o, j, e) *= alpha[e / 2];
+}
+
+/* dq's lse2 and delta of this lane's two query rows (head h, head-major (nq, T));
+ * 0 for rows past len, whose dq is never stored. */
+__device__ __forceinline__ void load_row_stats(float (&lse2r)[2], float (&dl)[2], const float *lse2,
+                                               const float *delta, int h, int T, int start, const int (&row)[2],
+                                               int len)
+{
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        size_t t = (size_t)h * T + start + row[r];
+        lse2r[r] = row[r] < len ? lse2[t] : 0.0f;
+        dl[r] = row[r] < len ? delta[t] : 0.0f;
+    }
+}
+
+/* dk/dv's copy of one step's lse2 and delta (QT queries from q0, head h) into stage
+ * `stage` of lse2_s and dl_s ((stages, QT) each), asynchronously: threads
+ * [0, QT) copy lse2, [QT, 2 QT) delta; queries >= valid are zero-filled. */
+template <int QT>
+__device__ __forceinline__ void load_step_stats(float *lse2_s, float *dl_s, int stage, const float *lse2,
+                                                const float *delta, int h, int T, int start, int q0, int valid)
+{
+    if (threadIdx.x < 2 * QT) {
+        const int i = threadIdx.x % QT;
+        const bool ok = i < valid;
+        const float *src = (threadIdx.x < QT ? lse2 : delta) + (size_t)h * T + start + q0 + (ok ? i : 0);
+        cp_async4((threadIdx.x < QT ? lse2_s : dl_s) + stage * QT + i, src, ok);
+    }
+}
+
+/* The forward's end: sums l over each row's 4 lanes, then for the rows inside the
+ * document writes out = o / l (bf16, head h's D columns) and, from the row's
+ * first lane, lse = (m + log2 l) ln 2. Rows past len are left to the caller. */
+template <int D, class A>
+__device__ __forceinline__ void fwd_store(bf16 *out, int ldo, float *lse, int nq, int h, int start, int len,
+                                          const int (&row)[2], const A &o, const float (&m)[2], float (&l)[2])
+{
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (row[r] >= len) continue;
+        size_t t = (size_t)start + row[r];
+        float inv = 1.0f / l[r];
+        bf16 *orow = out + t * ldo + (size_t)h * D + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *(__nv_bfloat162 *)(orow + j * 8) =
+                __floats2bfloat162_rn(acc_el(o, j, 2 * r) * inv, acc_el(o, j, 2 * r + 1) * inv);
+        if (lane % 4 == 0) lse[t * nq + h] = (m[r] + log2f(l[r])) * LN2;
+    }
+}
+
+/* dq = scale * acc for the rows inside the document (bf16, head h's D columns). */
+template <int D, class A>
+__device__ __forceinline__ void dq_store(bf16 *dq, int lddq, int h, int start, int len, const int (&row)[2],
+                                         const A &acc, float scale)
+{
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (row[r] >= len) continue;
+        bf16 *drow = dq + ((size_t)start + row[r]) * lddq + (size_t)h * D + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *(__nv_bfloat162 *)(drow + j * 8) =
+                __floats2bfloat162_rn(acc_el(acc, j, 2 * r) * scale, acc_el(acc, j, 2 * r + 1) * scale);
+    }
+}
+
+/* dk = scale * dka and dv = dva for the keys inside the document (bf16, kv head
+ * kvh's D columns), one dk pair then one dv pair at a time. */
+template <int D, class A>
+__device__ __forceinline__ void dkdv_store(bf16 *dk, int lddk, bf16 *dv, int lddv, int kvh, int start, int len,
+                                           const int (&key)[2], const A &dka, const A &dva, float scale)
+{
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (key[r] >= len) continue;
+        size_t t = (size_t)start + key[r];
+        bf16 *krow = dk + t * lddk + (size_t)kvh * D + 2 * (lane % 4);
+        bf16 *vrow = dv + t * lddv + (size_t)kvh * D + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            *(__nv_bfloat162 *)(krow + j * 8) =
+                __floats2bfloat162_rn(acc_el(dka, j, 2 * r) * scale, acc_el(dka, j, 2 * r + 1) * scale);
+            *(__nv_bfloat162 *)(vrow + j * 8) =
+                __floats2bfloat162_rn(acc_el(dva, j, 2 * r), acc_el(dva, j, 2 * r + 1));
+        }
+    }
+}
+
+// ---- wgmma tiles and products (attention_fwd_sm90.cu, attention_bwd_sm90.cu) ----
+
+/* Shared-memory tiles are D / 64 panels of ROWS rows x 128 bytes in the 128-byte
+ * swizzle (wgmma.cuh), 1024-byte aligned. Bytes of one panel of a ROWS-row tile,
+ * and of a ROWS x D tile: */
+template <int ROWS> __host__ __device__ constexpr uint32_t sw_panel() { return (uint32_t)ROWS * 128; }
+template <int D, int ROWS> __host__ __device__ constexpr uint32_t sw_tile_bytes() { return (uint32_t)ROWS * D * 2; }
+
+/* ROWS x D tile from global (row r at g + r*ld) into the swizzled panels at shared
+ * address s, asynchronously; rows >= valid (valid >= 1) are zero-filled. 16-byte
+ * chunk c of row r goes to panel c / 8 at swz(r, c % 8). */
+template <int D, int ROWS>
+__device__ __forceinline__ void load_rows_sw(uint32_t s, const bf16 *g, size_t ld, int valid)
+{
+    constexpr int CH = D / 8, N = ROWS * CH;
+    static_assert(N % THREADS == 0, "tile chunks must divide evenly over the block");
+#pragma unroll
+    for (int it = 0; it < N / THREADS; it++) {
+        const int c = it * THREADS + threadIdx.x, r = c / CH, ch = c % CH;
+        const bool ok = r < valid;
+        cp_async16_s(s + (ch / 8) * sw_panel<ROWS>() + swz(r, ch % 8), g + (size_t)(ok ? r : 0) * ld + ch * 8, ok);
+    }
+}
+
+/* Issues d = A B^T as one wgmma group (S = Q K^T and its kin): A a 64 x D tile at
+ * sa, B an N x D tile at sb, both rows along D (K-major). Step ks covers D columns
+ * [16 ks, 16 ks + 16): panel ks / 4, 32 bytes per step into the 128-byte rows.
+ * Both issue functions start with a fence: it orders the thread's earlier writes
+ * of d (and of a) before the products (without it, in a branch that issues one,
+ * ptxas injects one itself and says so, C7519). */
+template <int D, int N>
+__device__ __forceinline__ void abt_issue(float (&d)[N / 2], uint32_t sa, uint32_t sb)
+{
+    static_assert(N == 32 || N == 64, "abt_issue: N = 32 or 64");
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        const uint64_t da = wgmma_desc(sa + (ks / 4) * sw_panel<TILE>() + (ks % 4) * 32, 16, 1024);
+        const uint64_t db = wgmma_desc(sb + (ks / 4) * sw_panel<N>() + (ks % 4) * 32, 16, 1024);
+        if constexpr (N == 64) wgmma_m64n64k16_ss<false>(d, da, db, ks > 0);
+        else wgmma_m64n32k16_ss<false>(d, da, db, ks > 0);
+    }
+    wgmma_commit();
+}
+
+/* The bf16 A fragments of a 64 x N wgmma accumulator tile, one per 16 columns
+ * (wgmma.cuh: columns [16 kk, 16 kk + 16) are d[8 kk .. 8 kk + 7] in pairs). */
+template <int N> __device__ __forceinline__ void pack_frags(uint32_t (&a)[N / 16][4], const float (&d)[N / 2])
+{
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) a[kk][r] = pack_bf16(d[8 * kk + 2 * r], d[8 * kk + 2 * r + 1]);
+}
+
+/* Issues acc += A B as one wgmma group (O += P V and its kin): A (64 x KR) as bf16
+ * fragments a, one per 16 columns (pack_frags); B a KR x D tile at sb (D
+ * contiguous: MN-major, the transpose bit). Step kk covers B's rows from 16 kk
+ * (2048 bytes per step), its D columns in D / 64 panels of KR rows (LBO = one panel). */
+template <int D, int KR>
+__device__ __forceinline__ void ab_issue(float (&acc)[D / 2], const uint32_t (&a)[KR / 16][4], uint32_t sb)
+{
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KR / 16; kk++) {
+        const uint64_t db = wgmma_desc(sb + kk * 16 * 128, sw_panel<KR>(), 1024);
+        if constexpr (D == 128) wgmma_m64n128k16_rs<true>(acc, a[kk], db, 1);
+        else wgmma_m64n64k16_rs<true>(acc, a[kk], db, 1);
+    }
+    wgmma_commit();
+}
+
+// ---- host side ----
 
 /* The outputs whose padding rows (past cu_seqlens[n_docs]) are zeroed. */
 struct tail_zero {

@@ -44,16 +44,13 @@ attn_bwd_dq_kernel(bf16 *dq, int lddq, const bf16 *dout, int lddo, const float *
     constexpr int TS = TILE * Cfg<D>::ROW;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16 *Qs = (bf16 *)smem_raw, *dOs = Qs + TS, *Ks = dOs + TS, *Vs = Ks + 2 * TS; /* K, V: two stages */
-    const int h = blockIdx.x % nq, kvh = h / group;
-    const int4 tl = tiles[blockIdx.x / nq];
-    const int start = tl.x, len = tl.y;
+    const auto [h, start, len, tile] = work_entry_of(tiles, nq);
+    const int kvh = h / group;
     if (len == 0) return;
-    const int q0 = ((len + TILE - 1) / TILE - 1 - tl.z) * TILE;
+    const int q0 = ((len + TILE - 1) / TILE - 1 - tile) * TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    const int kmin = window > 0 ? max(0, q0 - window + 1) / TILE * TILE : 0;
-    const int kend = min(len, q0 + TILE);
-    const int n = (kend - kmin + TILE - 1) / TILE;
+    const auto [kmin, n] = key_tiles(q0, len, window);
     const bf16 *kb = k + (size_t)start * ldk + (size_t)kvh * D, *vb = v + (size_t)start * ldv + (size_t)kvh * D;
     load_tile_async<D, TILE>(Qs, q + (size_t)(start + q0) * ldq + (size_t)h * D, ldq, min(TILE, len - q0));
     load_tile_async<D, TILE>(dOs, dout + (size_t)(start + q0) * lddo + (size_t)h * D, lddo, min(TILE, len - q0));
@@ -63,12 +60,7 @@ attn_bwd_dq_kernel(bf16 *dq, int lddq, const bf16 *dout, int lddo, const float *
 
     const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
     float lse2r[2], dl[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        size_t t = (size_t)h * T + start + row[r];
-        lse2r[r] = row[r] < len ? lse2[t] : 0.0f;
-        dl[r] = row[r] < len ? delta[t] : 0.0f;
-    }
+    load_row_stats(lse2r, dl, lse2, delta, h, T, start, row, len);
     float acc[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
@@ -76,37 +68,17 @@ attn_bwd_dq_kernel(bf16 *dq, int lddq, const bf16 *dout, int lddo, const float *
     for (int it = 0; it < n; it++) {
         const int k0 = kmin + it * TILE;
         const bf16 *Kc = Ks + (it & 1) * TS, *Vc = Vs + (it & 1) * TS;
-        if (it + 1 < n) {
-            const int kn = k0 + TILE;
-            load_tile_async<D, TILE>(Ks + ((it + 1) & 1) * TS, kb + (size_t)kn * ldk, ldk, min(TILE, len - kn));
-            load_tile_async<D, TILE>(Vs + ((it + 1) & 1) * TS, vb + (size_t)kn * ldv, ldv, min(TILE, len - kn));
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        kv_prefetch<D>(Ks + ((it + 1) & 1) * TS, Vs + ((it + 1) & 1) * TS, kb, ldk, vb, ldv, it + 1 < n,
+                       k0 + TILE, len);
         __syncthreads(); /* stage it & 1 (and, at it = 0, Q and dO) has landed */
 
         float s[TILE / 8][4], dp[TILE / 8][4];
 #pragma unroll
         for (int i = 0; i < TILE / 8; i++)
             s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            uint32_t qa[4], da[4];
-            ldsm_a<D>(qa, Qs, warp * 16, kk * 16);
-            ldsm_a<D>(da, dOs, warp * 16, kk * 16);
-#pragma unroll
-            for (int j = 0; j < TILE / 16; j++) {
-                uint32_t b[4];
-                ldsm_bt<D>(b, Kc, j * 16, kk * 16);
-                mma16816(s[2 * j], qa, b[0], b[1]);
-                mma16816(s[2 * j + 1], qa, b[2], b[3]);
-                ldsm_bt<D>(b, Vc, j * 16, kk * 16);
-                mma16816(dp[2 * j], da, b[0], b[1]);
-                mma16816(dp[2 * j + 1], da, b[2], b[3]);
-            }
-        }
+        mma_abt_pair<D, TILE>(s, dp, Qs, dOs, Kc, Vc, warp);
+        /* mask_tile, written out: through the helper ptxas schedules this kernel
+         * differently (the other kernels call it). */
         if (needs_mask(q0, TILE, k0, len, window)) {
 #pragma unroll
             for (int nt = 0; nt < TILE / 8; nt++)
@@ -124,29 +96,10 @@ attn_bwd_dq_kernel(bf16 *dq, int lddq, const bf16 *dout, int lddo, const float *
                 dp[nt][e] = p * (dp[nt][e] - dl[e / 2]);
             }
         }
-#pragma unroll
-        for (int kk = 0; kk < TILE / 16; kk++) {
-            uint32_t a[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]), pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
-                             pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                             pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
-#pragma unroll
-            for (int j = 0; j < D / 16; j++) {
-                uint32_t b[4];
-                ldsm_b<D>(b, Kc, kk * 16, j * 16);
-                mma16816(acc[2 * j], a, b[0], b[1]);
-                mma16816(acc[2 * j + 1], a, b[2], b[3]);
-            }
-        }
+        mma_pb<D, TILE>(acc, dp, Kc);
         __syncthreads(); /* stage it & 1 is consumed */
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (row[r] >= len) continue;
-        bf16 *drow = dq + ((size_t)start + row[r]) * lddq + (size_t)h * D + 2 * (lane % 4);
-#pragma unroll
-        for (int i = 0; i < D / 8; i++)
-            *(__nv_bfloat162 *)(drow + i * 8) = __floats2bfloat162_rn(acc[i][2 * r] * scale, acc[i][2 * r + 1] * scale);
-    }
+    dq_store<D>(dq, lddq, h, start, len, row, acc, scale);
 }
 
 /* dk, dv for one 64-key tile of one kv head, summed over its query heads:
@@ -165,11 +118,10 @@ attn_bwd_dkdv_kernel(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, i
     bf16 *Ks = (bf16 *)smem_raw, *Vs = Ks + TILE * ROW;
     bf16 *Qs = Vs + TILE * ROW, *dOs = Qs + 2 * QS;            /* two stages each */
     float *lse2_s = (float *)(dOs + 2 * QS), *dl_s = lse2_s + 2 * QT; /* (2, QT) each */
-    const int kvh = blockIdx.x % nkv;
-    const int4 tl = tiles[blockIdx.x / nkv];
-    const int start = tl.x, len = tl.y;
+    const work_entry w = work_entry_of(tiles, nkv); /* no structured binding: issue() captures these */
+    const int kvh = w.head, start = w.start, len = w.len;
     if (len == 0) return;
-    const int k0 = tl.z * TILE;
+    const int k0 = w.tile * TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     /* Queries that see some key of this tile: i >= k0 and i < k0 + TILE - 1 + window. */
@@ -179,12 +131,7 @@ attn_bwd_dkdv_kernel(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, i
         const int h = kvh * group + step / nqt, q0 = k0 + (step % nqt) * QT, valid = min(QT, len - q0);
         load_tile_async<D, QT>(Qs + stage * QS, q + (size_t)(start + q0) * ldq + (size_t)h * D, ldq, valid);
         load_tile_async<D, QT>(dOs + stage * QS, dout + (size_t)(start + q0) * lddo + (size_t)h * D, lddo, valid);
-        if (threadIdx.x < 2 * QT) {
-            const int i = threadIdx.x % QT;
-            const bool ok = i < valid;
-            const float *src = (threadIdx.x < QT ? lse2 : delta) + (size_t)h * T + start + q0 + (ok ? i : 0);
-            cp_async4((threadIdx.x < QT ? lse2_s : dl_s) + stage * QT + i, src, ok);
-        }
+        load_step_stats<QT>(lse2_s, dl_s, stage, lse2, delta, h, T, start, q0, valid);
     };
     load_tile_async<D, TILE>(Ks, k + (size_t)(start + k0) * ldk + (size_t)kvh * D, ldk, min(TILE, len - k0));
     load_tile_async<D, TILE>(Vs, v + (size_t)(start + k0) * ldv + (size_t)kvh * D, ldv, min(TILE, len - k0));
@@ -214,32 +161,10 @@ attn_bwd_dkdv_kernel(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, i
 #pragma unroll
         for (int i = 0; i < QT / 8; i++)
             s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            uint32_t ka[4], va[4];
-            ldsm_a<D>(ka, Ks, warp * 16, kk * 16);
-            ldsm_a<D>(va, Vs, warp * 16, kk * 16);
-#pragma unroll
-            for (int j = 0; j < QT / 16; j++) {
-                uint32_t b[4];
-                ldsm_bt<D>(b, Qc, j * 16, kk * 16);
-                mma16816(s[2 * j], ka, b[0], b[1]);
-                mma16816(s[2 * j + 1], ka, b[2], b[3]);
-                ldsm_bt<D>(b, dOc, j * 16, kk * 16);
-                mma16816(dp[2 * j], va, b[0], b[1]);
-                mma16816(dp[2 * j + 1], va, b[2], b[3]);
-            }
-        }
+        mma_abt_pair<D, QT>(s, dp, Ks, Vs, Qc, dOc, warp);
         /* s holds S^T (keys x queries): element e of n-tile nt is key key[e/2],
          * query q0 + nt*8 + 2*(lane%4) + (e&1). Now P^T -> s, dS^T -> dp. */
-        if (needs_mask(q0, QT, k0, len, window)) {
-#pragma unroll
-            for (int nt = 0; nt < QT / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (!visible(q0 + nt * 8 + 2 * (lane % 4) + (e & 1), key[e / 2], len, window))
-                        s[nt][e] = -INFINITY;
-        }
+        if (needs_mask(q0, QT, k0, len, window)) mask_tile<true>(s, key, q0, len, window);
 #pragma unroll
         for (int nt = 0; nt < QT / 8; nt++) {
 #pragma unroll
@@ -271,18 +196,7 @@ attn_bwd_dkdv_kernel(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, i
         }
         __syncthreads(); /* this stage is consumed */
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (key[r] >= len) continue;
-        size_t t = (size_t)start + key[r];
-        bf16 *krow = dk + t * lddk + (size_t)kvh * D + 2 * (lane % 4);
-        bf16 *vrow = dv + t * lddv + (size_t)kvh * D + 2 * (lane % 4);
-#pragma unroll
-        for (int i = 0; i < D / 8; i++) {
-            *(__nv_bfloat162 *)(krow + i * 8) = __floats2bfloat162_rn(dka[i][2 * r] * scale, dka[i][2 * r + 1] * scale);
-            *(__nv_bfloat162 *)(vrow + i * 8) = __floats2bfloat162_rn(dva[i][2 * r], dva[i][2 * r + 1]);
-        }
-    }
+    dkdv_store<D>(dk, lddk, dv, lddv, kvh, start, len, key, dka, dva, scale);
 }
 
 // ---- launchers ----

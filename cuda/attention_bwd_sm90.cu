@@ -58,72 +58,17 @@
 #include "wgmma.cuh"
 
 namespace sm90b {
-/* Bytes of one 64-column panel of a ROWS-row tile, and of a ROWS x D tile. */
-template <int ROWS> __host__ __device__ constexpr uint32_t panel() { return (uint32_t)ROWS * 128; }
-template <int D, int ROWS> __host__ __device__ constexpr uint32_t tile_bytes() { return (uint32_t)ROWS * D * 2; }
 /* dq: Q, dO, 3 K stages, 2 V stages; dk/dv: K, V, 3 stages of Q, dO (QT rows) and
  * of lse2, delta (QT floats); + slack to align the base to 1024 bytes. */
-template <int D> constexpr size_t dq_smem() { return 7 * (size_t)tile_bytes<D, TILE>() + 1024; }
+template <int D> constexpr size_t dq_smem() { return 7 * (size_t)sw_tile_bytes<D, TILE>() + 1024; }
 template <int D> constexpr size_t dkdv_smem()
 {
-    return 2 * (size_t)tile_bytes<D, TILE>() + 6 * (size_t)tile_bytes<D, Cfg<D>::QT>() +
+    return 2 * (size_t)sw_tile_bytes<D, TILE>() + 6 * (size_t)sw_tile_bytes<D, Cfg<D>::QT>() +
            6 * (size_t)Cfg<D>::QT * sizeof(float) + 1024;
 }
 }
 
 // ---- kernels ----
-
-/* ROWS x D tile from global (row r at g + r*ld) into the swizzled panels at shared
- * address s, asynchronously; rows >= valid (valid >= 1) are zero-filled. 16-byte
- * chunk c of row r goes to panel c / 8 at swz(r, c % 8). */
-template <int D, int ROWS>
-static __device__ __forceinline__ void load_rows_sw(uint32_t s, const bf16 *g, size_t ld, int valid)
-{
-    constexpr int CH = D / 8, N = ROWS * CH;
-    static_assert(N % THREADS == 0, "tile chunks must divide evenly over the block");
-#pragma unroll
-    for (int it = 0; it < N / THREADS; it++) {
-        const int c = it * THREADS + threadIdx.x, r = c / CH, ch = c % CH;
-        const bool ok = r < valid;
-        cp_async16_s(s + (ch / 8) * sm90b::panel<ROWS>() + swz(r, ch % 8), g + (size_t)(ok ? r : 0) * ld + ch * 8, ok);
-    }
-}
-
-/* Issues d = A B^T as one wgmma group: A a 64 x D tile at sa, B an N x D tile at sb,
- * both rows along D (K-major). Step ks covers D columns [16 ks, 16 ks + 16): panel
- * ks / 4, 32 bytes per step into the 128-byte rows (the forward's qk_issue). The
- * fence orders the thread's earlier writes of d before the products. */
-template <int D, int N>
-static __device__ __forceinline__ void abt_issue(float (&d)[N / 2], uint32_t sa, uint32_t sb)
-{
-    static_assert(N == 32 || N == 64, "abt_issue: N = 32 or 64");
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        const uint64_t da = wgmma_desc(sa + (ks / 4) * sm90b::panel<TILE>() + (ks % 4) * 32, 16, 1024);
-        const uint64_t db = wgmma_desc(sb + (ks / 4) * sm90b::panel<N>() + (ks % 4) * 32, 16, 1024);
-        if constexpr (N == 64) wgmma_m64n64k16_ss<false>(d, da, db, ks > 0);
-        else wgmma_m64n32k16_ss<false>(d, da, db, ks > 0);
-    }
-    wgmma_commit();
-}
-
-/* Issues acc += A B as one wgmma group: A (64 x KR) as bf16 fragments a, one per
- * 16 columns; B a KR x D tile at sb (D contiguous: MN-major). Step kk covers B's
- * rows from 16 kk (2048 bytes per step), its D columns in D / 64 panels of KR rows
- * (LBO = one panel) — the forward's pv_issue with KR-row panels. */
-template <int D, int KR>
-static __device__ __forceinline__ void ab_issue(float (&acc)[D / 2], const uint32_t (&a)[KR / 16][4], uint32_t sb)
-{
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KR / 16; kk++) {
-        const uint64_t db = wgmma_desc(sb + kk * 16 * 128, sm90b::panel<KR>(), 1024);
-        if constexpr (D == 128) wgmma_m64n128k16_rs<true>(acc, a[kk], db, 1);
-        else wgmma_m64n64k16_rs<true>(acc, a[kk], db, 1);
-    }
-    wgmma_commit();
-}
 
 /* Commits an empty wgmma group (PTX: a commit with nothing issued makes one), so
  * that the first step, which has no previous dq or dk product, keeps the wait
@@ -133,17 +78,6 @@ static __device__ __forceinline__ void empty_group()
 {
     wgmma_fence();
     wgmma_commit();
-}
-
-/* A fragments of a 64 x N accumulator tile, rounded to bf16 (wgmma.cuh: columns
- * [16 kk, 16 kk + 16) are d[8 kk .. 8 kk + 7] in pairs). */
-template <int N>
-static __device__ __forceinline__ void pack_frags(uint32_t (&a)[N / 16][4], const float (&d)[N / 2])
-{
-#pragma unroll
-    for (int kk = 0; kk < N / 16; kk++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) a[kk][r] = pack_bf16(d[8 * kk + 2 * r], d[8 * kk + 2 * r + 1]);
 }
 
 /* dq for one 64-query tile of one head: dS = P (dP - delta), dq = scale * dS K.
@@ -157,20 +91,17 @@ attn_bwd_dq_sm90_kernel(bf16 *dq, int lddq, const bf16 *dout, int lddo, const fl
                         float scale, float scale_log2, int window)
 {
     static_assert(D == 64 || D == 128, "wgmma backward: D = 64 or 128");
-    constexpr uint32_t TB = sm90b::tile_bytes<D, TILE>();
+    constexpr uint32_t TB = sw_tile_bytes<D, TILE>();
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t sq = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
     const uint32_t sdo = sq + TB, sk = sdo + TB, sv = sk + 3 * TB; /* K: 3 stages, V: 2 */
-    const int h = blockIdx.x % nq, kvh = h / group;
-    const int4 tl = tiles[blockIdx.x / nq];
-    const int start = tl.x, len = tl.y;
+    const auto [h, start, len, tile] = work_entry_of(tiles, nq);
+    const int kvh = h / group;
     if (len == 0) return;
-    const int q0 = ((len + TILE - 1) / TILE - 1 - tl.z) * TILE;
+    const int q0 = ((len + TILE - 1) / TILE - 1 - tile) * TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    const int kmin = window > 0 ? max(0, q0 - window + 1) / TILE * TILE : 0;
-    const int kend = min(len, q0 + TILE);
-    const int n = (kend - kmin + TILE - 1) / TILE;
+    const auto [kmin, n] = key_tiles(q0, len, window);
     const bf16 *kb = k + (size_t)start * ldk + (size_t)kvh * D, *vb = v + (size_t)start * ldv + (size_t)kvh * D;
     load_rows_sw<D, TILE>(sq, q + (size_t)(start + q0) * ldq + (size_t)h * D, ldq, min(TILE, len - q0));
     load_rows_sw<D, TILE>(sdo, dout + (size_t)(start + q0) * lddo + (size_t)h * D, lddo, min(TILE, len - q0));
@@ -180,12 +111,7 @@ attn_bwd_dq_sm90_kernel(bf16 *dq, int lddq, const bf16 *dout, int lddo, const fl
 
     const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
     float lse2r[2], dl[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        size_t t = (size_t)h * T + start + row[r];
-        lse2r[r] = row[r] < len ? lse2[t] : 0.0f;
-        dl[r] = row[r] < len ? delta[t] : 0.0f;
-    }
+    load_row_stats(lse2r, dl, lse2, delta, h, T, start, row, len);
     float s[32], dp[32], acc[D / 2];
 #pragma unroll
     for (int i = 0; i < 32; i++) s[i] = dp[i] = 0.0f;
@@ -211,12 +137,7 @@ attn_bwd_dq_sm90_kernel(bf16 *dq, int lddq, const bf16 *dout, int lddo, const fl
         wgmma_wait<2>(); /* S only: dP and dq += dS_{it-1} K_{it-1} keep running */
         wgmma_acc_fence(s);
 
-        if (needs_mask(q0, TILE, k0, len, window)) {
-#pragma unroll
-            for (int i = 0; i < 32; i++)
-                if (!visible(row[(i >> 1) & 1], k0 + (i / 4) * 8 + 2 * (lane % 4) + (i & 1), len, window))
-                    s[i] = -INFINITY;
-        }
+        if (needs_mask(q0, TILE, k0, len, window)) mask_tile<false>(s, row, k0, len, window);
 #pragma unroll
         for (int i = 0; i < 32; i++) s[i] = exp2f(s[i] * scale_log2 - lse2r[(i >> 1) & 1]); /* masked: 0 */
 
@@ -230,15 +151,7 @@ attn_bwd_dq_sm90_kernel(bf16 *dq, int lddq, const bf16 *dout, int lddo, const fl
     ab_issue<D, TILE>(acc, ds, sk + ((n - 1) % 3) * TB);
     wgmma_wait<0>();
     wgmma_acc_fence(acc);
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (row[r] >= len) continue;
-        bf16 *drow = dq + ((size_t)start + row[r]) * lddq + (size_t)h * D + 2 * (lane % 4);
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *(__nv_bfloat162 *)(drow + j * 8) =
-                __floats2bfloat162_rn(acc[4 * j + 2 * r] * scale, acc[4 * j + 2 * r + 1] * scale);
-    }
+    dq_store<D>(dq, lddq, h, start, len, row, acc, scale);
 }
 
 /* dk, dv for one 64-key tile of one kv head, summed over its query heads: dv =
@@ -255,17 +168,16 @@ attn_bwd_dkdv_sm90_kernel(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *do
 {
     static_assert(D == 64 || D == 128, "wgmma backward: D = 64 or 128");
     constexpr int QT = Cfg<D>::QT;
-    constexpr uint32_t TB = sm90b::tile_bytes<D, TILE>(), QB = sm90b::tile_bytes<D, QT>();
+    constexpr uint32_t TB = sw_tile_bytes<D, TILE>(), QB = sw_tile_bytes<D, QT>();
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     const uint32_t sk = (raw + 1023u) & ~1023u, sv = sk + TB;
     const uint32_t sq = sv + TB, sdo = sq + 3 * QB; /* 3 stages each */
     float *lse2_s = (float *)(smem_raw + (sdo + 3 * QB - raw)), *dl_s = lse2_s + 3 * QT; /* (3, QT) each */
-    const int kvh = blockIdx.x % nkv;
-    const int4 tl = tiles[blockIdx.x / nkv];
-    const int start = tl.x, len = tl.y;
+    const work_entry w = work_entry_of(tiles, nkv); /* no structured binding: issue() captures these */
+    const int kvh = w.head, start = w.start, len = w.len;
     if (len == 0) return;
-    const int k0 = tl.z * TILE;
+    const int k0 = w.tile * TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     /* Queries that see some key of this tile: i >= k0 and i < k0 + TILE - 1 + window. */
@@ -275,12 +187,7 @@ attn_bwd_dkdv_sm90_kernel(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *do
         const int h = kvh * group + step / nqt, q0 = k0 + (step % nqt) * QT, valid = min(QT, len - q0);
         load_rows_sw<D, QT>(sq + stage * QB, q + (size_t)(start + q0) * ldq + (size_t)h * D, ldq, valid);
         load_rows_sw<D, QT>(sdo + stage * QB, dout + (size_t)(start + q0) * lddo + (size_t)h * D, lddo, valid);
-        if (threadIdx.x < 2 * QT) {
-            const int i = threadIdx.x % QT;
-            const bool ok = i < valid;
-            const float *src = (threadIdx.x < QT ? lse2 : delta) + (size_t)h * T + start + q0 + (ok ? i : 0);
-            cp_async4((threadIdx.x < QT ? lse2_s : dl_s) + stage * QT + i, src, ok);
-        }
+        load_step_stats<QT>(lse2_s, dl_s, stage, lse2, delta, h, T, start, q0, valid);
     };
     load_rows_sw<D, TILE>(sk, k + (size_t)(start + k0) * ldk + (size_t)kvh * D, ldk, min(TILE, len - k0));
     load_rows_sw<D, TILE>(sv, v + (size_t)(start + k0) * ldv + (size_t)kvh * D, ldv, min(TILE, len - k0));
@@ -313,12 +220,7 @@ attn_bwd_dkdv_sm90_kernel(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *do
         wgmma_wait<2>(); /* S^T only: dP^T and dk += dS^T_{step-1} Q_{step-1} keep running */
         wgmma_acc_fence(s);
 
-        if (needs_mask(q0, QT, k0, len, window)) {
-#pragma unroll
-            for (int i = 0; i < QT / 2; i++)
-                if (!visible(q0 + (i / 4) * 8 + 2 * (lane % 4) + (i & 1), key[(i >> 1) & 1], len, window))
-                    s[i] = -INFINITY;
-        }
+        if (needs_mask(q0, QT, k0, len, window)) mask_tile<true>(s, key, q0, len, window);
 #pragma unroll
         for (int i = 0; i < QT / 2; i++)
             s[i] = exp2f(s[i] * scale_log2 - lse2c[(i / 4) * 8 + 2 * (lane % 4) + (i & 1)]); /* masked: 0 */
@@ -336,19 +238,7 @@ attn_bwd_dkdv_sm90_kernel(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *do
     wgmma_wait<0>();
     wgmma_acc_fence(dka);
     wgmma_acc_fence(dva);
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (key[r] >= len) continue;
-        size_t t = (size_t)start + key[r];
-        bf16 *krow = dk + t * lddk + (size_t)kvh * D + 2 * (lane % 4);
-        bf16 *vrow = dv + t * lddv + (size_t)kvh * D + 2 * (lane % 4);
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            *(__nv_bfloat162 *)(krow + j * 8) =
-                __floats2bfloat162_rn(dka[4 * j + 2 * r] * scale, dka[4 * j + 2 * r + 1] * scale);
-            *(__nv_bfloat162 *)(vrow + j * 8) = __floats2bfloat162_rn(dva[4 * j + 2 * r], dva[4 * j + 2 * r + 1]);
-        }
-    }
+    dkdv_store<D>(dk, lddk, dv, lddv, kvh, start, len, key, dka, dva, scale);
 }
 
 // ---- launchers ----

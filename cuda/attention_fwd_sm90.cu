@@ -45,62 +45,11 @@
 #include "wgmma.cuh"
 
 namespace sm90 {
-constexpr uint32_t PANEL = TILE * 128; /* 64 rows x 64 columns: one swizzled panel */
-template <int D> __host__ __device__ constexpr uint32_t tile_bytes() { return (uint32_t)TILE * D * 2; }
 /* Q + 2 K stages + 3 V stages, + slack to align the base to 1024 bytes. */
-template <int D> constexpr size_t smem_bytes() { return 6 * (size_t)tile_bytes<D>() + 1024; }
+template <int D> constexpr size_t smem_bytes() { return 6 * (size_t)sw_tile_bytes<D, TILE>() + 1024; }
 }
 
 // ---- kernels ----
-
-/* 64 x D tile from global (row r at g + r*ld) into the swizzled panels at shared
- * address s, asynchronously; rows >= valid (valid >= 1) are zero-filled. 16-byte
- * chunk c of row r goes to panel c / 8 at swz(r, c % 8). */
-template <int D>
-__device__ __forceinline__ void load_tile_sw(uint32_t s, const bf16 *g, size_t ld, int valid)
-{
-    constexpr int CH = D / 8, N = TILE * CH;
-    static_assert(N % THREADS == 0, "tile chunks must divide evenly over the block");
-#pragma unroll
-    for (int it = 0; it < N / THREADS; it++) {
-        const int c = it * THREADS + threadIdx.x, r = c / CH, ch = c % CH;
-        const bool ok = r < valid;
-        cp_async16_s(s + (ch / 8) * sm90::PANEL + swz(r, ch % 8), g + (size_t)(ok ? r : 0) * ld + ch * 8, ok);
-    }
-}
-
-/* Issues s = Q K^T for one key tile as one wgmma group. Step ks covers head dims
- * [16 ks, 16 ks + 16): panel ks / 4, 32 bytes per step into the 128-byte rows.
- * Both issue functions start with a fence: the softmax wrote s, o and p since
- * the last products (without it in the branch that issues P V, ptxas injects
- * one itself and says so, C7519). */
-template <int D>
-__device__ __forceinline__ void qk_issue(float (&s)[32], uint32_t sq, uint32_t sk)
-{
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        const uint32_t off = (ks / 4) * sm90::PANEL + (ks % 4) * 32;
-        wgmma_m64n64k16_ss<false>(s, wgmma_desc(sq + off, 16, 1024), wgmma_desc(sk + off, 16, 1024), ks > 0);
-    }
-    wgmma_commit();
-}
-
-/* Issues o += P V for one key tile as one wgmma group. Step kk covers keys
- * [16 kk, 16 kk + 16): P's fragment p[kk], V's rows from 16 kk (2048 bytes per
- * step), its D columns in D / 64 panels (LBO = one panel). */
-template <int D>
-__device__ __forceinline__ void pv_issue(float (&o)[D / 2], const uint32_t (&p)[TILE / 16][4], uint32_t sv)
-{
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < TILE / 16; kk++) {
-        const uint64_t db = wgmma_desc(sv + kk * 16 * 128, sm90::PANEL, 1024);
-        if constexpr (D == 128) wgmma_m64n128k16_rs<true>(o, p[kk], db, 1);
-        else wgmma_m64n64k16_rs<true>(o, p[kk], db, 1);
-    }
-    wgmma_commit();
-}
 
 template <int D>
 __global__ void __launch_bounds__(THREADS, 2)
@@ -109,24 +58,21 @@ attn_fwd_sm90_kernel(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, con
                      int window, const float *sinks)
 {
     static_assert(D == 64 || D == 128, "wgmma forward: D = 64 or 128");
-    constexpr uint32_t TB = sm90::tile_bytes<D>();
+    constexpr uint32_t TB = sw_tile_bytes<D, TILE>();
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t sq = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023u) & ~1023u;
     const uint32_t sk = sq + TB, sv = sk + 2 * TB; /* K: 2 stages, V: 3 */
-    const int h = blockIdx.x % nq, kvh = h / group;
-    const int4 tl = tiles[blockIdx.x / nq];
-    const int start = tl.x, len = tl.y;
+    const auto [h, start, len, tile] = work_entry_of(tiles, nq);
+    const int kvh = h / group;
     if (len == 0) return;
-    const int q0 = ((len + TILE - 1) / TILE - 1 - tl.z) * TILE; /* longest tiles first */
+    const int q0 = ((len + TILE - 1) / TILE - 1 - tile) * TILE; /* longest tiles first */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    const int kmin = window > 0 ? max(0, q0 - window + 1) / TILE * TILE : 0;
-    const int kend = min(len, q0 + TILE);
-    const int n = (kend - kmin + TILE - 1) / TILE;
+    const auto [kmin, n] = key_tiles(q0, len, window);
     const bf16 *kb = k + (size_t)start * ldk + (size_t)kvh * D, *vb = v + (size_t)start * ldv + (size_t)kvh * D;
-    load_tile_sw<D>(sq, q + (size_t)(start + q0) * ldq + (size_t)h * D, ldq, min(TILE, len - q0));
-    load_tile_sw<D>(sk, kb + (size_t)kmin * ldk, ldk, min(TILE, len - kmin));
-    load_tile_sw<D>(sv, vb + (size_t)kmin * ldv, ldv, min(TILE, len - kmin));
+    load_rows_sw<D, TILE>(sq, q + (size_t)(start + q0) * ldq + (size_t)h * D, ldq, min(TILE, len - q0));
+    load_rows_sw<D, TILE>(sk, kb + (size_t)kmin * ldk, ldk, min(TILE, len - kmin));
+    load_rows_sw<D, TILE>(sv, vb + (size_t)kmin * ldv, ldv, min(TILE, len - kmin));
     cp_async_commit();
 
     /* Accumulators (wgmma.cuh): s[4 j + 2 r + e] and o[4 j + 2 r + e] are row
@@ -137,15 +83,9 @@ attn_fwd_sm90_kernel(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, con
 #pragma unroll
     for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
     uint32_t p[TILE / 16][4]; /* P of the previous key tile: bf16 A fragments, one per 16 keys */
-    /* The sink is a logit with no value row: it starts the running max and (once
-     * per row) the sum. */
     const int row[2] = {q0 + warp * 16 + lane / 4, q0 + warp * 16 + lane / 4 + 8};
     float m[2], l[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        m[r] = sinks ? sinks[h] * LOG2E : -INFINITY;
-        l[r] = sinks && (lane % 4) == 0 ? 1.0f : 0.0f;
-    }
+    softmax_init(m, l, sinks, h);
 
     for (int it = 0; it < n; it++) {
         const int k0 = kmin + it * TILE;
@@ -154,83 +94,38 @@ attn_fwd_sm90_kernel(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, con
         __syncthreads(); /* tile it is visible to wgmma; iteration it - 1's products are retired */
         if (it + 1 < n) {
             const int kn = k0 + TILE;
-            load_tile_sw<D>(sk + ((it + 1) & 1) * TB, kb + (size_t)kn * ldk, ldk, min(TILE, len - kn));
-            load_tile_sw<D>(sv + ((it + 1) % 3) * TB, vb + (size_t)kn * ldv, ldv, min(TILE, len - kn));
+            load_rows_sw<D, TILE>(sk + ((it + 1) & 1) * TB, kb + (size_t)kn * ldk, ldk, min(TILE, len - kn));
+            load_rows_sw<D, TILE>(sv + ((it + 1) % 3) * TB, vb + (size_t)kn * ldv, ldv, min(TILE, len - kn));
             cp_async_commit();
         }
 
-        qk_issue<D>(s, sq, sk + (it & 1) * TB);
+        abt_issue<D, TILE>(s, sq, sk + (it & 1) * TB);
         if (it > 0) {
-            pv_issue<D>(o, p, sv + ((it - 1) % 3) * TB);
+            ab_issue<D, TILE>(o, p, sv + ((it - 1) % 3) * TB);
             wgmma_wait<1>(); /* S only: P_{it-1} V_{it-1} keeps running */
         } else {
             wgmma_wait<0>();
         }
         wgmma_acc_fence(s);
 
-        if (needs_mask(q0, TILE, k0, len, window)) {
-#pragma unroll
-            for (int j = 0; j < TILE / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (!visible(row[e / 2], k0 + j * 8 + 2 * (lane % 4) + (e & 1), len, window))
-                        s[4 * j + e] = -INFINITY;
-        }
+        if (needs_mask(q0, TILE, k0, len, window)) mask_tile<false>(s, row, k0, len, window);
         float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            s[i] *= scale_log2;
-            mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-        }
+        scale_row_max(s, scale_log2, mx);
         float alpha[2], mref[2];
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            float mn = fmaxf(m[r], mx[r]);
-            /* A row that has seen nothing yet keeps m = -inf: exponentiate against 0
-             * so that -inf - -inf never makes a NaN. */
-            mref[r] = mn == -INFINITY ? 0.0f : mn;
-            alpha[r] = exp2f(m[r] - mref[r]);
-            m[r] = mn;
-            l[r] *= alpha[r];
-        }
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            s[i] = exp2f(s[i] - mref[(i >> 1) & 1]);
-            l[(i >> 1) & 1] += s[i];
-        }
+        for (int r = 0; r < 2; r++) mref[r] = softmax_rescale(m[r], l[r], alpha[r], mx[r]);
+        exp_row_sum(s, mref, l);
 
         wgmma_wait<0>(); /* P_{it-1} V_{it-1} is in o, and p is free */
         wgmma_acc_fence(o);
-#pragma unroll
-        for (int i = 0; i < D / 2; i++) o[i] *= alpha[(i >> 1) & 1];
-#pragma unroll
-        for (int kk = 0; kk < TILE / 16; kk++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) p[kk][r] = pack_bf16(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        acc_scale_rows(o, alpha);
+        pack_frags<TILE>(p, s);
     }
-    pv_issue<D>(o, p, sv + ((n - 1) % 3) * TB);
+    ab_issue<D, TILE>(o, p, sv + ((n - 1) % 3) * TB);
     wgmma_wait<0>();
     wgmma_acc_fence(o);
 
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (row[r] >= len) continue;
-        size_t t = (size_t)start + row[r];
-        float inv = 1.0f / l[r];
-        bf16 *orow = out + t * ldo + (size_t)h * D + 2 * (lane % 4);
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *(__nv_bfloat162 *)(orow + j * 8) =
-                __floats2bfloat162_rn(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-        if (lane % 4 == 0) lse[t * nq + h] = (m[r] + log2f(l[r])) * LN2;
-    }
+    fwd_store<D>(out, ldo, lse, nq, h, start, len, row, o, m, l);
 }
 
 // ---- launchers ----

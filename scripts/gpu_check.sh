@@ -7,13 +7,17 @@
 #   parity50  50 training steps, ctune on CUDA (bf16) vs HF + PEFT replaying the
 #             same batches (bf16), tiny and qwen3-0.6b shapes: max relative loss diff
 #   parity50moe  the same on tiny qwen3_moe and gpt_oss models (experts adapted)
+#   sanitize  compute-sanitizer memcheck (2 steps) and racecheck (1 step) of training
+#             on the qwen3-0.6b shape cut to 2 layers (head_dim 128: the wgmma
+#             attention kernels; the tiny models' head_dim 32 runs mma.sync), with
+#             checkpointing and offload on, and on tiny qwen3 (head_dim 32)
 #   bench     scripts/bench.sh (ctune vs HF + PEFT, qwen3-0.6b shape)
 # Logs and results go to $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 B=${BUILD:-build}
-SECTIONS=${GPU_SECTIONS:-"kernels fixtures parity50 parity50moe bench"}
+SECTIONS=${GPU_SECTIONS:-"kernels fixtures parity50 parity50moe sanitize bench"}
 has() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
@@ -62,6 +66,28 @@ if has parity50moe; then
     parity50 qwen3_moe configs/models/tiny-moe/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3
     echo "== 50-step parity, tiny gpt_oss"
     parity50 gpt_oss configs/models/tiny-gpt-oss/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3
+fi
+
+# sanitize_run NAME TOOL STEPS MODEL_DIR: a short training run under compute-sanitizer
+sanitize_run() {
+    local name=$1 tool=$2 steps=$3 model=$4
+    timeout 600 compute-sanitizer --tool "$tool" --error-exitcode 9 "$B/ctune" train configs/tiny.yaml \
+        --set model="$model" --set output_dir=/tmp/san-$name-$tool --set device=cuda \
+        --set training.max_steps=$steps --set training.warmup_steps=1 --set training.eval_steps=0 \
+        --set data.tokens_per_micro_batch=2048 --set data.max_length=1024 \
+        --set memory.gradient_checkpointing=true --set memory.activation_offload=on >"$OUT/san-$name-$tool.log" 2>&1
+    echo "$name $tool: rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$name-$tool.log" | tail -n 1)"
+}
+
+if has sanitize; then
+    echo "== compute-sanitizer"
+    python3 -c "import json; c=json.load(open('configs/models/qwen3-0.6b/config.json')); c['num_hidden_layers']=2; json.dump(c, open('/tmp/q2.json','w'))"
+    "$B/ctune" init --config /tmp/q2.json --out /tmp/san-q2 --seed 1 >/dev/null
+    "$B/ctune" init --config configs/models/tiny-qwen3/config.json --out /tmp/san-tq --seed 1 >/dev/null
+    for m in q2 tq; do
+        sanitize_run $m memcheck 2 /tmp/san-$m
+        sanitize_run $m racecheck 1 /tmp/san-$m
+    done
 fi
 
 if has bench; then

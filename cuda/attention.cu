@@ -41,6 +41,13 @@
  * H200, hd128 4k documents: 344 TFLOP/s against mma.sync's 242; every attention
  * test passes on both). D = 32 always runs mma.sync.
  *
+ * Forward, warp-specialized (attention_fwd_sm90_2wg.cu, D = 64 and 128,
+ * CTUNE_ATTN_FWD=wgmma2): FlashAttention-3's structure over a work list of
+ * 128-query tiles (the same scan, ROWS = 128): a producer warpgroup loads Q, K
+ * and V with TMA into mbarrier-guarded stages, two consumer warpgroups (64 queries
+ * each) share every 128-key tile and take turns on the tensor cores. Not yet run
+ * on a GPU; wgmma stays the default until it is validated and measured.
+ *
  * Backward on wgmma (attention_bwd_sm90.cu, D = 64 and 128): the same two
  * deterministic kernels and work list, one warpgroup per 64-query (dq) or 64-key
  * (dk/dv) tile, all four products on wgmma. CTUNE_ATTN_BWD=wgmma|mma, read next to
@@ -91,8 +98,9 @@
 // ---- kernels ----
 
 /* The work list (see the header): tiles[t] = {start, len, tile index in its
- * document, 0} for t < the tile count, {0, 0, 0, 0} up to n_slots. tile_off
- * (n_docs + 1) receives each document's first tile. One block. */
+ * document, 0} for t < the tile count, {0, 0, 0, 0} up to n_slots, with tiles of
+ * ROWS queries. tile_off (n_docs + 1) receives each document's first tile. One block. */
+template <int ROWS>
 __global__ void __launch_bounds__(TILES_THREADS)
 attn_tiles_kernel(int4 *tiles, int *tile_off, const int32_t *cu_seqlens, int n_docs, int n_slots)
 {
@@ -103,7 +111,7 @@ attn_tiles_kernel(int4 *tiles, int *tile_off, const int32_t *cu_seqlens, int n_d
     __syncthreads();
     for (int d0 = 0; d0 < n_docs; d0 += TILES_THREADS) {
         int d = d0 + threadIdx.x;
-        int n = d < n_docs ? (cu_seqlens[d + 1] - cu_seqlens[d] + TILE - 1) / TILE : 0;
+        int n = d < n_docs ? (cu_seqlens[d + 1] - cu_seqlens[d] + ROWS - 1) / ROWS : 0;
         int x = n; /* inclusive scan: lanes, then warps */
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
@@ -253,23 +261,25 @@ void attn_zero_tail(cudaStream_t st, const tail_zero &z, const int32_t *cu_seqle
 }
 
 /* Entries of the work list: at least the number of tiles, from host sizes only.
- * sum_d ceil(len_d / 64) <= (sum_d len_d + 63 n_docs) / 64 <= (T + 63 n_docs) / 64,
- * and <= n_docs ceil(max_seqlen / 64). */
-size_t attn_tile_slots(int T, int n_docs, int max_seqlen)
+ * sum_d ceil(len_d / R) <= (sum_d len_d + (R - 1) n_docs) / R <= (T + (R - 1) n_docs) / R,
+ * and <= n_docs ceil(max_seqlen / R), for R = rows. */
+size_t attn_tile_slots(int T, int n_docs, int max_seqlen, int rows)
 {
-    size_t a = ((size_t)T + (size_t)(TILE - 1) * n_docs) / TILE;
-    size_t b = (size_t)n_docs * ct_ceil_div((size_t)max_seqlen, TILE);
+    size_t a = ((size_t)T + (size_t)(rows - 1) * n_docs) / rows;
+    size_t b = (size_t)n_docs * ct_ceil_div((size_t)max_seqlen, rows);
     return a < b ? a : b;
 }
 
 /* Carves the work list out of scratch and fills it (two small allocations of
  * the carver: tile_off and tiles). */
 const int4 *attn_build_tiles(cudaStream_t st, scratch_carver *sc, const int32_t *cu, int n_docs,
-                               size_t slots)
+                               size_t slots, int rows)
 {
+    CT_ASSERT(rows == TILE || rows == 2 * TILE, "attention work list: %d-row tiles (64 or 128 are built)", rows);
     int *tile_off = (int *)scratch_take(sc, ((size_t)n_docs + 1) * sizeof(int));
     int4 *tiles = (int4 *)scratch_take(sc, slots * sizeof(int4));
-    attn_tiles_kernel<<<1, TILES_THREADS, 0, st>>>(tiles, tile_off, cu, n_docs, (int)slots);
+    if (rows == TILE) attn_tiles_kernel<TILE><<<1, TILES_THREADS, 0, st>>>(tiles, tile_off, cu, n_docs, (int)slots);
+    else attn_tiles_kernel<2 * TILE><<<1, TILES_THREADS, 0, st>>>(tiles, tile_off, cu, n_docs, (int)slots);
     LAUNCH_CHECK();
     return tiles;
 }
@@ -280,18 +290,21 @@ size_t attn_tiles_bytes(int n_docs, size_t slots)
 
 template <int D> static size_t fwd_smem() { return (size_t)5 * TILE * Cfg<D>::ROW * 2; }
 
-/* Whether cuda_attention_fwd runs the wgmma forward at D = 64 and 128: set from
- * CTUNE_ATTN_FWD by attention_init, i.e. by the latest backend created. */
-static bool fwd_wgmma = false;
+/* The forward cuda_attention_fwd runs at D = 64 and 128: set from CTUNE_ATTN_FWD
+ * by attention_init, i.e. by the latest backend created. */
+enum attn_fwd_kind { ATTN_FWD_KIND_MMA, ATTN_FWD_KIND_WGMMA, ATTN_FWD_KIND_WGMMA2 };
+static attn_fwd_kind fwd_kind = ATTN_FWD_KIND_MMA;
 
-/* CTUNE_ATTN_FWD=wgmma (the default) or mma; anything else is refused by name. */
-static bool fwd_wgmma_from_env(void)
+/* CTUNE_ATTN_FWD=wgmma (the default), wgmma2 or mma; anything else is refused by name. */
+static attn_fwd_kind fwd_kind_from_env(void)
 {
     const char *v = getenv("CTUNE_ATTN_FWD");
-    if (!v || !*v || !strcmp(v, "wgmma")) return true;
-    if (!strcmp(v, "mma")) return false;
-    fprintf(stderr, "ctune: CTUNE_ATTN_FWD=%s is not mma or wgmma\n"
-                    "HINT: unset it (the default is wgmma) or set mma for the mma.sync forward\n", v);
+    if (!v || !*v || !strcmp(v, "wgmma")) return ATTN_FWD_KIND_WGMMA;
+    if (!strcmp(v, "wgmma2")) return ATTN_FWD_KIND_WGMMA2;
+    if (!strcmp(v, "mma")) return ATTN_FWD_KIND_MMA;
+    fprintf(stderr, "ctune: CTUNE_ATTN_FWD=%s is not mma, wgmma or wgmma2\n"
+                    "HINT: unset it (the default is wgmma), or set mma for the mma.sync forward or wgmma2 "
+                    "for the warp-specialized one\n", v);
     exit(CT_ERR_INPUT);
 }
 
@@ -319,8 +332,9 @@ void attention_init(void)
     attention_init_d<64>();
     attention_init_d<128>();
     attn_fwd_sm90_init();
+    attn_fwd_sm90_2wg_init();
     attention_bwd_init(bwd_wgmma_from_env());
-    fwd_wgmma = fwd_wgmma_from_env();
+    fwd_kind = fwd_kind_from_env();
 }
 
 /* Also checks that the 1-D grid of the largest launch (slots x nq blocks) fits. */
@@ -360,13 +374,18 @@ void cuda_attention_fwd(ct_backend *be, void *out, int ldo, float *lse, const vo
     cudaStream_t st = c->stream;
     tail_zero z = {{(bf16 *)out, NULL, NULL}, {ldo, 0, 0}, {nq * D, 0, 0}, lse, nq};
     attn_zero_tail(st, z, cu_seqlens, n_docs, T);
-    size_t slots = attn_tile_slots(T, n_docs, max_seqlen);
+    const attn_fwd_kind kind = D == 32 ? ATTN_FWD_KIND_MMA : fwd_kind;
+    const int rows = kind == ATTN_FWD_KIND_WGMMA2 ? 2 * TILE : TILE; /* queries per work-list tile */
+    size_t slots = attn_tile_slots(T, n_docs, max_seqlen, rows);
     if (slots == 0) return;
     scratch_carver sc = {(char *)cuda_scratch(c, attn_tiles_bytes(n_docs, slots)), 0};
-    const int4 *tiles = attn_build_tiles(st, &sc, cu_seqlens, n_docs, slots);
+    const int4 *tiles = attn_build_tiles(st, &sc, cu_seqlens, n_docs, slots, rows);
     bf16 *o = (bf16 *)out;
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
-    if (fwd_wgmma && D != 32)
+    if (kind == ATTN_FWD_KIND_WGMMA2)
+        attn_fwd_sm90_2wg(o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, T, nq, nkv, D, scale, window, sinks,
+                          st);
+    else if (kind == ATTN_FWD_KIND_WGMMA)
         attn_fwd_sm90(o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, D, scale, window, sinks, st);
     else if (D == 32) fwd_launch<32>(st, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, scale, window, sinks);
     else if (D == 64) fwd_launch<64>(st, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, scale, window, sinks);

@@ -22,6 +22,8 @@
  * the most work go first (the last query tiles for forward and dq, the first key
  * tiles for dk/dv). The host sizes the list from T, n_docs and max_seqlen only
  * (no sync); entries past the real tile count have len 0 and their blocks exit.
+ * The two-warpgroup dk/dv kernel takes a second list of 128-row tiles, built the
+ * same way (attn_build_tiles' rows).
  * This replaced a (docs, max_seqlen / 64, heads) grid in which most blocks of a
  * batch of short documents exited at once, and whose head-slowest order left the
  * longest tiles of the last heads for the end.
@@ -46,7 +48,9 @@
  * (dk/dv) tile, all four products on wgmma. CTUNE_ATTN_BWD=wgmma|mma, read next to
  * CTUNE_ATTN_FWD, picks it; wgmma is the default (H200, hd128 4k documents: 300
  * TFLOP/s against mma.sync's 197; every attention test, bit-reproducibility and
- * the offload/checkpointing bit-identity tests pass on both).
+ * the offload/checkpointing bit-identity tests pass on both). CTUNE_ATTN_BWD=wgmma2
+ * runs dk/dv at D = 128 on two warpgroups per 128-key tile instead, with 64-query
+ * steps (attention_bwd_dkdv_2wg.cu; not yet measured on a GPU).
  *
  * Backward: delta_i = sum_d dout_i out_i first (written head-major, (nq, T), next
  * to lse * log2 e, so that a tile's values are contiguous); then two kernels,
@@ -90,9 +94,10 @@
 
 // ---- kernels ----
 
-/* The work list (see the header): tiles[t] = {start, len, tile index in its
- * document, 0} for t < the tile count, {0, 0, 0, 0} up to n_slots. tile_off
- * (n_docs + 1) receives each document's first tile. One block. */
+/* The work list (see the header) of ROWS-row tiles: tiles[t] = {start, len, tile
+ * index in its document, 0} for t < the tile count, {0, 0, 0, 0} up to n_slots.
+ * tile_off (n_docs + 1) receives each document's first tile. One block. */
+template <int ROWS>
 __global__ void __launch_bounds__(TILES_THREADS)
 attn_tiles_kernel(int4 *tiles, int *tile_off, const int32_t *cu_seqlens, int n_docs, int n_slots)
 {
@@ -103,7 +108,7 @@ attn_tiles_kernel(int4 *tiles, int *tile_off, const int32_t *cu_seqlens, int n_d
     __syncthreads();
     for (int d0 = 0; d0 < n_docs; d0 += TILES_THREADS) {
         int d = d0 + threadIdx.x;
-        int n = d < n_docs ? (cu_seqlens[d + 1] - cu_seqlens[d] + TILE - 1) / TILE : 0;
+        int n = d < n_docs ? (cu_seqlens[d + 1] - cu_seqlens[d] + ROWS - 1) / ROWS : 0;
         int x = n; /* inclusive scan: lanes, then warps */
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
@@ -253,23 +258,25 @@ void attn_zero_tail(cudaStream_t st, const tail_zero &z, const int32_t *cu_seqle
 }
 
 /* Entries of the work list: at least the number of tiles, from host sizes only.
- * sum_d ceil(len_d / 64) <= (sum_d len_d + 63 n_docs) / 64 <= (T + 63 n_docs) / 64,
- * and <= n_docs ceil(max_seqlen / 64). */
-size_t attn_tile_slots(int T, int n_docs, int max_seqlen)
+ * With R = rows: sum_d ceil(len_d / R) <= (sum_d len_d + (R - 1) n_docs) / R <=
+ * (T + (R - 1) n_docs) / R, and <= n_docs ceil(max_seqlen / R). */
+size_t attn_tile_slots(int T, int n_docs, int max_seqlen, int rows)
 {
-    size_t a = ((size_t)T + (size_t)(TILE - 1) * n_docs) / TILE;
-    size_t b = (size_t)n_docs * ct_ceil_div((size_t)max_seqlen, TILE);
+    size_t a = ((size_t)T + (size_t)(rows - 1) * n_docs) / (size_t)rows;
+    size_t b = (size_t)n_docs * ct_ceil_div((size_t)max_seqlen, (size_t)rows);
     return a < b ? a : b;
 }
 
 /* Carves the work list out of scratch and fills it (two small allocations of
  * the carver: tile_off and tiles). */
 const int4 *attn_build_tiles(cudaStream_t st, scratch_carver *sc, const int32_t *cu, int n_docs,
-                               size_t slots)
+                               size_t slots, int rows)
 {
+    CT_ASSERT(rows == TILE || rows == 2 * TILE, "attention: work-list tiles of %d rows (64 or 128)", rows);
     int *tile_off = (int *)scratch_take(sc, ((size_t)n_docs + 1) * sizeof(int));
     int4 *tiles = (int4 *)scratch_take(sc, slots * sizeof(int4));
-    attn_tiles_kernel<<<1, TILES_THREADS, 0, st>>>(tiles, tile_off, cu, n_docs, (int)slots);
+    if (rows == TILE) attn_tiles_kernel<TILE><<<1, TILES_THREADS, 0, st>>>(tiles, tile_off, cu, n_docs, (int)slots);
+    else attn_tiles_kernel<2 * TILE><<<1, TILES_THREADS, 0, st>>>(tiles, tile_off, cu, n_docs, (int)slots);
     LAUNCH_CHECK();
     return tiles;
 }
@@ -295,14 +302,16 @@ static bool fwd_wgmma_from_env(void)
     exit(CT_ERR_INPUT);
 }
 
-/* CTUNE_ATTN_BWD=wgmma (the default) or mma; anything else is refused by name. */
-static bool bwd_wgmma_from_env(void)
+/* CTUNE_ATTN_BWD=wgmma (the default), wgmma2 or mma; anything else is refused by name. */
+static attn_bwd_kind bwd_kind_from_env(void)
 {
     const char *v = getenv("CTUNE_ATTN_BWD");
-    if (!v || !*v || !strcmp(v, "wgmma")) return true;
-    if (!strcmp(v, "mma")) return false;
-    fprintf(stderr, "ctune: CTUNE_ATTN_BWD=%s is not mma or wgmma\n"
-                    "HINT: unset it (the default is wgmma) or set mma for the mma.sync backward\n", v);
+    if (!v || !*v || !strcmp(v, "wgmma")) return ATTN_BWD_WGMMA;
+    if (!strcmp(v, "wgmma2")) return ATTN_BWD_WGMMA2;
+    if (!strcmp(v, "mma")) return ATTN_BWD_MMA;
+    fprintf(stderr, "ctune: CTUNE_ATTN_BWD=%s is not mma, wgmma or wgmma2\n"
+                    "HINT: unset it (the default is wgmma), set wgmma2 for the two-warpgroup dk/dv "
+                    "kernel at head_dim 128, or mma for the mma.sync backward\n", v);
     exit(CT_ERR_INPUT);
 }
 
@@ -319,7 +328,7 @@ void attention_init(void)
     attention_init_d<64>();
     attention_init_d<128>();
     attn_fwd_sm90_init();
-    attention_bwd_init(bwd_wgmma_from_env());
+    attention_bwd_init(bwd_kind_from_env());
     fwd_wgmma = fwd_wgmma_from_env();
 }
 
@@ -330,7 +339,7 @@ void attn_check_args(const char *op, int D, int nq, int nkv, int T, int n_docs, 
     CT_ASSERT(D == 32 || D == 64 || D == 128, "%s: head_dim %d is not supported (32, 64, 128 are)", op, D);
     CT_ASSERT(nkv > 0 && nq % nkv == 0, "%s: nq=%d is not a multiple of nkv=%d", op, nq, nkv);
     CT_ASSERT(n_docs >= 0 && max_seqlen >= 0, "%s: n_docs %d, max_seqlen %d", op, n_docs, max_seqlen);
-    CT_ASSERT(attn_tile_slots(T, n_docs, max_seqlen) * nq <= 0x7fffffffu,
+    CT_ASSERT(attn_tile_slots(T, n_docs, max_seqlen, TILE) * nq <= 0x7fffffffu,
               "%s: %d tokens x %d heads is too large for the grid", op, T, nq);
     for (int i = 0; i < n; i++)
         CT_ASSERT(aligned16(ptrs[i]) && lds[i] % 8 == 0,
@@ -360,10 +369,10 @@ void cuda_attention_fwd(ct_backend *be, void *out, int ldo, float *lse, const vo
     cudaStream_t st = c->stream;
     tail_zero z = {{(bf16 *)out, NULL, NULL}, {ldo, 0, 0}, {nq * D, 0, 0}, lse, nq};
     attn_zero_tail(st, z, cu_seqlens, n_docs, T);
-    size_t slots = attn_tile_slots(T, n_docs, max_seqlen);
+    size_t slots = attn_tile_slots(T, n_docs, max_seqlen, TILE);
     if (slots == 0) return;
     scratch_carver sc = {(char *)cuda_scratch(c, attn_tiles_bytes(n_docs, slots)), 0};
-    const int4 *tiles = attn_build_tiles(st, &sc, cu_seqlens, n_docs, slots);
+    const int4 *tiles = attn_build_tiles(st, &sc, cu_seqlens, n_docs, slots, TILE);
     bf16 *o = (bf16 *)out;
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
     if (fwd_wgmma && D != 32)

@@ -22,6 +22,8 @@
  * the most work go first (the last query tiles for forward and dq, the first key
  * tiles for dk/dv). The host sizes the list from T, n_docs and max_seqlen only
  * (no sync); entries past the real tile count have len 0 and their blocks exit.
+ * The two-warpgroup dk/dv kernel takes a second list of 128-row tiles, built the
+ * same way (attn_build_tiles' rows).
  * This replaced a (docs, max_seqlen / 64, heads) grid in which most blocks of a
  * batch of short documents exited at once, and whose head-slowest order left the
  * longest tiles of the last heads for the end.
@@ -53,7 +55,9 @@
  * (dk/dv) tile, all four products on wgmma. CTUNE_ATTN_BWD=wgmma|mma, read next to
  * CTUNE_ATTN_FWD, picks it; wgmma is the default (H200, hd128 4k documents: 300
  * TFLOP/s against mma.sync's 197; every attention test, bit-reproducibility and
- * the offload/checkpointing bit-identity tests pass on both).
+ * the offload/checkpointing bit-identity tests pass on both). CTUNE_ATTN_BWD=wgmma2
+ * runs dk/dv at D = 128 on two warpgroups per 128-key tile instead, with 64-query
+ * steps (attention_bwd_dkdv_2wg.cu; not yet measured on a GPU).
  *
  * Backward: delta_i = sum_d dout_i out_i first (written head-major, (nq, T), next
  * to lse * log2 e, so that a tile's values are contiguous); then two kernels,
@@ -308,14 +312,16 @@ static attn_fwd_kind fwd_kind_from_env(void)
     exit(CT_ERR_INPUT);
 }
 
-/* CTUNE_ATTN_BWD=wgmma (the default) or mma; anything else is refused by name. */
-static bool bwd_wgmma_from_env(void)
+/* CTUNE_ATTN_BWD=wgmma (the default), wgmma2 or mma; anything else is refused by name. */
+static attn_bwd_kind bwd_kind_from_env(void)
 {
     const char *v = getenv("CTUNE_ATTN_BWD");
-    if (!v || !*v || !strcmp(v, "wgmma")) return true;
-    if (!strcmp(v, "mma")) return false;
-    fprintf(stderr, "ctune: CTUNE_ATTN_BWD=%s is not mma or wgmma\n"
-                    "HINT: unset it (the default is wgmma) or set mma for the mma.sync backward\n", v);
+    if (!v || !*v || !strcmp(v, "wgmma")) return ATTN_BWD_WGMMA;
+    if (!strcmp(v, "wgmma2")) return ATTN_BWD_WGMMA2;
+    if (!strcmp(v, "mma")) return ATTN_BWD_MMA;
+    fprintf(stderr, "ctune: CTUNE_ATTN_BWD=%s is not mma, wgmma or wgmma2\n"
+                    "HINT: unset it (the default is wgmma), set wgmma2 for the two-warpgroup dk/dv "
+                    "kernel at head_dim 128, or mma for the mma.sync backward\n", v);
     exit(CT_ERR_INPUT);
 }
 
@@ -333,7 +339,7 @@ void attention_init(void)
     attention_init_d<128>();
     attn_fwd_sm90_init();
     attn_fwd_sm90_2wg_init();
-    attention_bwd_init(bwd_wgmma_from_env());
+    attention_bwd_init(bwd_kind_from_env());
     fwd_kind = fwd_kind_from_env();
 }
 
@@ -344,7 +350,7 @@ void attn_check_args(const char *op, int D, int nq, int nkv, int T, int n_docs, 
     CT_ASSERT(D == 32 || D == 64 || D == 128, "%s: head_dim %d is not supported (32, 64, 128 are)", op, D);
     CT_ASSERT(nkv > 0 && nq % nkv == 0, "%s: nq=%d is not a multiple of nkv=%d", op, nq, nkv);
     CT_ASSERT(n_docs >= 0 && max_seqlen >= 0, "%s: n_docs %d, max_seqlen %d", op, n_docs, max_seqlen);
-    CT_ASSERT(attn_tile_slots(T, n_docs, max_seqlen) * nq <= 0x7fffffffu,
+    CT_ASSERT(attn_tile_slots(T, n_docs, max_seqlen, TILE) * nq <= 0x7fffffffu,
               "%s: %d tokens x %d heads is too large for the grid", op, T, nq);
     for (int i = 0; i < n; i++)
         CT_ASSERT(aligned16(ptrs[i]) && lds[i] % 8 == 0,

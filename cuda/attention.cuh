@@ -1,6 +1,7 @@
 /* attention.cuh — what the attention kernels share: attention.cu (work list,
  * padding rows, mma.sync forward), attention_bwd.cu (mma.sync backward) and the
- * wgmma kernels (attention_fwd_sm90.cu, attention_bwd_sm90.cu). Tile sizes, the
+ * wgmma kernels (attention_fwd_sm90.cu, attention_bwd_sm90.cu,
+ * attention_bwd_dkdv_2wg.cu). Tile sizes, the
  * mma.sync / ldmatrix / cp.async helpers, the mask, the online softmax, the
  * epilogues and the wgmma tile helpers live here once, as __forceinline__
  * functions, and the launch helpers both directions call. attention.cu's header
@@ -503,22 +504,26 @@ struct tail_zero {
 
 /* Zeroes rows [cu_seqlens[n_docs], T) of the outputs in z (device-side end). */
 void attn_zero_tail(cudaStream_t st, const tail_zero &z, const int32_t *cu_seqlens, int n_docs, int T);
-/* Entries of the work list for these host sizes (>= the number of tiles of rows
- * queries: 64, or 128 for the two-consumer wgmma forward). */
-size_t attn_tile_slots(int T, int n_docs, int max_seqlen, int rows = TILE);
+/* Entries of the work list of rows-row tiles for these host sizes (>= the number
+ * of tiles). 64-row tiles (TILE) for every kernel but the two-warpgroup forward and
+ * dk/dv, which take 128. */
+size_t attn_tile_slots(int T, int n_docs, int max_seqlen, int rows);
 /* Scratch bytes the work list takes, and the list itself, built on stream st out
- * of scratch carved by sc: {start, len, tile index, 0} per tile of rows queries
- * (see attention.cu). */
+ * of scratch carved by sc: {start, len, tile index, 0} per tile of rows (64 or
+ * 128) rows (see attention.cu). */
 size_t attn_tiles_bytes(int n_docs, size_t slots);
 const int4 *attn_build_tiles(cudaStream_t st, scratch_carver *sc, const int32_t *cu, int n_docs, size_t slots,
-                             int rows = TILE);
+                             int rows);
 /* Asserts the shapes, strides and alignment both directions need. */
 void attn_check_args(const char *op, int D, int nq, int nkv, int T, int n_docs, int max_seqlen,
                      const void *const *ptrs, const int *lds, int n);
+/* The backward at D = 64 and 128 (CTUNE_ATTN_BWD): mma.sync (attention_bwd.cu),
+ * wgmma (attention_bwd_sm90.cu), or wgmma with the two-warpgroup dk/dv kernel
+ * at D = 128 (attention_bwd_dkdv_2wg.cu; D = 64 runs wgmma's). */
+enum attn_bwd_kind { ATTN_BWD_MMA, ATTN_BWD_WGMMA, ATTN_BWD_WGMMA2 };
 /* attention_bwd.cu: raises the backward kernels' shared-memory limits and picks
- * the backward cuda_attention_bwd runs at D = 64 and 128 from now on (process-wide):
- * wgmma (attention_bwd_sm90.cu) or mma.sync. */
-void attention_bwd_init(bool wgmma);
+ * the backward cuda_attention_bwd runs at D = 64 and 128 from now on (process-wide). */
+void attention_bwd_init(attn_bwd_kind kind);
 
 /* attention_fwd_sm90.cu: the wgmma forward (D = 64 or 128) and its shared-memory opt-in. */
 void attn_fwd_sm90(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf16 *k, int ldk,
@@ -536,11 +541,24 @@ void attn_fwd_sm90_2wg_init(void);
 
 /* attention_bwd_sm90.cu: the wgmma dq and dk/dv kernels (D = 64 or 128) after
  * attn_delta_kernel filled delta and lse2 ((nq, T) each), and their shared-memory
- * opt-in. Arguments as attention_bwd.cu's mma.sync launch. */
-void attn_bwd_sm90(bf16 *dq, int lddq, bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, int lddo,
-                   const float *lse2, const float *delta, const bf16 *q, int ldq, const bf16 *k, int ldk,
-                   const bf16 *v, int ldv, const int4 *tiles, size_t slots, int T, int nq, int nkv, int D,
-                   float scale, int window, cudaStream_t st);
+ * opt-in. Arguments as attention_bwd.cu's mma.sync launch; tiles is the 64-row
+ * work list (slots entries). */
+void attn_bwd_dq_sm90(bf16 *dq, int lddq, const bf16 *dout, int lddo, const float *lse2, const float *delta,
+                      const bf16 *q, int ldq, const bf16 *k, int ldk, const bf16 *v, int ldv, const int4 *tiles,
+                      size_t slots, int T, int nq, int nkv, int D, float scale, int window, cudaStream_t st);
+void attn_bwd_dkdv_sm90(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, int lddo, const float *lse2,
+                        const float *delta, const bf16 *q, int ldq, const bf16 *k, int ldk, const bf16 *v, int ldv,
+                        const int4 *tiles, size_t slots, int T, int nq, int nkv, int D, float scale, int window,
+                        cudaStream_t st);
 void attn_bwd_sm90_init(void);
+
+/* attention_bwd_dkdv_2wg.cu: dk/dv at D = 128 on two warpgroups per 128-key tile,
+ * as attn_bwd_dkdv_sm90 but on the 128-row work list (tiles2, slots2 entries),
+ * and its shared-memory opt-in. */
+void attn_bwd_dkdv_2wg(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, int lddo, const float *lse2,
+                       const float *delta, const bf16 *q, int ldq, const bf16 *k, int ldk, const bf16 *v, int ldv,
+                       const int4 *tiles2, size_t slots2, int T, int nq, int nkv, float scale, int window,
+                       cudaStream_t st);
+void attn_bwd_dkdv_2wg_init(void);
 
 #endif

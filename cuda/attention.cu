@@ -22,6 +22,8 @@
  * the most work go first (the last query tiles for forward and dq, the first key
  * tiles for dk/dv). The host sizes the list from T, n_docs and max_seqlen only
  * (no sync); entries past the real tile count have len 0 and their blocks exit.
+ * The two-warpgroup dk/dv kernel takes a second list of 128-row tiles, built the
+ * same way (attn_build_tiles' rows).
  * This replaced a (docs, max_seqlen / 64, heads) grid in which most blocks of a
  * batch of short documents exited at once, and whose head-slowest order left the
  * longest tiles of the last heads for the end.
@@ -36,17 +38,29 @@
  * Forward on wgmma (attention_fwd_sm90.cu, D = 64 and 128): the same contract and
  * work list, one warpgroup per 64 queries, both products on Hopper's warpgroup MMA
  * and the softmax overlapped with P V (FlashAttention-3's intra-warpgroup
- * pipelining). CTUNE_ATTN_FWD=wgmma|mma, read each time a backend is created
- * (attention_init, process-wide), picks the forward; wgmma is the default (on the
- * H200, hd128 4k documents: 344 TFLOP/s against mma.sync's 242; every attention
- * test passes on both). D = 32 always runs mma.sync.
+ * pipelining). H200, hd128 4k documents: 344 TFLOP/s against mma.sync's 242.
+ *
+ * Forward, warp-specialized (attention_fwd_sm90_2wg.cu, D = 64 and 128):
+ * FlashAttention-3's structure over a work list of 128-query tiles (the same
+ * scan, ROWS = 128): a producer warpgroup loads Q, K and V with TMA into
+ * mbarrier-guarded stages, two consumer warpgroups (64 queries each) share every
+ * 128-key tile and take turns on the tensor cores. H200, hd128 4k: 463 TFLOP/s.
+ *
+ * CTUNE_ATTN_FWD=auto|wgmma2|wgmma|mma, read each time a backend is created
+ * (attention_init, process-wide), picks the forward; auto (the default) takes
+ * wgmma2 at D = 128 and, at D = 64, for documents averaging 2k tokens or more,
+ * else wgmma (fwd_kind_for has the figures). D = 32 always runs mma.sync. Every
+ * attention test passes on each.
  *
  * Backward on wgmma (attention_bwd_sm90.cu, D = 64 and 128): the same two
  * deterministic kernels and work list, one warpgroup per 64-query (dq) or 64-key
- * (dk/dv) tile, all four products on wgmma. CTUNE_ATTN_BWD=wgmma|mma, read next to
- * CTUNE_ATTN_FWD, picks it; wgmma is the default (H200, hd128 4k documents: 300
- * TFLOP/s against mma.sync's 197; every attention test, bit-reproducibility and
- * the offload/checkpointing bit-identity tests pass on both).
+ * (dk/dv) tile, all four products on wgmma (H200, hd128 4k documents: 300
+ * TFLOP/s against mma.sync's 197). At D = 128, dk/dv on two warpgroups per
+ * 128-key tile with 64-query steps (attention_bwd_dkdv_2wg.cu) lifts that to 338.
+ * CTUNE_ATTN_BWD=auto|wgmma2|wgmma|mma, read next to CTUNE_ATTN_FWD: auto and
+ * wgmma2 run the two-warpgroup dk/dv at D = 128, wgmma the one-warpgroup one; every
+ * attention test, bit-reproducibility and the offload/checkpointing bit-identity
+ * tests pass on each.
  *
  * Backward: delta_i = sum_d dout_i out_i first (written head-major, (nq, T), next
  * to lse * log2 e, so that a tile's values are contiguous); then two kernels,
@@ -91,8 +105,9 @@
 // ---- kernels ----
 
 /* The work list (see the header): tiles[t] = {start, len, tile index in its
- * document, 0} for t < the tile count, {0, 0, 0, 0} up to n_slots. tile_off
- * (n_docs + 1) receives each document's first tile. One block. */
+ * document, 0} for t < the tile count, {0, 0, 0, 0} up to n_slots, with tiles of
+ * ROWS queries. tile_off (n_docs + 1) receives each document's first tile. One block. */
+template <int ROWS>
 __global__ void __launch_bounds__(TILES_THREADS)
 attn_tiles_kernel(int4 *tiles, int *tile_off, const int32_t *cu_seqlens, int n_docs, int n_slots)
 {
@@ -103,7 +118,7 @@ attn_tiles_kernel(int4 *tiles, int *tile_off, const int32_t *cu_seqlens, int n_d
     __syncthreads();
     for (int d0 = 0; d0 < n_docs; d0 += TILES_THREADS) {
         int d = d0 + threadIdx.x;
-        int n = d < n_docs ? (cu_seqlens[d + 1] - cu_seqlens[d] + TILE - 1) / TILE : 0;
+        int n = d < n_docs ? (cu_seqlens[d + 1] - cu_seqlens[d] + ROWS - 1) / ROWS : 0;
         int x = n; /* inclusive scan: lanes, then warps */
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
@@ -253,23 +268,25 @@ void attn_zero_tail(cudaStream_t st, const tail_zero &z, const int32_t *cu_seqle
 }
 
 /* Entries of the work list: at least the number of tiles, from host sizes only.
- * sum_d ceil(len_d / 64) <= (sum_d len_d + 63 n_docs) / 64 <= (T + 63 n_docs) / 64,
- * and <= n_docs ceil(max_seqlen / 64). */
-size_t attn_tile_slots(int T, int n_docs, int max_seqlen)
+ * sum_d ceil(len_d / R) <= (sum_d len_d + (R - 1) n_docs) / R <= (T + (R - 1) n_docs) / R,
+ * and <= n_docs ceil(max_seqlen / R), for R = rows. */
+size_t attn_tile_slots(int T, int n_docs, int max_seqlen, int rows)
 {
-    size_t a = ((size_t)T + (size_t)(TILE - 1) * n_docs) / TILE;
-    size_t b = (size_t)n_docs * ct_ceil_div((size_t)max_seqlen, TILE);
+    size_t a = ((size_t)T + (size_t)(rows - 1) * n_docs) / rows;
+    size_t b = (size_t)n_docs * ct_ceil_div((size_t)max_seqlen, rows);
     return a < b ? a : b;
 }
 
 /* Carves the work list out of scratch and fills it (two small allocations of
  * the carver: tile_off and tiles). */
 const int4 *attn_build_tiles(cudaStream_t st, scratch_carver *sc, const int32_t *cu, int n_docs,
-                               size_t slots)
+                               size_t slots, int rows)
 {
+    CT_ASSERT(rows == TILE || rows == 2 * TILE, "attention work list: %d-row tiles (64 or 128 are built)", rows);
     int *tile_off = (int *)scratch_take(sc, ((size_t)n_docs + 1) * sizeof(int));
     int4 *tiles = (int4 *)scratch_take(sc, slots * sizeof(int4));
-    attn_tiles_kernel<<<1, TILES_THREADS, 0, st>>>(tiles, tile_off, cu, n_docs, (int)slots);
+    if (rows == TILE) attn_tiles_kernel<TILE><<<1, TILES_THREADS, 0, st>>>(tiles, tile_off, cu, n_docs, (int)slots);
+    else attn_tiles_kernel<2 * TILE><<<1, TILES_THREADS, 0, st>>>(tiles, tile_off, cu, n_docs, (int)slots);
     LAUNCH_CHECK();
     return tiles;
 }
@@ -280,30 +297,38 @@ size_t attn_tiles_bytes(int n_docs, size_t slots)
 
 template <int D> static size_t fwd_smem() { return (size_t)5 * TILE * Cfg<D>::ROW * 2; }
 
-/* Whether cuda_attention_fwd runs the wgmma forward at D = 64 and 128: set from
- * CTUNE_ATTN_FWD by attention_init, i.e. by the latest backend created. */
-static bool fwd_wgmma = false;
+/* The forward cuda_attention_fwd runs at D = 64 and 128: set from CTUNE_ATTN_FWD
+ * by attention_init, i.e. by the latest backend created. AUTO picks per call
+ * (fwd_kind_for). */
+enum attn_fwd_kind { ATTN_FWD_KIND_AUTO, ATTN_FWD_KIND_MMA, ATTN_FWD_KIND_WGMMA, ATTN_FWD_KIND_WGMMA2 };
+static attn_fwd_kind fwd_kind = ATTN_FWD_KIND_AUTO;
 
-/* CTUNE_ATTN_FWD=wgmma (the default) or mma; anything else is refused by name. */
-static bool fwd_wgmma_from_env(void)
+/* CTUNE_ATTN_{FWD,BWD}: auto (the default, also when unset), wgmma2, wgmma or mma
+ * as index 0..3; anything else is refused by name. */
+static int attn_kind_from_env(const char *name)
 {
-    const char *v = getenv("CTUNE_ATTN_FWD");
-    if (!v || !*v || !strcmp(v, "wgmma")) return true;
-    if (!strcmp(v, "mma")) return false;
-    fprintf(stderr, "ctune: CTUNE_ATTN_FWD=%s is not mma or wgmma\n"
-                    "HINT: unset it (the default is wgmma) or set mma for the mma.sync forward\n", v);
+    static const char *const kinds[] = {"auto", "mma", "wgmma", "wgmma2"};
+    const char *v = getenv(name);
+    if (!v || !*v) return 0;
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(v, kinds[i])) return i;
+    fprintf(stderr, "ctune: %s=%s is not auto, mma, wgmma or wgmma2\n"
+                    "HINT: unset it (auto picks the fastest kernel per call), or set wgmma2 (two "
+                    "warpgroups, 128-row tiles), wgmma (one warpgroup, 64-row tiles) or mma (mma.sync)\n",
+            name, v);
     exit(CT_ERR_INPUT);
 }
 
-/* CTUNE_ATTN_BWD=wgmma (the default) or mma; anything else is refused by name. */
-static bool bwd_wgmma_from_env(void)
+/* The forward kernel for one call. AUTO: the two-consumer TMA kernel at D = 128;
+ * at D = 64 only when documents average 2048 tokens or more, because its 128-query
+ * tiles waste more rows at document ends and, at D = 64, lost to the 64-row
+ * kernel on 1k documents (H200, BENCHMARKS.md: 215 vs 241 TFLOP/s; 333 vs 296 at 4k). */
+static attn_fwd_kind fwd_kind_for(int D, int T, int n_docs)
 {
-    const char *v = getenv("CTUNE_ATTN_BWD");
-    if (!v || !*v || !strcmp(v, "wgmma")) return true;
-    if (!strcmp(v, "mma")) return false;
-    fprintf(stderr, "ctune: CTUNE_ATTN_BWD=%s is not mma or wgmma\n"
-                    "HINT: unset it (the default is wgmma) or set mma for the mma.sync backward\n", v);
-    exit(CT_ERR_INPUT);
+    if (D == 32) return ATTN_FWD_KIND_MMA;
+    if (fwd_kind != ATTN_FWD_KIND_AUTO) return fwd_kind;
+    if (D == 128 || (size_t)T >= (size_t)2048 * (size_t)n_docs) return ATTN_FWD_KIND_WGMMA2;
+    return ATTN_FWD_KIND_WGMMA;
 }
 
 template <int D> static void attention_init_d()
@@ -319,8 +344,9 @@ void attention_init(void)
     attention_init_d<64>();
     attention_init_d<128>();
     attn_fwd_sm90_init();
-    attention_bwd_init(bwd_wgmma_from_env());
-    fwd_wgmma = fwd_wgmma_from_env();
+    attn_fwd_sm90_2wg_init();
+    attention_bwd_init((attn_bwd_kind)attn_kind_from_env("CTUNE_ATTN_BWD"));
+    fwd_kind = (attn_fwd_kind)attn_kind_from_env("CTUNE_ATTN_FWD");
 }
 
 /* Also checks that the 1-D grid of the largest launch (slots x nq blocks) fits. */
@@ -330,7 +356,7 @@ void attn_check_args(const char *op, int D, int nq, int nkv, int T, int n_docs, 
     CT_ASSERT(D == 32 || D == 64 || D == 128, "%s: head_dim %d is not supported (32, 64, 128 are)", op, D);
     CT_ASSERT(nkv > 0 && nq % nkv == 0, "%s: nq=%d is not a multiple of nkv=%d", op, nq, nkv);
     CT_ASSERT(n_docs >= 0 && max_seqlen >= 0, "%s: n_docs %d, max_seqlen %d", op, n_docs, max_seqlen);
-    CT_ASSERT(attn_tile_slots(T, n_docs, max_seqlen) * nq <= 0x7fffffffu,
+    CT_ASSERT(attn_tile_slots(T, n_docs, max_seqlen, TILE) * nq <= 0x7fffffffu,
               "%s: %d tokens x %d heads is too large for the grid", op, T, nq);
     for (int i = 0; i < n; i++)
         CT_ASSERT(aligned16(ptrs[i]) && lds[i] % 8 == 0,
@@ -360,13 +386,18 @@ void cuda_attention_fwd(ct_backend *be, void *out, int ldo, float *lse, const vo
     cudaStream_t st = c->stream;
     tail_zero z = {{(bf16 *)out, NULL, NULL}, {ldo, 0, 0}, {nq * D, 0, 0}, lse, nq};
     attn_zero_tail(st, z, cu_seqlens, n_docs, T);
-    size_t slots = attn_tile_slots(T, n_docs, max_seqlen);
+    const attn_fwd_kind kind = fwd_kind_for(D, T, n_docs);
+    const int rows = kind == ATTN_FWD_KIND_WGMMA2 ? 2 * TILE : TILE; /* queries per work-list tile */
+    size_t slots = attn_tile_slots(T, n_docs, max_seqlen, rows);
     if (slots == 0) return;
     scratch_carver sc = {(char *)cuda_scratch(c, attn_tiles_bytes(n_docs, slots)), 0};
-    const int4 *tiles = attn_build_tiles(st, &sc, cu_seqlens, n_docs, slots);
+    const int4 *tiles = attn_build_tiles(st, &sc, cu_seqlens, n_docs, slots, rows);
     bf16 *o = (bf16 *)out;
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
-    if (fwd_wgmma && D != 32)
+    if (kind == ATTN_FWD_KIND_WGMMA2)
+        attn_fwd_sm90_2wg(o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, T, nq, nkv, D, scale, window, sinks,
+                          st);
+    else if (kind == ATTN_FWD_KIND_WGMMA)
         attn_fwd_sm90(o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, D, scale, window, sinks, st);
     else if (D == 32) fwd_launch<32>(st, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, scale, window, sinks);
     else if (D == 64) fwd_launch<64>(st, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, scale, window, sinks);

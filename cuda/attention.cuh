@@ -1,6 +1,7 @@
 /* attention.cuh — what the attention kernels share: attention.cu (work list,
  * padding rows, mma.sync forward), attention_bwd.cu (mma.sync backward) and the
- * wgmma kernels (attention_fwd_sm90.cu, attention_bwd_sm90.cu). Tile sizes, the
+ * wgmma kernels (attention_fwd_sm90.cu, attention_bwd_sm90.cu,
+ * attention_bwd_dkdv_2wg.cu). Tile sizes, the
  * mma.sync / ldmatrix / cp.async helpers, the mask, the online softmax, the
  * epilogues and the wgmma tile helpers live here once, as __forceinline__
  * functions, and the launch helpers both directions call. attention.cu's header
@@ -143,11 +144,12 @@ __device__ __forceinline__ bool visible(int i, int j, int len, int window)
     return j <= i && i < len && (window <= 0 || j > i - window);
 }
 
-/* Whether queries [q0, q0 + nqr) against keys [k0, k0 + TILE) need the mask:
+/* Whether queries [q0, q0 + nqr) against keys [k0, k0 + KN) need the mask:
  * some pair is above the diagonal, below the window, or a query is past len. */
+template <int KN = TILE>
 __device__ __forceinline__ bool needs_mask(int q0, int nqr, int k0, int len, int window)
 {
-    return k0 + TILE - 1 > q0 || (window > 0 && k0 + window <= q0 + nqr - 1) || q0 + nqr > len;
+    return k0 + KN - 1 > q0 || (window > 0 && k0 + window <= q0 + nqr - 1) || q0 + nqr > len;
 }
 
 /* This block's work-list entry: the 1-D grid gives block b entry b / heads and
@@ -161,15 +163,16 @@ __device__ __forceinline__ work_entry work_entry_of(const int4 *tiles, int heads
     return {head, tl.x, tl.y, tl.z};
 }
 
-/* The key tiles that queries [q0, q0 + TILE) of a document of len see: n tiles
+/* The KN-key tiles that queries [q0, q0 + QN) of a document of len see: n tiles
  * from kmin (the window's lower edge rounded down to a tile) to the one holding
  * the diagonal or the document's end. */
 struct key_range { int kmin, n; };
+template <int QN = TILE, int KN = TILE>
 __device__ __forceinline__ key_range key_tiles(int q0, int len, int window)
 {
-    const int kmin = window > 0 ? max(0, q0 - window + 1) / TILE * TILE : 0;
-    const int kend = min(len, q0 + TILE);
-    return {kmin, (kend - kmin + TILE - 1) / TILE};
+    const int kmin = window > 0 ? max(0, q0 - window + 1) / KN * KN : 0;
+    const int kend = min(len, q0 + QN);
+    return {kmin, (kend - kmin + KN - 1) / KN};
 }
 
 // ---- mma.sync products (attention.cu, attention_bwd.cu) ----
@@ -449,13 +452,14 @@ __device__ __forceinline__ void load_rows_sw(uint32_t s, const bf16 *g, size_t l
 template <int D, int N>
 __device__ __forceinline__ void abt_issue(float (&d)[N / 2], uint32_t sa, uint32_t sb)
 {
-    static_assert(N == 32 || N == 64, "abt_issue: N = 32 or 64");
+    static_assert(N == 32 || N == 64 || N == 128, "abt_issue: N = 32, 64 or 128");
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
         const uint64_t da = wgmma_desc(sa + (ks / 4) * sw_panel<TILE>() + (ks % 4) * 32, 16, 1024);
         const uint64_t db = wgmma_desc(sb + (ks / 4) * sw_panel<N>() + (ks % 4) * 32, 16, 1024);
-        if constexpr (N == 64) wgmma_m64n64k16_ss<false>(d, da, db, ks > 0);
+        if constexpr (N == 128) wgmma_m64n128k16_ss<false>(d, da, db, ks > 0);
+        else if constexpr (N == 64) wgmma_m64n64k16_ss<false>(d, da, db, ks > 0);
         else wgmma_m64n32k16_ss<false>(d, da, db, ks > 0);
     }
     wgmma_commit();
@@ -500,19 +504,27 @@ struct tail_zero {
 
 /* Zeroes rows [cu_seqlens[n_docs], T) of the outputs in z (device-side end). */
 void attn_zero_tail(cudaStream_t st, const tail_zero &z, const int32_t *cu_seqlens, int n_docs, int T);
-/* Entries of the work list for these host sizes (>= the number of 64-row tiles). */
-size_t attn_tile_slots(int T, int n_docs, int max_seqlen);
+/* Entries of the work list of rows-row tiles for these host sizes (>= the number
+ * of tiles). 64-row tiles (TILE) for every kernel but the two-warpgroup forward and
+ * dk/dv, which take 128. */
+size_t attn_tile_slots(int T, int n_docs, int max_seqlen, int rows);
 /* Scratch bytes the work list takes, and the list itself, built on stream st out
- * of scratch carved by sc: {start, len, tile index, 0} per tile (see attention.cu). */
+ * of scratch carved by sc: {start, len, tile index, 0} per tile of rows (64 or
+ * 128) rows (see attention.cu). */
 size_t attn_tiles_bytes(int n_docs, size_t slots);
-const int4 *attn_build_tiles(cudaStream_t st, scratch_carver *sc, const int32_t *cu, int n_docs, size_t slots);
+const int4 *attn_build_tiles(cudaStream_t st, scratch_carver *sc, const int32_t *cu, int n_docs, size_t slots,
+                             int rows);
 /* Asserts the shapes, strides and alignment both directions need. */
 void attn_check_args(const char *op, int D, int nq, int nkv, int T, int n_docs, int max_seqlen,
                      const void *const *ptrs, const int *lds, int n);
+/* The backward at D = 64 and 128 (CTUNE_ATTN_BWD): mma.sync (attention_bwd.cu),
+ * wgmma (attention_bwd_sm90.cu), or wgmma with the two-warpgroup dk/dv kernel
+ * at D = 128 (attention_bwd_dkdv_2wg.cu; D = 64 runs wgmma's). AUTO is wgmma2,
+ * the fastest at every measured shape. The order is attn_kind_from_env's. */
+enum attn_bwd_kind { ATTN_BWD_AUTO, ATTN_BWD_MMA, ATTN_BWD_WGMMA, ATTN_BWD_WGMMA2 };
 /* attention_bwd.cu: raises the backward kernels' shared-memory limits and picks
- * the backward cuda_attention_bwd runs at D = 64 and 128 from now on (process-wide):
- * wgmma (attention_bwd_sm90.cu) or mma.sync. */
-void attention_bwd_init(bool wgmma);
+ * the backward cuda_attention_bwd runs at D = 64 and 128 from now on (process-wide). */
+void attention_bwd_init(attn_bwd_kind kind);
 
 /* attention_fwd_sm90.cu: the wgmma forward (D = 64 or 128) and its shared-memory opt-in. */
 void attn_fwd_sm90(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf16 *k, int ldk,
@@ -520,13 +532,34 @@ void attn_fwd_sm90(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const
                    float scale, int window, const float *sinks, cudaStream_t st);
 void attn_fwd_sm90_init(void);
 
+/* attention_fwd_sm90_2wg.cu: the warp-specialized wgmma forward (D = 64 or 128)
+ * over a work list of 128-query tiles (attn_build_tiles with rows 128), and its
+ * one-time setup (shared-memory opt-in, the driver's tensor-map encoder). */
+void attn_fwd_sm90_2wg(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf16 *k, int ldk,
+                       const bf16 *v, int ldv, const int4 *tiles, size_t slots, int T, int nq, int nkv, int D,
+                       float scale, int window, const float *sinks, cudaStream_t st);
+void attn_fwd_sm90_2wg_init(void);
+
 /* attention_bwd_sm90.cu: the wgmma dq and dk/dv kernels (D = 64 or 128) after
  * attn_delta_kernel filled delta and lse2 ((nq, T) each), and their shared-memory
- * opt-in. Arguments as attention_bwd.cu's mma.sync launch. */
-void attn_bwd_sm90(bf16 *dq, int lddq, bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, int lddo,
-                   const float *lse2, const float *delta, const bf16 *q, int ldq, const bf16 *k, int ldk,
-                   const bf16 *v, int ldv, const int4 *tiles, size_t slots, int T, int nq, int nkv, int D,
-                   float scale, int window, cudaStream_t st);
+ * opt-in. Arguments as attention_bwd.cu's mma.sync launch; tiles is the 64-row
+ * work list (slots entries). */
+void attn_bwd_dq_sm90(bf16 *dq, int lddq, const bf16 *dout, int lddo, const float *lse2, const float *delta,
+                      const bf16 *q, int ldq, const bf16 *k, int ldk, const bf16 *v, int ldv, const int4 *tiles,
+                      size_t slots, int T, int nq, int nkv, int D, float scale, int window, cudaStream_t st);
+void attn_bwd_dkdv_sm90(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, int lddo, const float *lse2,
+                        const float *delta, const bf16 *q, int ldq, const bf16 *k, int ldk, const bf16 *v, int ldv,
+                        const int4 *tiles, size_t slots, int T, int nq, int nkv, int D, float scale, int window,
+                        cudaStream_t st);
 void attn_bwd_sm90_init(void);
+
+/* attention_bwd_dkdv_2wg.cu: dk/dv at D = 128 on two warpgroups per 128-key tile,
+ * as attn_bwd_dkdv_sm90 but on the 128-row work list (tiles2, slots2 entries),
+ * and its shared-memory opt-in. */
+void attn_bwd_dkdv_2wg(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, int lddo, const float *lse2,
+                       const float *delta, const bf16 *q, int ldq, const bf16 *k, int ldk, const bf16 *v, int ldv,
+                       const int4 *tiles2, size_t slots2, int T, int nq, int nkv, float scale, int window,
+                       cudaStream_t st);
+void attn_bwd_dkdv_2wg_init(void);
 
 #endif

@@ -1,8 +1,9 @@
 /* attention_bwd.cu — backward of the varlen causal GQA flash attention: delta,
- * then dq and dk/dv in two deterministic kernels, here on mma.sync, or at D = 64
- * and 128 on wgmma (attention_bwd_sm90.cu) under CTUNE_ATTN_BWD=wgmma. The
- * algorithm, layouts, work list and pipelining are described in attention.cu's
- * header comment. */
+ * then dq and dk/dv in two deterministic kernels, here on mma.sync
+ * (CTUNE_ATTN_BWD=mma, and always at D = 32), or at D = 64 and 128 on wgmma
+ * (attention_bwd_sm90.cu), with dk/dv at D = 128 on two warpgroups
+ * (attention_bwd_dkdv_2wg.cu) unless CTUNE_ATTN_BWD=wgmma. The algorithm, layouts, work list and pipelining are
+ * described in attention.cu's header comment. */
 #include "attention.cuh"
 
 // ---- kernels ----
@@ -213,32 +214,47 @@ template <int D> static void attention_bwd_init_d()
     CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem<D>()));
 }
 
-/* Whether cuda_attention_bwd runs the wgmma kernels at D = 64 and 128: set by
- * attention_init (CTUNE_ATTN_BWD), i.e. by the latest backend created. */
-static bool bwd_wgmma = false;
+/* Which kernels cuda_attention_bwd runs at D = 64 and 128: set by attention_init
+ * (CTUNE_ATTN_BWD), i.e. by the latest backend created. */
+static attn_bwd_kind bwd_kind = ATTN_BWD_AUTO;
 
-void attention_bwd_init(bool wgmma)
+void attention_bwd_init(attn_bwd_kind kind)
 {
     attention_bwd_init_d<32>();
     attention_bwd_init_d<64>();
     attention_bwd_init_d<128>();
     attn_bwd_sm90_init();
-    bwd_wgmma = wgmma;
+    attn_bwd_dkdv_2wg_init();
+    bwd_kind = kind;
 }
 
+/* Whether dk/dv at head_dim D runs the two-warpgroup kernel on 128-key tiles. */
+static bool bwd_dkdv_2wg(int D)
+{
+    return (bwd_kind == ATTN_BWD_WGMMA2 || bwd_kind == ATTN_BWD_AUTO) && D == 128;
+}
+
+/* The backward's kernels for one D: tiles (slots entries) is the 64-row work
+ * list; tiles2 (slots2) the 128-row one when bwd_dkdv_2wg(D), else unused. */
 template <int D>
 static void bwd_launch(cudaStream_t st, float *delta, float *lse2, const int4 *tiles, size_t slots,
-                       bf16 *dq, int lddq, bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout,
-                       int lddo, const bf16 *out, int ldo, const float *lse, const bf16 *q, int ldq,
-                       const bf16 *k, int ldk, const bf16 *v, int ldv, int T, int nq, int nkv,
-                       float scale, int window)
+                       const int4 *tiles2, size_t slots2, bf16 *dq, int lddq, bf16 *dk, int lddk, bf16 *dv,
+                       int lddv, const bf16 *dout, int lddo, const bf16 *out, int ldo, const float *lse,
+                       const bf16 *q, int ldq, const bf16 *k, int ldk, const bf16 *v, int ldv, int T, int nq,
+                       int nkv, float scale, int window)
 {
     size_t rows = (size_t)T * nq;
     attn_delta_kernel<D><<<grid_for(rows, 8), 256, 0, st>>>(delta, lse2, dout, lddo, out, ldo, lse, T, nq);
     LAUNCH_CHECK();
-    if (bwd_wgmma && D != 32) {
-        attn_bwd_sm90(dq, lddq, dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles,
-                      slots, T, nq, nkv, D, scale, window, st);
+    if (bwd_kind != ATTN_BWD_MMA && D != 32) {
+        attn_bwd_dq_sm90(dq, lddq, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, slots, T, nq, nkv, D,
+                         scale, window, st);
+        if (bwd_dkdv_2wg(D))
+            attn_bwd_dkdv_2wg(dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles2, slots2,
+                              T, nq, nkv, scale, window, st);
+        else
+            attn_bwd_dkdv_sm90(dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, slots,
+                               T, nq, nkv, D, scale, window, st);
         return;
     }
     attn_bwd_dq_kernel<D><<<(unsigned)(slots * nq), THREADS, dq_smem<D>(), st>>>(
@@ -264,20 +280,23 @@ void cuda_attention_bwd(ct_backend *be, void *dq, int lddq, void *dk, int lddk, 
     cuda_ctx *c = ctx_of(be);
     tail_zero z = {{(bf16 *)dq, (bf16 *)dk, (bf16 *)dv}, {lddq, lddk, lddv}, {nq * D, nkv * D, nkv * D}, NULL, 0};
     attn_zero_tail(c->stream, z, cu_seqlens, n_docs, T);
-    size_t slots = attn_tile_slots(T, n_docs, max_seqlen);
+    size_t slots = attn_tile_slots(T, n_docs, max_seqlen, TILE);
     if (slots == 0) return;
+    const size_t slots2 = bwd_dkdv_2wg(D) ? attn_tile_slots(T, n_docs, max_seqlen, 2 * TILE) : 0;
     /* The sinks enter backward only through lse (they have no value rows and are
      * frozen), so they are not read here. */
     size_t head_rows = scratch_round((size_t)T * nq * sizeof(float));
-    scratch_carver sc = {(char *)cuda_scratch(c, 2 * head_rows + attn_tiles_bytes(n_docs, slots)), 0};
+    size_t lists = attn_tiles_bytes(n_docs, slots) + (slots2 ? attn_tiles_bytes(n_docs, slots2) : 0);
+    scratch_carver sc = {(char *)cuda_scratch(c, 2 * head_rows + lists), 0};
     float *delta = (float *)scratch_take(&sc, (size_t)T * nq * sizeof(float));
     float *lse2 = (float *)scratch_take(&sc, (size_t)T * nq * sizeof(float));
-    const int4 *tiles = attn_build_tiles(c->stream, &sc, cu_seqlens, n_docs, slots);
+    const int4 *tiles = attn_build_tiles(c->stream, &sc, cu_seqlens, n_docs, slots, TILE);
+    const int4 *tiles2 = slots2 ? attn_build_tiles(c->stream, &sc, cu_seqlens, n_docs, slots2, 2 * TILE) : NULL;
     bf16 *a = (bf16 *)dq, *b = (bf16 *)dk, *cc = (bf16 *)dv;
     const bf16 *go = (const bf16 *)dout, *o = (const bf16 *)out;
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
-    if (D == 32) bwd_launch<32>(c->stream, delta, lse2, tiles, slots, a, lddq, b, lddk, cc, lddv, go, lddo, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, T, nq, nkv, scale, window);
-    else if (D == 64) bwd_launch<64>(c->stream, delta, lse2, tiles, slots, a, lddq, b, lddk, cc, lddv, go, lddo, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, T, nq, nkv, scale, window);
-    else bwd_launch<128>(c->stream, delta, lse2, tiles, slots, a, lddq, b, lddk, cc, lddv, go, lddo, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, T, nq, nkv, scale, window);
+    if (D == 32) bwd_launch<32>(c->stream, delta, lse2, tiles, slots, tiles2, slots2, a, lddq, b, lddk, cc, lddv, go, lddo, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, T, nq, nkv, scale, window);
+    else if (D == 64) bwd_launch<64>(c->stream, delta, lse2, tiles, slots, tiles2, slots2, a, lddq, b, lddk, cc, lddv, go, lddo, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, T, nq, nkv, scale, window);
+    else bwd_launch<128>(c->stream, delta, lse2, tiles, slots, tiles2, slots2, a, lddq, b, lddk, cc, lddv, go, lddo, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, T, nq, nkv, scale, window);
 }
 

@@ -4,8 +4,9 @@
  * (nq, T), written first by attn_delta_kernel), sinks entering only through lse,
  * the same fp32 -> bf16 roundings (P for dv, dS for dq and dk) and a fixed sum
  * order, so results are deterministic without atomics; see attention.cu's header.
- * CTUNE_ATTN_BWD=wgmma selects it for D = 64 and 128 (attention_bwd.cu's dispatch;
- * D = 32 always runs mma.sync).
+ * Its dq runs at D = 64 and 128, its dk/dv at D = 64, and at D = 128 under
+ * CTUNE_ATTN_BWD=wgmma (by default attention_bwd_dkdv_2wg.cu's dk/dv runs there);
+ * D = 32 always runs mma.sync (attention_bwd.cu's dispatch).
  *
  * dq: one warpgroup per 64-query tile x head, walking the key tiles it sees:
  *   S  = Q K^T    SS, K rows as a K-major B (as the forward's Q K^T);
@@ -25,9 +26,9 @@
  * At D = 128 the accumulators dk and dv take 64 registers each per thread; 64-query
  * steps would add 2 x 32 for S^T and dP^T plus their fragments and leave nothing
  * for addresses (and 6 stages of 16 KB would allow one block per multiprocessor),
- * hence 32-query steps, as the mma.sync kernel. Two warpgroups splitting each
- * step's queries (summing dk/dv through shared memory at the end) are the next
- * step if the m64n32 products turn out to starve on shared-memory bandwidth.
+ * hence 32-query steps, as the mma.sync kernel. attention_bwd_dkdv_2wg.cu is the
+ * next step: two warpgroups per 128-key tile, sharing the Q and dO stages, with
+ * 64-query steps (m64n64 products) in 255 registers.
  *
  * Overlap inside the warpgroup (FlashAttention-3's idea, our two-kernel split):
  * each step issues S and dP, then the previous step's last product (dq += dS K;
@@ -261,35 +262,30 @@ void attn_bwd_sm90_init(void)
     bwd_sm90_init_d<128>();
 }
 
-/* Both kernels for one D, on the work list tiles (slots entries). */
-template <int D>
-static void bwd_sm90_launch(bf16 *dq, int lddq, bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout,
-                            int lddo, const float *lse2, const float *delta, const bf16 *q, int ldq,
-                            const bf16 *k, int ldk, const bf16 *v, int ldv, const int4 *tiles, size_t slots,
-                            int T, int nq, int nkv, float scale, int window, cudaStream_t st)
+/* dq over the work list tiles (slots entries, 64-row tiles), after attn_delta_kernel. */
+void attn_bwd_dq_sm90(bf16 *dq, int lddq, const bf16 *dout, int lddo, const float *lse2, const float *delta,
+                      const bf16 *q, int ldq, const bf16 *k, int ldk, const bf16 *v, int ldv, const int4 *tiles,
+                      size_t slots, int T, int nq, int nkv, int D, float scale, int window, cudaStream_t st)
 {
-    attn_bwd_dq_sm90_kernel<D><<<(unsigned)(slots * nq), THREADS, sm90b::dq_smem<D>(), st>>>(
-        dq, lddq, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, T, nq, nq / nkv, scale,
-        scale * LOG2E, window);
-    LAUNCH_CHECK();
-    attn_bwd_dkdv_sm90_kernel<D><<<(unsigned)(slots * nkv), THREADS, sm90b::dkdv_smem<D>(), st>>>(
-        dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, T, nkv, nq / nkv,
-        scale, scale * LOG2E, window);
+    CT_ASSERT(D == 64 || D == 128, "attention_bwd (wgmma): head_dim %d is not 64 or 128", D);
+    auto kernel = D == 64 ? attn_bwd_dq_sm90_kernel<64> : attn_bwd_dq_sm90_kernel<128>;
+    const size_t smem = D == 64 ? sm90b::dq_smem<64>() : sm90b::dq_smem<128>();
+    kernel<<<(unsigned)(slots * nq), THREADS, smem, st>>>(dq, lddq, dout, lddo, lse2, delta, q, ldq, k, ldk, v,
+                                                          ldv, tiles, T, nq, nq / nkv, scale, scale * LOG2E, window);
     LAUNCH_CHECK();
 }
 
-/* dq, dk, dv after attn_delta_kernel, as attention_bwd.cu's bwd_launch; the caller
- * checked the arguments and zeroes the padding rows. */
-void attn_bwd_sm90(bf16 *dq, int lddq, bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, int lddo,
-                   const float *lse2, const float *delta, const bf16 *q, int ldq, const bf16 *k, int ldk,
-                   const bf16 *v, int ldv, const int4 *tiles, size_t slots, int T, int nq, int nkv, int D,
-                   float scale, int window, cudaStream_t st)
+/* dk, dv over the same work list, after attn_delta_kernel (independent of dq). */
+void attn_bwd_dkdv_sm90(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, int lddo, const float *lse2,
+                        const float *delta, const bf16 *q, int ldq, const bf16 *k, int ldk, const bf16 *v, int ldv,
+                        const int4 *tiles, size_t slots, int T, int nq, int nkv, int D, float scale, int window,
+                        cudaStream_t st)
 {
     CT_ASSERT(D == 64 || D == 128, "attention_bwd (wgmma): head_dim %d is not 64 or 128", D);
-    if (D == 64)
-        bwd_sm90_launch<64>(dq, lddq, dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles,
-                            slots, T, nq, nkv, scale, window, st);
-    else
-        bwd_sm90_launch<128>(dq, lddq, dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles,
-                             slots, T, nq, nkv, scale, window, st);
+    auto kernel = D == 64 ? attn_bwd_dkdv_sm90_kernel<64> : attn_bwd_dkdv_sm90_kernel<128>;
+    const size_t smem = D == 64 ? sm90b::dkdv_smem<64>() : sm90b::dkdv_smem<128>();
+    kernel<<<(unsigned)(slots * nkv), THREADS, smem, st>>>(dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k,
+                                                           ldk, v, ldv, tiles, T, nkv, nq / nkv, scale,
+                                                           scale * LOG2E, window);
+    LAUNCH_CHECK();
 }

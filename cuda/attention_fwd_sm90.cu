@@ -2,8 +2,8 @@
  * warpgroup MMA (wgmma.cuh). Same contract as attention.cu's mma.sync forward
  * (layouts, visibility, GQA, sinks, lse in natural log including the sink, rows
  * past a document's end not written, padding rows zeroed by the caller): see
- * attention.cu's header. CTUNE_ATTN_FWD=wgmma selects it for D = 64 and 128
- * (attention.cu's dispatch; D = 32 always runs mma.sync).
+ * attention.cu's header. attention.cu's fwd_kind_for runs it at D = 64 for short
+ * documents, and CTUNE_ATTN_FWD=wgmma at D = 64 and 128.
  *
  * Schedule. Grid and work list are the mma.sync forward's (block b: work-list entry
  * b / nq, head b % nq). One warpgroup (128 threads) owns 64 queries of one head,
@@ -38,9 +38,9 @@
  * blocks (8 warps) per multiprocessor; D = 64: 151 registers, 49 KB, 3 blocks; no
  * spills, and no wgmma serialized by ptxas (it says so when it must, C7510/C7515).
  * On the H200 (2026-11-30) every attention test passes and hd128 4k documents
- * run at 344 TFLOP/s (mma.sync: 242; bench/attn_bench.c). Later: TMA
- * copies from a producer warp, 128-query tiles (two consumer warpgroups sharing
- * K/V), ping-pong scheduling between warpgroups. */
+ * run at 344 TFLOP/s (mma.sync: 242; bench/attn_bench.c). TMA copies from a
+ * producer warpgroup, 128-query tiles (two consumer warpgroups sharing K/V) and
+ * ping-pong scheduling between them: attention_fwd_sm90_2wg.cu (wgmma2). */
 #include "attention.cuh"
 #include "wgmma.cuh"
 

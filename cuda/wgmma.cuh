@@ -1,6 +1,7 @@
 /* wgmma.cuh — Hopper (sm_90a) warpgroup MMA and the shared-memory plumbing it
  * needs, shared by the kernels that use it (moe_gemm.cu's v2 GEMM,
- * attention_fwd_sm90.cu's forward, attention_bwd_sm90.cu's backward).
+ * attention_fwd_sm90.cu's and attention_fwd_sm90_2wg.cu's forwards,
+ * attention_bwd_sm90.cu's backward).
  *
  * A warpgroup is 4 consecutive warps (128 threads). wgmma.mma_async computes
  * D (64 x N, fp32 in registers) (=|+=) A (64 x 16) B (16 x N); B always comes
@@ -86,6 +87,23 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t da, 
         "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
         "%32, %33, p, 1, 1, 0, %35;\n}\n"
         : WGMMA_ACC32(d)
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TRANS_B ? 1 : 0));
+}
+
+/* d (64 x 128 fp32) (=|+=) A (64 x 16) @ B (16 x 128), both from shared memory, as
+ * the m64n64k16 form above (the two-consumer forward's 128-key S tiles). */
+template <bool TRANS_B>
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t da, uint64_t db, int scale_d)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, "
+        "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, "
+        "%59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, %67;\n}\n"
+        : WGMMA_ACC32(d), WGMMA_ACC8(d, 32), WGMMA_ACC8(d, 40), WGMMA_ACC8(d, 48), WGMMA_ACC8(d, 56)
         : "l"(da), "l"(db), "r"(scale_d), "n"(TRANS_B ? 1 : 0));
 }
 

@@ -16,10 +16,12 @@
  *   GEMM-based (linear, LoRA, rmsnorm bwd)           2e-2
  *   attention out / dq, dk, dv                       2e-2 / 4e-2
  *   fp32 results (lse, loss, optimizer)              1e-3 .. 1e-5
- * The attention tests run twice, on a backend created under CTUNE_ATTN_FWD=mma and
- * CTUNE_ATTN_BWD=mma, then on one under =wgmma for both (the Hopper kernels); each
- * pass compares the forward and the backward and checks that the backward is
- * bit-reproducible.
+ * The attention tests run four times, on a backend created under CTUNE_ATTN_FWD=mma
+ * and CTUNE_ATTN_BWD=mma, then on one under =wgmma for both (the Hopper kernels),
+ * then under CTUNE_ATTN_FWD=wgmma2 (the warp-specialized TMA forward) with the
+ * wgmma backward, then under CTUNE_ATTN_FWD=wgmma and CTUNE_ATTN_BWD=wgmma2 (dk/dv
+ * at D = 128 on two warpgroups); each pass compares the forward and the backward
+ * and checks that the backward is bit-reproducible.
  * Without a GPU every test reports "skip NAME: skipped: no GPU". */
 #include "backend.h"
 #include "check.h"
@@ -533,6 +535,18 @@ int main(void)
     RUN(adamw_matches_cpu_with_and_without_clipping);
     if (gpu) gpu->destroy(gpu);
     attn_fwd = attn_bwd = "wgmma"; /* the kernels are chosen when a backend is created */
+    setenv("CTUNE_ATTN_FWD", attn_fwd, 1);
+    setenv("CTUNE_ATTN_BWD", attn_bwd, 1);
+    gpu = backend_cuda_new(&err);
+    run_attention_tests();
+    if (gpu) gpu->destroy(gpu);
+    attn_fwd = "wgmma2";
+    setenv("CTUNE_ATTN_FWD", attn_fwd, 1);
+    gpu = backend_cuda_new(&err);
+    run_attention_tests();
+    if (gpu) gpu->destroy(gpu);
+    attn_fwd = "wgmma";
+    attn_bwd = "wgmma2";
     setenv("CTUNE_ATTN_FWD", attn_fwd, 1);
     setenv("CTUNE_ATTN_BWD", attn_bwd, 1);
     gpu = backend_cuda_new(&err);

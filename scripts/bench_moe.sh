@@ -6,6 +6,12 @@
 # 64 GB disk. Every layer of a shape is the same size, so tokens/s over the
 # layers scale as 1/layers, apart from the embedding and LM head.
 #   SPECS="qwen3-30b-a3b:12 gpt-oss-20b:8" STEPS=12 WARMUP=4 bash scripts/bench_moe.sh
+# CTUNE_MODES (default "ckpt"; "ckpt nockpt" for both) picks ctune's activation
+# checkpointing; HF=0 skips the HF runs. HF trains packed via position_ids with sdpa
+# and no checkpointing (its fastest setting that fits); gpt_oss has only eager
+# attention in transformers 5.17, whose packed row would keep a T x T probability
+# matrix per head and layer for backward (64 heads x 16384^2 x 2 bytes = 34 GB a
+# layer), so there HF runs padded batches of PADDED_BATCH (2) rows, checkpointed.
 # Writes $OUT/moe.jsonl and prints a table; then the per-layer breakdown
 # (bench/moe_layer_bench) and the grouped GEMM microbenchmark (bench/moe_gemm_bench).
 set -u
@@ -15,6 +21,9 @@ SPECS=${SPECS:-"qwen3-30b-a3b:12 gpt-oss-20b:8"}
 STEPS=${STEPS:-12}
 WARMUP=${WARMUP:-4}
 TPMB=${TPMB:-16384}
+CTUNE_MODES=${CTUNE_MODES:-ckpt}
+HF=${HF:-1}
+PADDED_BATCH=${PADDED_BATCH:-2}
 mkdir -p "$OUT"
 : >"$OUT/moe.jsonl"
 peak_start() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/mem.log" 2>/dev/null & MEMPID=$!; }
@@ -42,18 +51,20 @@ PY
         python3 scripts/make_bench_data.py --vocab "$vocab" --tokens $((TPMB * (STEPS + 6))) --out "$OUT/data-$vocab.jsonl"
         "$B/ctune" prepare --in "$OUT/data-$vocab.jsonl" --out "$data" --vocab-size "$vocab" >/dev/null
     fi
-    run=$OUT/ctune-$shape
+    for cmode in $CTUNE_MODES; do
+    ck=true; [ "$cmode" = nockpt ] && ck=false
+    run=$OUT/ctune-$shape-$cmode
     rm -rf "$run" "$OUT/trace-$shape"
     peak_start
     CTUNE_TRACE=$OUT/trace-$shape "$B/ctune" train configs/$shape.yaml --set model="$model" --set output_dir="$run" \
         --set "data.train_files=[$data/train.shard]" --set "data.eval_files=[]" --set data.tokens_per_micro_batch=$TPMB \
         --set training.max_steps="$STEPS" --set training.warmup_steps=2 --set training.logging_steps=1 \
-        --set training.save_steps=0 --set training.eval_steps=0 >"$run.log" 2>&1
+        --set training.save_steps=0 --set training.eval_steps=0 --set memory.gradient_checkpointing=$ck >"$run.log" 2>&1
     rc=$?
     peak=$(peak_stop)
-    python3 - "$run/metrics.jsonl" "$WARMUP" "$shape" "$layers" "$peak" "$rc" "$run.log" >>"$OUT/moe.jsonl" <<'PY'
+    python3 - "$run/metrics.jsonl" "$WARMUP" "$shape" "$layers" "$peak" "$rc" "$run.log" "$cmode" >>"$OUT/moe.jsonl" <<'PY'
 import json, statistics, sys, re
-path, warm, shape, layers, peak, rc, log = sys.argv[1:8]
+path, warm, shape, layers, peak, rc, log, mode = sys.argv[1:9]
 try:
     rows = [json.loads(l) for l in open(path) if '"loss"' in l]
 except OSError:
@@ -61,19 +72,23 @@ except OSError:
 tps = [r["tokens_per_second"] for r in rows if r["step"] > int(warm)]
 syncs = re.findall(r"host syncs per step: ([0-9.]+)", open(log).read())
 err = [l for l in open(log).read().splitlines() if l.startswith("ctune")][-1:]
-print(json.dumps({"shape": f"{shape} ({layers} layers)", "system": "ctune", "rc": int(rc),
+print(json.dumps({"shape": f"{shape} ({layers} layers)", "system": "ctune " + mode, "rc": int(rc),
                   "tokens_per_s": round(statistics.median(tps), 1) if tps else None, "peak_gib_smi": float(peak or 0),
                   "host_syncs_per_step": float(syncs[0]) if syncs else None,
                   "error": err[0][:160] if int(rc) and err else None}))
 PY
+    done
+    [ "$HF" = 1 ] || continue
+    hfmode="--mode packed"
+    case $shape in gpt-oss*) hfmode="--mode padded --batch $PADDED_BATCH --checkpointing" ;; esac
     peak_start
     timeout 900 python3 scripts/hf_bench.py --model "$model" --shards "$data/train.shard" --steps "$STEPS" \
-        --warmup "$WARMUP" --mode packed --tokens-per-step $TPMB --adapter "$OUT/trace-$shape/initial_adapter" \
+        --warmup "$WARMUP" $hfmode --tokens-per-step $TPMB --adapter "$OUT/trace-$shape/initial_adapter" \
         >"$OUT/hf-$shape.log" 2>&1
     rc=$?
     peak=$(peak_stop)
     line=$(grep '^{' "$OUT/hf-$shape.log" | tail -n 1)
-    [ -n "$line" ] || line="{\"system\": \"hf+peft packed\", \"rc\": $rc, \"error\": \"$(tail -n 1 "$OUT/hf-$shape.log" | tr -d '"\\' | cut -c1-160)\"}"
+    [ -n "$line" ] || line="{\"system\": \"hf+peft\", \"rc\": $rc, \"error\": \"$(tail -n 1 "$OUT/hf-$shape.log" | tr -d '"\\' | cut -c1-160)\"}"
     python3 -c "import json,sys; d=json.loads(sys.argv[1]); d.update(shape=sys.argv[2], peak_gib_smi=float(sys.argv[3] or 0)); print(json.dumps(d))" \
         "$line" "$shape ($layers layers)" "$peak" >>"$OUT/moe.jsonl"
 done

@@ -42,7 +42,6 @@ static struct {
 namespace lr {
 constexpr int NTHREADS = 256, BM = 128, BK = 64, STAGES = 3, LDX = BK + 8; /* row tiles: 16 rows per warp */
 constexpr int BR = 32, BNB = 128, LDP = BNB + 8; /* weight gradients: 32 rows x 128 columns per stage */
-constexpr int NJ = 8;                             /* expand: 64 output columns per step */
 constexpr size_t CAP_BYTES = (size_t)8 << 20;     /* u and g of one backward chunk */
 template <int RP> constexpr size_t smem_bytes()
 {
@@ -182,14 +181,30 @@ __device__ __forceinline__ void lora_store_rows(bf16 *S, const uint32_t (&a)[RP 
 
 /* Y[r, 0:N] += scale * d(U @ Wt^T) for this warp's rows r < rows: U (16, RP) as A
  * fragments, Wt (N, RP) dense bf16 read as B fragments from L1/L2. d.p > 0 masks
- * the product (columns are Y's). */
+ * the product (columns are Y's). Each step of 8 NJ columns loads all of this
+ * lane's 2 NJ pairs of Y before the products and stores them after: the compiler
+ * cannot move a load of Y above a store to Y (they might alias), so a load-add-
+ * store per pair would leave one load in flight per warp, and this read-modify-
+ * write is the op's main memory traffic. NJ: 64 columns per step, 32 at RP = 64,
+ * whose u fragments leave too few registers for 64 (ptxas spills). */
 template <int RP>
 __device__ void lora_expand(bf16 *Y, int ldy, int rows, const uint32_t (&u)[RP / 16][4], const bf16 *Wt,
                             int N, float scale, const drop_t &d)
 {
-    using namespace lr;
+    constexpr int NJ = RP >= 64 ? 4 : 8;
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     for (int n0 = 0; n0 < N; n0 += 8 * NJ) {
+        __nv_bfloat162 old[NJ][2];
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const int col = n0 + j * 8 + 2 * tq;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = g + 8 * h;
+                old[j][h] = col < N && r < rows ? *(const __nv_bfloat162 *)(Y + (size_t)r * ldy + col)
+                                                : __floats2bfloat162_rn(0.0f, 0.0f);
+            }
+        }
         float acc[NJ][4];
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
@@ -217,9 +232,8 @@ __device__ void lora_expand(bf16 *Y, int ldy, int rows, const uint32_t (&u)[RP /
                     v0 = ct_hash_uniform_dev(d.seed, i0) >= d.p ? v0 * d.inv_keep : 0.0f;
                     v1 = ct_hash_uniform_dev(d.seed, i0 + 1) >= d.p ? v1 * d.inv_keep : 0.0f;
                 }
-                __nv_bfloat162 *dst = (__nv_bfloat162 *)(Y + (size_t)r * ldy + col);
-                float2 o = __bfloat1622float2(*dst);
-                *dst = __floats2bfloat162_rn(o.x + v0, o.y + v1);
+                const float2 o = __bfloat1622float2(old[j][h]);
+                *(__nv_bfloat162 *)(Y + (size_t)r * ldy + col) = __floats2bfloat162_rn(o.x + v0, o.y + v1);
             }
         }
     }

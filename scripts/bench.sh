@@ -41,20 +41,8 @@ for shape in $SHAPES; do
         --set training.warmup_steps=2 --set training.logging_steps=1 >"$run.log" 2>&1
     rc=$?
     peak=$(peak_stop)
-    python3 - "$run/metrics.jsonl" "$WARMUP" "$shape" "$peak" "$rc" "$run.log" "$cmode" "$gflop" >>"$OUT/bench.jsonl" <<'PY'
-import json, statistics, sys, re
-path, warm, shape, peak, rc, log, mode, gflop = sys.argv[1:9]
-try:
-    rows = [json.loads(l) for l in open(path) if '"loss"' in l]
-except OSError:
-    rows = []
-tps = [r["tokens_per_second"] for r in rows if r["step"] > int(warm)]
-syncs = re.findall(r"host syncs per step: ([0-9.]+)", open(log).read())
-print(json.dumps({"shape": shape, "system": "ctune " + mode, "rc": int(rc),
-                  "tokens_per_s": round(statistics.median(tps), 1) if tps else None,
-                  "steps_timed": len(tps), "peak_gib_smi": float(peak or 0), "gflop_per_token": float(gflop),
-                  "host_syncs_per_step": float(syncs[0]) if syncs else None}))
-PY
+    python3 scripts/run_record.py "$run" "$run.log" "$rc" "$WARMUP" "$peak" \
+        "{\"shape\": \"$shape\", \"system\": \"ctune $cmode\", \"gflop_per_token\": $gflop}" >>"$OUT/bench.jsonl"
     done
     for mode in $HF_MODES; do
         args="--mode ${mode%-ckpt}"

@@ -37,24 +37,11 @@ if [ ! -f "$data/train.shard" ]; then
     "$B/ctune" prepare --in "$OUT/llama.jsonl" --out "$data" --vocab-size 128256 >/dev/null
 fi
 
-# record NAME RUN_DIR LOG RC PEAK EXTRA_JSON
+# record NAME RUN_DIR LOG RC PEAK WARMUP EXTRA_JSON
 record() {
-    python3 - "$@" >>"$OUT/memory.jsonl" <<'PY'
-import json, statistics, sys, re
-name, run, log, rc, peak, extra = sys.argv[1:7]
-try:
-    rows = [json.loads(l) for l in open(run + "/metrics.jsonl") if '"loss"' in l]
-except OSError:
-    rows = []
-warm = int(json.loads(extra).get("warmup", 0))
-tps = [r["tokens_per_second"] for r in rows if r["step"] > warm]
-text = open(log).read()
-err = [l for l in text.splitlines() if l.startswith("ctune")][-1:] if rc != "0" else []
-d = {"run": name, "rc": int(rc), "tokens_per_s": round(statistics.median(tps), 1) if tps else None,
-     "peak_gib_smi": float(peak or 0), "error": err[0][:200] if err else None}
-d.update(json.loads(extra))
-print(json.dumps(d))
-PY
+    python3 scripts/run_record.py "$2" "$3" "$4" "$6" "$5" \
+        "$(python3 -c 'import json, sys; print(json.dumps({"run": sys.argv[1], **json.loads(sys.argv[2])}))' "$1" "$7")" \
+        >>"$OUT/memory.jsonl"
 }
 
 if has modes; then
@@ -75,8 +62,8 @@ if has modes; then
                 --set training.warmup_steps=1 --set training.logging_steps=1 --set training.save_steps=0 \
                 --set training.eval_steps=0 $args >"$run.log" 2>&1
             rc=$?
-            record "llama3.1-8b $tpmb $mode" "$run" "$run.log" $rc "$(peak_stop)" \
-                "{\"tokens_per_micro_batch\": $tpmb, \"mode\": \"$mode\", \"warmup\": $WARMUP}"
+            record "llama3.1-8b $tpmb $mode" "$run" "$run.log" $rc "$(peak_stop)" "$WARMUP" \
+                "{\"tokens_per_micro_batch\": $tpmb, \"mode\": \"$mode\"}"
         done
     done
 fi
@@ -123,8 +110,8 @@ if has long; then
         --set training.warmup_steps=1 --set training.save_steps=0 --set training.eval_steps=0 \
         --set memory.activation_offload=on >"$run.log" 2>&1
     rc=$?
-    record "llama3.1-8b ${LAYERS} layers, one $LONG-token sequence, offload on" "$run" "$run.log" $rc "$(peak_stop)" \
-        "{\"wall_s\": $(( $(date +%s) - t0 )), \"warmup\": 0}"
+    record "llama3.1-8b ${LAYERS} layers, one $LONG-token sequence, offload on" "$run" "$run.log" $rc "$(peak_stop)" 0 \
+        "{\"wall_s\": $(( $(date +%s) - t0 ))}"
 fi
 
 if has fulldepth; then
@@ -137,8 +124,8 @@ if has fulldepth; then
         --set data.tokens_per_micro_batch=$LONG --set training.max_steps=1 \
         --set training.warmup_steps=1 --set training.save_steps=0 --set training.eval_steps=0 >"$run.log" 2>&1
     rc=$?
-    record "llama3.1-8b 32 layers, $LONG tokens of documents, offload auto" "$run" "$run.log" $rc "$(peak_stop)" \
-        "{\"wall_s\": $(( $(date +%s) - t0 )), \"warmup\": 0}"
+    record "llama3.1-8b 32 layers, $LONG tokens of documents, offload auto" "$run" "$run.log" $rc "$(peak_stop)" 0 \
+        "{\"wall_s\": $(( $(date +%s) - t0 ))}"
     grep -A9 "memory plan" "$run.log"
 fi
 

@@ -62,21 +62,8 @@ PY
         --set training.save_steps=0 --set training.eval_steps=0 --set memory.gradient_checkpointing=$ck >"$run.log" 2>&1
     rc=$?
     peak=$(peak_stop)
-    python3 - "$run/metrics.jsonl" "$WARMUP" "$shape" "$layers" "$peak" "$rc" "$run.log" "$cmode" >>"$OUT/moe.jsonl" <<'PY'
-import json, statistics, sys, re
-path, warm, shape, layers, peak, rc, log, mode = sys.argv[1:9]
-try:
-    rows = [json.loads(l) for l in open(path) if '"loss"' in l]
-except OSError:
-    rows = []
-tps = [r["tokens_per_second"] for r in rows if r["step"] > int(warm)]
-syncs = re.findall(r"host syncs per step: ([0-9.]+)", open(log).read())
-err = [l for l in open(log).read().splitlines() if l.startswith("ctune")][-1:]
-print(json.dumps({"shape": f"{shape} ({layers} layers)", "system": "ctune " + mode, "rc": int(rc),
-                  "tokens_per_s": round(statistics.median(tps), 1) if tps else None, "peak_gib_smi": float(peak or 0),
-                  "host_syncs_per_step": float(syncs[0]) if syncs else None,
-                  "error": err[0][:160] if int(rc) and err else None}))
-PY
+    python3 scripts/run_record.py "$run" "$run.log" "$rc" "$WARMUP" "$peak" \
+        "{\"shape\": \"$shape ($layers layers)\", \"system\": \"ctune $cmode\"}" >>"$OUT/moe.jsonl"
     done
     [ "$HF" = 1 ] || continue
     hfmode="--mode packed"

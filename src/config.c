@@ -48,11 +48,13 @@ typedef struct key_spec {
 } key_spec;
 
 _Static_assert(sizeof(ct_sched_type) == sizeof(int) && sizeof(ct_tristate) == sizeof(int) &&
-               sizeof(ct_device) == sizeof(int), "K_ENUM stores enums through an int");
+               sizeof(ct_device) == sizeof(int) && sizeof(ct_checkpoint_layers) == sizeof(int),
+               "K_ENUM stores enums through an int");
 
 static const char *const sched_names[] = { "constant", "linear", "cosine", NULL };
 static const char *const device_names[] = { "auto", "cpu", "cuda", NULL };
 static const char *const tri_names[] = { "auto", "on", "off", NULL };
+static const char *const ckpt_layer_names[] = { "all", "auto", NULL };
 static const char *const init_names[] = { "true", "gaussian", NULL };
 static const char *const linear_names[] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", NULL };
@@ -111,6 +113,7 @@ static const key_spec keys[] = {
       .expect = "auto, false or a checkpoint folder" },
     BOOLK("training.router_aux_loss", training.router_aux_loss),
     BOOLK("memory.gradient_checkpointing", memory.gradient_checkpointing),
+    ENUMK("memory.checkpoint_layers", memory.checkpoint_layers, ckpt_layer_names, "all or auto"),
     ENUMK("memory.activation_offload", memory.activation_offload, tri_names, "auto, on or off"),
     INTK("memory.offload_buffers", memory.offload_buffers, 1, 2, 0, "1 or 2"),
 };
@@ -168,6 +171,7 @@ void config_defaults(ct_config *cfg)
     t->save_total_limit = 3;
     t->resume_mode = CT_RESUME_AUTO;
     cfg->memory.gradient_checkpointing = true;
+    cfg->memory.checkpoint_layers = CT_CKPT_ALL;
     cfg->memory.activation_offload = CT_TRI_AUTO;
     cfg->memory.offload_buffers = 2;
 }

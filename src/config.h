@@ -66,8 +66,13 @@ typedef struct ct_training_config {
     bool router_aux_loss;           /* MoE: add the load-balancing loss x the model's router_aux_loss_coef */
 } ct_training_config;
 
+/* memory.checkpoint_layers: with checkpointing, recompute every layer in backward,
+ * or only the fewest (from layer 0) that the memory plan needs to fit. */
+typedef enum { CT_CKPT_ALL, CT_CKPT_AUTO } ct_checkpoint_layers;
+
 typedef struct ct_memory_config {
     bool gradient_checkpointing;
+    ct_checkpoint_layers checkpoint_layers;
     ct_tristate activation_offload;
     int offload_buffers;       /* device staging buffers for offloaded inputs: 2 overlaps copies (default), 1 saves one */
 } ct_memory_config;

@@ -29,7 +29,8 @@ typedef struct layer_acts {
     void *h;         /* (T, H) */
     void *hn;        /* (T, H) */
     float *rstd2;    /* (T) */
-    void *gu;        /* (C, 2I), dense layers: C = T without checkpointing, else one MLP chunk */
+    void *gu;        /* (C, 2I), dense layers: C = one MLP chunk in the workspace that
+                      * recomputed layers share, else T (every chunk of the layer) */
     void *act;       /* (C, I), dense layers */
 } layer_acts;
 
@@ -38,10 +39,11 @@ struct ct_graph {
     ct_backend *be;
     ct_graph_options opt;
     int capacity;
-    bool checkpointing;
     int mlp_chunk;        /* tokens per dense-MLP chunk (capacity without checkpointing) */
+    int n_recompute;      /* layers 0 .. n_recompute-1 are recomputed in backward */
     int n_off, n_stage;   /* offloaded layer inputs (0 .. n_off-1); device staging buffers (1|2) */
-    int n_ws;             /* workspaces: 1 with checkpointing, else L */
+    int n_ws;             /* workspaces: one the recomputed layers share (if any), then
+                           * one per layer that keeps its intermediates; see ws_of */
     layer_acts *ws;
     void **xs;            /* (L + 1) layer inputs on the device, each (T, H); NULL when offloaded */
     void *stage[2];       /* (T, H) device copies of offloaded layer inputs */
@@ -108,6 +110,7 @@ static void graph_layout(ct_graph *g, ct_arena *ar)
     mark = ar->used;
     for (int i = 0; i < g->n_ws; i++) {
         layer_acts *a = &g->ws[i];
+        size_t M = i == 0 && g->n_recompute > 0 ? C : T; /* MLP rows: one chunk, or every chunk */
         a->xn = arena_take(ar, T * H * A);
         a->rstd1 = arena_take(ar, T * F);
         a->qkv_raw = c->qk_norm ? arena_take(ar, T * QKV * A) : NULL;
@@ -119,8 +122,8 @@ static void graph_layout(ct_graph *g, ct_arena *ar)
         a->h = arena_take(ar, T * H * A);
         a->hn = arena_take(ar, T * H * A);
         a->rstd2 = arena_take(ar, T * F);
-        a->gu = dense_mlp ? arena_take(ar, C * 2 * I * A) : NULL;
-        a->act = dense_mlp ? arena_take(ar, C * I * A) : NULL;
+        a->gu = dense_mlp ? arena_take(ar, M * 2 * I * A) : NULL;
+        a->act = dense_mlp ? arena_take(ar, M * I * A) : NULL;
     }
     g->xf = arena_take(ar, T * H * A);
     g->rstd_f = arena_take(ar, T * F);
@@ -153,12 +156,13 @@ static ct_graph *graph_shell(const ct_model *m, const ct_graph_options *opt)
     g->be = m->be;
     g->opt = *opt;
     g->capacity = opt->capacity;
-    g->checkpointing = opt->checkpointing;
     g->mlp_chunk = opt->checkpointing && opt->mlp_chunk > 0 && opt->mlp_chunk < opt->capacity ? opt->mlp_chunk
                                                                                                : opt->capacity;
+    int kept = !opt->checkpointing ? L : opt->keep_layers < 0 ? 0 : opt->keep_layers < L ? opt->keep_layers : L;
+    g->n_recompute = L - kept;
     g->n_off = opt->checkpointing ? (opt->offload_layers < L ? opt->offload_layers : L) : 0;
     g->n_stage = opt->offload_buffers >= 2 && g->n_off >= 2 ? 2 : 1;
-    g->n_ws = opt->checkpointing ? 1 : L;
+    g->n_ws = (g->n_recompute > 0) + kept;
     g->ws = ct_calloc(g->n_ws, sizeof *g->ws);
     g->xs = ct_calloc(L + 1, sizeof *g->xs);
     g->moe = moe_new(m, opt->capacity, g->n_ws);
@@ -332,7 +336,13 @@ static void lora_bwd(ct_graph *g, const lora_ctx *lc, int l, ct_module mod, void
 
 static int layer_window(const ct_model_config *c, int l) { return c->layer_sliding[l] ? c->sliding_window : 0; }
 
-static int ws_of(const ct_graph *g, int l) { return g->checkpointing ? 0 : l; }
+static bool recomputed(const ct_graph *g, int l) { return l < g->n_recompute; }
+
+/* Recomputed layers share workspace 0; layer l >= n_recompute keeps its own. */
+static int ws_of(const ct_graph *g, int l)
+{
+    return recomputed(g, l) ? 0 : (g->n_recompute > 0) + l - g->n_recompute;
+}
 
 /* gu = hn Wgu^T (+LoRA gate|up) and act = swiglu(gu) for the n tokens of chunk c
  * (hn already offset to its first token; gu and act start at row 0). */
@@ -358,17 +368,18 @@ static void mlp_forward(ct_graph *g, const lora_ctx *lc, int l, layer_acts *a, v
     int T = g->T, H = c->hidden_size, I = c->intermediate_size;
     for (int t0 = 0, ci = 0; t0 < T; t0 += g->mlp_chunk, ci++) {
         int n = T - t0 < g->mlp_chunk ? T - t0 : g->mlp_chunk;
-        size_t row = (size_t)t0 * H;
-        mlp_chunk_forward(g, lc, l, act_at(g, a->hn, row), a->gu, a->act, n, ci);
-        be->linear_fwd_residual(be, act_at(g, out, row), H, act_at(g, a->h, row), a->act, I, w->wdown, w->bdown,
+        size_t row = (size_t)t0 * H, r0 = recomputed(g, l) ? 0 : (size_t)t0; /* chunk's rows in gu, act */
+        void *gu = act_at(g, a->gu, r0 * 2 * I), *act = act_at(g, a->act, r0 * I);
+        mlp_chunk_forward(g, lc, l, act_at(g, a->hn, row), gu, act, n, ci);
+        be->linear_fwd_residual(be, act_at(g, out, row), H, act_at(g, a->h, row), act, I, w->wdown, w->bdown,
                                 n, I, H);
-        lora_fwd(g, lc, l, CT_MOD_DOWN, act_at(g, out, row), H, a->act, I, n, ci);
+        lora_fwd(g, lc, l, CT_MOD_DOWN, act_at(g, out, row), H, act, I, n, ci);
     }
 }
 
 /* dhn = the dense MLP's input gradient given d (its output gradient), chunk by
- * chunk. With checkpointing, each chunk's gu and act are recomputed here (the
- * layer recompute stops before the MLP); without, forward kept them (one chunk). */
+ * chunk. In a recomputed layer each chunk's gu and act are recomputed here (the
+ * layer recompute stops before the MLP); otherwise forward kept them all. */
 static void mlp_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_acts *a, const void *d)
 {
     const ct_model_config *c = &g->m->cfg;
@@ -377,13 +388,13 @@ static void mlp_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_act
     int T = g->T, H = c->hidden_size, I = c->intermediate_size;
     for (int t0 = 0, ci = 0; t0 < T; t0 += g->mlp_chunk, ci++) {
         int n = T - t0 < g->mlp_chunk ? T - t0 : g->mlp_chunk;
-        size_t row = (size_t)t0 * H;
+        size_t row = (size_t)t0 * H, r0 = recomputed(g, l) ? 0 : (size_t)t0;
         const void *hn = act_at(g, a->hn, row), *dc = act_at(g, (void *)d, row);
-        void *dhn = act_at(g, g->dhn, row);
-        if (g->checkpointing) mlp_chunk_forward(g, lc, l, hn, a->gu, a->act, n, ci);
+        void *dhn = act_at(g, g->dhn, row), *gu = act_at(g, a->gu, r0 * 2 * I), *act = act_at(g, a->act, r0 * I);
+        if (recomputed(g, l)) mlp_chunk_forward(g, lc, l, hn, gu, act, n, ci);
         be->linear_bwd_input(be, g->dact, I, dc, H, w->wdown, n, I, H, 0);
-        lora_bwd(g, lc, l, CT_MOD_DOWN, g->dact, I, dc, H, a->act, I, n, ci);
-        be->swiglu_bwd(be, g->dgu, g->dact, a->gu, n, I);
+        lora_bwd(g, lc, l, CT_MOD_DOWN, g->dact, I, dc, H, act, I, n, ci);
+        be->swiglu_bwd(be, g->dgu, g->dact, gu, n, I);
         be->linear_bwd_input(be, dhn, H, g->dgu, 2 * I, w->wgu, n, H, 2 * I, 0);
         lora_bwd(g, lc, l, CT_MOD_GATE, dhn, H, g->dgu, 2 * I, hn, H, n, ci);
         lora_bwd(g, lc, l, CT_MOD_UP, dhn, H, act_at(g, g->dgu, I), 2 * I, hn, H, n, ci);
@@ -577,7 +588,7 @@ void graph_train_step(ct_graph *g, const ct_lora *lo, float grad_scale, uint64_t
     be->rmsnorm_bwd(be, g->dstream, H, g->dxf, H, g->xs[L], H, g->rstd_f, g->m->final_norm, T, 1, H, NULL, 0);
     for (int l = L - 1; l >= 0; l--) {
         offload_before_backward(g, l);
-        if (g->checkpointing) layer_forward(g, &lc, l, layer_input(g, l), NULL, acts_of(g, l));
+        if (recomputed(g, l)) layer_forward(g, &lc, l, layer_input(g, l), NULL, acts_of(g, l));
         layer_backward(g, &lc, l, layer_input(g, l), g->dstream, acts_of(g, l));
     }
     release_batch(g);

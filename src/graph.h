@@ -24,6 +24,10 @@ typedef struct ct_graph_options {
     int mlp_chunk;        /* with checkpointing: the dense MLP runs over chunks of this
                            * many tokens (0 = the whole micro-batch). Later chunks draw
                            * their own LoRA dropout masks. */
+    int keep_layers;      /* with checkpointing: the last keep_layers layers keep their
+                           * intermediates and are not recomputed in backward (memory
+                           * plan: memory.checkpoint_layers auto); 0 = every layer is
+                           * recomputed. Results are bit-identical for every value. */
 } ct_graph_options;
 
 /* Bytes by what they are for (the memory plan prints them). */

@@ -44,6 +44,7 @@ size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
 static bool fill(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const ct_graph_options *opt)
 {
     p->opt = *opt;
+    p->layers = m->cfg.num_hidden_layers;
     graph_measure(m, opt, &p->graph);
     p->weights = m->weight_bytes;
     p->lora_optim = lo ? lo->n_params * 4 * sizeof(float) : 0;
@@ -75,13 +76,35 @@ static bool fewest_offloaded(ct_memory_plan *p, const ct_model *m, const ct_lora
     return p->fits;
 }
 
-/* The first layout that fits, in the order `mode` prefers; false if none. */
+/* memory.checkpoint_layers auto: the most layers (the last ones) that keep their
+ * intermediates while the device part fits without offload, or 0. Memory grows
+ * with their number, so a binary search finds it. */
+static int most_kept_layers(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, ct_graph_options o)
+{
+    int good = 0, lo_k = 1, hi_k = m->cfg.num_hidden_layers;
+    while (lo_k <= hi_k) {
+        o.keep_layers = lo_k + (hi_k - lo_k) / 2;
+        if (fill(p, m, lo, &o)) good = o.keep_layers, lo_k = o.keep_layers + 1;
+        else hi_k = o.keep_layers - 1;
+    }
+    return good;
+}
+
+/* The first layout that fits, in the order `mode` prefers; false if none. With
+ * checkpoint_layers auto (and offload not forced on), keeping the last layers'
+ * intermediates comes before offloading: it saves recompute time, offload only
+ * frees memory. */
 static bool choose_layout(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const ct_memory_config *mem,
                           int capacity)
 {
     int L = m->cfg.num_hidden_layers, max_buffers = mem->offload_buffers == 1 ? 1 : 2;
     ct_graph_options o = {.capacity = capacity, .checkpointing = mem->gradient_checkpointing,
                           .mlp_chunk = mem->gradient_checkpointing ? CT_MLP_CHUNK_TOKENS : 0};
+    if (o.checkpointing && mem->checkpoint_layers == CT_CKPT_AUTO && mem->activation_offload != CT_TRI_ON) {
+        o.keep_layers = most_kept_layers(p, m, lo, o);
+        fill(p, m, lo, &o);
+        if (o.keep_layers > 0) return p->fits;
+    }
     if (!o.checkpointing || mem->activation_offload == CT_TRI_OFF) {
         fill(p, m, lo, &o);
         return p->fits;
@@ -207,6 +230,11 @@ void memory_plan_print(const ct_memory_plan *p, FILE *f)
     fprintf(f, "  layer working set    %s", size_str(b, sizeof b, p->graph.working));
     if (o->checkpointing && o->mlp_chunk > 0 && o->mlp_chunk < o->capacity)
         fprintf(f, "  (MLP in chunks of %d tokens)", o->mlp_chunk);
+    if (o->checkpointing && o->keep_layers > 0) {
+        int L = p->layers, first = L - (o->keep_layers < L ? o->keep_layers : L);
+        fprintf(f, "  (layers %d-%d keep their intermediates; %s)", first, L - 1,
+                first > 0 ? "the others are recomputed in backward" : "none is recomputed");
+    }
     fprintf(f, "\n  op workspace         %s\n", size_str(b, sizeof b, p->workspace));
     fprintf(f, "  batch metadata       %s\n", size_str(b, sizeof b, p->graph.batch));
     fprintf(f, "  total %-14s %s", strcmp(p->backend, "cpu") ? "on the device" : "(host memory)",

@@ -24,6 +24,7 @@
 typedef struct ct_memory_plan {
     const char *backend;
     ct_graph_options opt;     /* what graph_new_with gets */
+    int layers;               /* the model's */
     ct_graph_sizes graph;
     size_t weights;           /* model weights on the device */
     size_t lora_optim;        /* LoRA parameters, gradients, AdamW moments */
@@ -41,8 +42,10 @@ typedef struct ct_memory_plan {
  * activation_offload: off = none; on = every layer input, two staging buffers
  * (one if two do not fit); auto = none if that fits, else the fewest layers
  * (from layer 0) with two buffers, else all with one. offload_buffers 1 caps
- * the staging buffers at one. CT_ERR_INPUT, naming what
- * to change, when nothing fits or offload is asked without checkpointing;
+ * the staging buffers at one. checkpoint_layers auto (with checkpointing, offload
+ * not on): the most layers, from the last, that keep their intermediates and
+ * still fit without offload; when not even one does, as with all. CT_ERR_INPUT,
+ * naming what to change, when nothing fits or offload is asked without checkpointing;
  * *plan is filled either way (plan->fits says which). */
 int memory_plan_choose(const ct_model *m, const ct_lora *lo, const ct_memory_config *mem, int capacity,
                        size_t available, size_t host_available, ct_memory_plan *plan, ct_error *err);

@@ -1,7 +1,8 @@
 # memory.test.sh — the memory plan from the command line: --dry-run, offload
 # on the CPU backend (its copies are immediate, so the losses must equal a run
-# without offload to every printed digit), the pageable-memory fallback and a
-# config that asks for offload without checkpointing. Helpers: tests/lib.sh.
+# without offload to every printed digit), the pageable-memory fallback, a
+# config that asks for offload without checkpointing, and checkpoint_layers auto
+# (the same losses, no layer recomputed when memory allows). Helpers: tests/lib.sh.
 source "$(dirname "$0")/lib.sh"
 
 MODEL=$(mktemp -d)/tiny
@@ -36,6 +37,18 @@ pageable_fallback_warns_and_trains() {
     [ -f out/final/adapter_model.safetensors ]
 }
 
+auto_checkpoint_layers_keeps_every_layer_when_memory_allows() {
+    run_tiny plain >log1 2>&1 || { cat log1; false; }
+    run_tiny kept --set memory.checkpoint_layers=auto >log2 2>&1 || { cat log2; false; }
+    grep -q "layers 0-3 keep their intermediates; none is recomputed" log2
+    diff <(sed 's/"tokens_per_second.*//' plain/metrics.jsonl) <(sed 's/"tokens_per_second.*//' kept/metrics.jsonl)
+}
+
+bad_checkpoint_layers_value_is_named() {
+    expect_exit 2 run_tiny out --set memory.checkpoint_layers=some
+    grep -q "memory.checkpoint_layers" err.txt && grep -q "all or auto" err.txt
+}
+
 offload_without_checkpointing_is_a_config_error() {
     expect_exit 2 run_tiny out --set memory.activation_offload=on --set memory.gradient_checkpointing=false
     grep -q "tiny.yaml: memory.activation_offload: on needs memory.gradient_checkpointing: true" err.txt
@@ -46,5 +59,7 @@ run_test dry_run_prints_the_plan_and_writes_nothing
 run_test offload_on_trains_to_the_same_losses
 run_test pageable_fallback_warns_and_trains
 run_test offload_without_checkpointing_is_a_config_error
+run_test auto_checkpoint_layers_keeps_every_layer_when_memory_allows
+run_test bad_checkpoint_layers_value_is_named
 rm -rf "$(dirname "$MODEL")"
 summary

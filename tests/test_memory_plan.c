@@ -1,7 +1,8 @@
 /* test_memory_plan.c — the memory plan's choices (memory_plan_choose) for a
  * given amount of free memory: no offload when everything fits, the fewest
  * offloaded layers when not, one staging buffer as the last resort, and a
- * refusal that names a micro-batch size which does fit. Sizes come from
+ * refusal that names a micro-batch size which does fit, and with
+ * checkpoint_layers auto the most layers that keep their intermediates. Sizes come from
  * graph_measure, so the plan is checked against the layout that allocates. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -151,6 +152,49 @@ TEST(mlp_chunking_bounds_the_working_set)
     CHECK(a.working - b.working == saved, "saved %zu, expected %zu", a.working - b.working, saved);
 }
 
+/* checkpoint_layers auto: all layers keep their intermediates when that fits;
+ * else the most (the last ones) that fit, each one more than that not fitting;
+ * offload only once not even one fits. */
+TEST(auto_checkpoint_layers_keeps_the_most_layers_that_fit)
+{
+    ct_memory_config m = mem(true, CT_TRI_AUTO);
+    m.checkpoint_layers = CT_CKPT_AUTO;
+    int L = model.cfg.num_hidden_layers;
+    ct_memory_plan p, all, none;
+    ct_error err = {0};
+    REQUIRE(memory_plan_choose(&model, NULL, &m, T, SIZE_MAX, SIZE_MAX, &all, &err) == CT_OK, "%s", err.msg);
+    CHECK(all.fits && all.opt.keep_layers == L && all.opt.offload_layers == 0, "unlimited: keep %d offload %d",
+          all.opt.keep_layers, all.opt.offload_layers);
+    ct_memory_config every = mem(true, CT_TRI_AUTO);
+    REQUIRE(memory_plan_choose(&model, NULL, &every, T, SIZE_MAX, SIZE_MAX, &none, &err) == CT_OK, "%s", err.msg);
+    REQUIRE(none.opt.keep_layers == 0, "checkpoint_layers all kept %d", none.opt.keep_layers);
+    size_t per_layer = (graph_need(&all) - graph_need(&none)) / L;
+    REQUIRE(per_layer > 0, "keeping layers costs nothing");
+    /* room for about half the layers' intermediates */
+    size_t avail = graph_need(&none) + per_layer * (L / 2) + per_layer / 2;
+    REQUIRE(memory_plan_choose(&model, NULL, &m, T, avail, SIZE_MAX, &p, &err) == CT_OK, "%s", err.msg);
+    int k = p.opt.keep_layers;
+    CHECK(p.fits && k >= 1 && k < L && p.opt.offload_layers == 0 && graph_need(&p) <= avail,
+          "keep %d offload %d need %zu avail %zu", k, p.opt.offload_layers, graph_need(&p), avail);
+    ct_graph_options more = p.opt;
+    more.keep_layers = k + 1;
+    ct_memory_plan q;
+    ct_memory_config fixed = mem(true, CT_TRI_OFF);
+    REQUIRE(memory_plan_choose(&model, NULL, &fixed, T, SIZE_MAX, SIZE_MAX, &q, &err) == CT_OK, "%s", err.msg);
+    graph_measure(&model, &more, &q.graph);
+    CHECK(graph_need(&q) > avail, "keep %d would also fit (%zu <= %zu)", k + 1, graph_need(&q), avail);
+    /* not even one layer fits: every layer recomputed, offload as with all */
+    avail = graph_need(&none) - (size_t)T * model.cfg.hidden_size * be->act_bytes * 2;
+    REQUIRE(memory_plan_choose(&model, NULL, &m, T, avail, SIZE_MAX, &p, &err) == CT_OK, "%s", err.msg);
+    CHECK(p.opt.keep_layers == 0 && p.opt.offload_layers > 0, "keep %d offload %d", p.opt.keep_layers,
+          p.opt.offload_layers);
+    /* offload on: every input offloaded, no layer kept */
+    m.activation_offload = CT_TRI_ON;
+    REQUIRE(memory_plan_choose(&model, NULL, &m, T, SIZE_MAX, SIZE_MAX, &p, &err) == CT_OK, "%s", err.msg);
+    CHECK(p.opt.keep_layers == 0 && p.opt.offload_layers == L, "on: keep %d offload %d", p.opt.keep_layers,
+          p.opt.offload_layers);
+}
+
 int main(void)
 {
     (void)fixture_batch;
@@ -167,6 +211,7 @@ int main(void)
     RUN(auto_offloads_only_what_the_host_can_take);
     RUN(no_checkpointing_keeps_every_layer);
     RUN(mlp_chunking_bounds_the_working_set);
+    RUN(auto_checkpoint_layers_keeps_the_most_layers_that_fit);
     model_free(&model);
     be->destroy(be);
     char cmd[128];

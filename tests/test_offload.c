@@ -2,7 +2,9 @@
  * backend, whose offload copies happen at once: any mistake in the schedule
  * (a layer reading the wrong staging buffer, a missing store or load, a
  * recompute overwriting an input) changes the loss or the gradients, so
- * every layout must match no checkpointing bit for bit.
+ * every layout must match no checkpointing bit for bit; so must every split
+ * between recomputed layers and layers that keep their intermediates
+ * (keep_layers).
  *
  * On the GPU the same comparison runs with copies on a second stream ordered
  * by events, on a model large enough (2048 tokens per micro-batch) that copies
@@ -147,20 +149,25 @@ static void check_layouts_match(ct_backend *be, const char *json, double dropout
     double gsum = 0;
     for (size_t i = 0; i < f.lora.n_params; i++) gsum += fabs(ref.grads[i]);
     REQUIRE(gsum > 0, "reference gradients are all zero");
-    for (int k = 0; k <= L; k++)
-        for (int nb = 1; nb <= 2; nb++) {
-            ct_graph_options o = {.capacity = capacity, .checkpointing = true, .offload_layers = k,
-                                  .offload_buffers = nb};
-            result r;
-            REQUIRE(run_graph(&f, &o, &r) == 0, "run k=%d buffers=%d", k, nb);
-            CHECK(r.loss == ref.loss, "k=%d buffers=%d: loss %.9g != %.9g", k, nb, r.loss, ref.loss);
-            CHECK(r.eval_loss == ref.eval_loss, "k=%d buffers=%d: eval loss %.9g != %.9g", k, nb, r.eval_loss,
-                  ref.eval_loss);
-            CHECK(memcmp(r.grads, ref.grads, f.lora.n_params * sizeof(float)) == 0,
-                  "k=%d buffers=%d: gradients differ (l2 rel %.3g)", k, nb,
-                  check_l2_rel_err(r.grads, ref.grads, f.lora.n_params));
-            free(r.grads);
-        }
+    /* keep: layers that keep their intermediates (none, one, all but one, all) */
+    const int keeps[] = {0, 1, L - 1, L};
+    for (int ki = 0; ki < 4; ki++)
+        for (int k = 0; k <= L; k++)
+            for (int nb = 1; nb <= 2; nb++) {
+                const int keep = keeps[ki];
+                ct_graph_options o = {.capacity = capacity, .checkpointing = true, .offload_layers = k,
+                                      .offload_buffers = nb, .keep_layers = keep};
+                result r;
+                REQUIRE(run_graph(&f, &o, &r) == 0, "run keep=%d k=%d buffers=%d", keep, k, nb);
+                CHECK(r.loss == ref.loss, "keep=%d k=%d buffers=%d: loss %.9g != %.9g", keep, k, nb, r.loss,
+                      ref.loss);
+                CHECK(r.eval_loss == ref.eval_loss, "keep=%d k=%d buffers=%d: eval loss %.9g != %.9g", keep, k,
+                      nb, r.eval_loss, ref.eval_loss);
+                CHECK(memcmp(r.grads, ref.grads, f.lora.n_params * sizeof(float)) == 0,
+                      "keep=%d k=%d buffers=%d: gradients differ (l2 rel %.3g)", keep, k, nb,
+                      check_l2_rel_err(r.grads, ref.grads, f.lora.n_params));
+                free(r.grads);
+            }
     free(ref.grads);
     fixture_close(&f);
 }
@@ -217,6 +224,33 @@ TEST(mlp_chunks_match_the_whole_micro_batch)
     fixture_close(&f);
 }
 
+/* Layers that keep their intermediates run the MLP over the same chunks as the
+ * recomputed ones (their gu and act hold every chunk): bit-identical to
+ * recomputing every layer at the same chunk size, dropout masks included. */
+TEST(kept_layers_match_recomputed_ones_with_mlp_chunks_and_dropout)
+{
+    fixture f;
+    REQUIRE(fixture_open(&f, NULL, llama4_json, 0.1, 64) == 0, "fixture");
+    int L = f.model.cfg.num_hidden_layers;
+    ct_graph_options all = {.capacity = 64, .checkpointing = true, .mlp_chunk = 16};
+    result a;
+    REQUIRE(run_graph(&f, &all, &a) == 0, "every layer recomputed");
+    for (int keep = 1; keep <= L; keep++) {
+        ct_graph_options o = all;
+        o.keep_layers = keep;
+        o.offload_layers = 1;
+        result r;
+        REQUIRE(run_graph(&f, &o, &r) == 0, "keep %d", keep);
+        CHECK(r.loss == a.loss && r.eval_loss == a.eval_loss, "keep %d: loss %.9g / %.9g, eval %.9g / %.9g", keep,
+              r.loss, a.loss, r.eval_loss, a.eval_loss);
+        CHECK(memcmp(r.grads, a.grads, f.lora.n_params * sizeof(float)) == 0,
+              "keep %d: gradients differ (l2 rel %.3g)", keep, check_l2_rel_err(r.grads, a.grads, f.lora.n_params));
+        free(r.grads);
+    }
+    free(a.grads);
+    fixture_close(&f);
+}
+
 int main(void)
 {
     ct_error err = {0};
@@ -225,6 +259,7 @@ int main(void)
     RUN(offload_layouts_match_with_dropout);
     RUN(offload_layouts_match_for_a_moe_model);
     RUN(mlp_chunks_match_the_whole_micro_batch);
+    RUN(kept_layers_match_recomputed_ones_with_mlp_chunks_and_dropout);
     RUN(gpu_offload_layouts_match_no_checkpointing_bit_for_bit);
     RUN(gpu_offload_layouts_match_with_dropout);
     if (gpu) gpu->destroy(gpu);

@@ -13,7 +13,7 @@ SHAPES=${SHAPES:-qwen3-0.6b}
 STEPS=${STEPS:-30}
 WARMUP=${WARMUP:-5}
 HF_MODES=${HF_MODES-"packed packed-ckpt"}  # set empty for none
-CTUNE_MODES=${CTUNE_MODES-"ckpt nockpt"}
+CTUNE_MODES=${CTUNE_MODES-"ckpt nockpt"} # any of ckpt, nockpt, ckpt-auto (checkpoint_layers auto)
 mkdir -p "$OUT"
 : >"$OUT/bench.jsonl"
 
@@ -31,13 +31,13 @@ for shape in $SHAPES; do
     fi
     gflop=$(python3 scripts/flops.py "configs/models/$shape/config.json" "$data/train.shard")
     for cmode in $CTUNE_MODES; do
-    ck=true; [ "$cmode" = nockpt ] && ck=false
+    ck=true cl=all; [ "$cmode" = nockpt ] && ck=false; [ "$cmode" = ckpt-auto ] && cl=auto
     run=$OUT/ctune-$shape-$cmode
     rm -rf "$run"
     peak_start
     "$B/ctune" train configs/qwen3-0.6b.yaml --set model="$model" --set output_dir="$run" \
         --set "data.train_files=[$data/train.shard]" --set training.max_steps="$STEPS" \
-        --set memory.gradient_checkpointing=$ck \
+        --set memory.gradient_checkpointing=$ck --set memory.checkpoint_layers=$cl \
         --set training.warmup_steps=2 --set training.logging_steps=1 >"$run.log" 2>&1
     rc=$?
     peak=$(peak_stop)

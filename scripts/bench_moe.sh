@@ -6,9 +6,10 @@
 # 64 GB disk. Every layer of a shape is the same size, so tokens/s over the
 # layers scale as 1/layers, apart from the embedding and LM head.
 #   SPECS="qwen3-30b-a3b:12 gpt-oss-20b:8" STEPS=12 WARMUP=4 bash scripts/bench_moe.sh
-# CTUNE_MODES (default "ckpt"; "ckpt nockpt" for both) picks ctune's activation
-# checkpointing; HF=0 skips the HF runs. HF trains packed via position_ids with sdpa
-# and no checkpointing (its fastest setting that fits); gpt_oss has only eager
+# CTUNE_MODES (default "ckpt"; any of ckpt, nockpt, ckpt-auto) picks ctune's
+# activation checkpointing (ckpt-auto: memory.checkpoint_layers auto); HF=0 skips
+# the HF runs. HF trains packed via position_ids with sdpa and no checkpointing
+# (its fastest setting that fits); gpt_oss has only eager
 # attention in transformers 5.17, whose packed row would keep a T x T probability
 # matrix per head and layer for backward (64 heads x 16384^2 x 2 bytes = 34 GB a
 # layer), so there HF runs padded batches of PADDED_BATCH (2) rows, checkpointed.
@@ -52,14 +53,14 @@ PY
         "$B/ctune" prepare --in "$OUT/data-$vocab.jsonl" --out "$data" --vocab-size "$vocab" >/dev/null
     fi
     for cmode in $CTUNE_MODES; do
-    ck=true; [ "$cmode" = nockpt ] && ck=false
+    ck=true cl=all; [ "$cmode" = nockpt ] && ck=false; [ "$cmode" = ckpt-auto ] && cl=auto
     run=$OUT/ctune-$shape-$cmode
     rm -rf "$run" "$OUT/trace-$shape"
     peak_start
     CTUNE_TRACE=$OUT/trace-$shape "$B/ctune" train configs/$shape.yaml --set model="$model" --set output_dir="$run" \
         --set "data.train_files=[$data/train.shard]" --set "data.eval_files=[]" --set data.tokens_per_micro_batch=$TPMB \
         --set training.max_steps="$STEPS" --set training.warmup_steps=2 --set training.logging_steps=1 \
-        --set training.save_steps=0 --set training.eval_steps=0 --set memory.gradient_checkpointing=$ck >"$run.log" 2>&1
+        --set training.save_steps=0 --set training.eval_steps=0 --set memory.gradient_checkpointing=$ck --set memory.checkpoint_layers=$cl >"$run.log" 2>&1
     rc=$?
     peak=$(peak_stop)
     python3 scripts/run_record.py "$run" "$run.log" "$rc" "$WARMUP" "$peak" \

@@ -6,6 +6,9 @@
 # 64 GB disk. Every layer of a shape is the same size, so tokens/s over the
 # layers scale as 1/layers, apart from the embedding and LM head.
 #   SPECS="qwen3-30b-a3b:12 gpt-oss-20b:8" STEPS=12 WARMUP=4 bash scripts/bench_moe.sh
+# MODELS (default models/) is where the cut models are written: a full-depth
+# qwen3-30b-a3b (57 GiB) does not fit the GPU machine's disk but may fit a
+# tmpfs (MODELS=/dev/shm, if it has the room; check `df -h /dev/shm`).
 # CTUNE_MODES (default "ckpt"; any of ckpt, nockpt, ckpt-auto) picks ctune's
 # activation checkpointing (ckpt-auto: memory.checkpoint_layers auto); HF=0 skips
 # the HF runs. HF trains packed via position_ids with sdpa and no checkpointing
@@ -25,6 +28,7 @@ TPMB=${TPMB:-16384}
 CTUNE_MODES=${CTUNE_MODES:-ckpt}
 HF=${HF:-1}
 PADDED_BATCH=${PADDED_BATCH:-2}
+MODELS=${MODELS:-models}
 mkdir -p "$OUT"
 : >"$OUT/moe.jsonl"
 peak_start() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/mem.log" 2>/dev/null & MEMPID=$!; }
@@ -33,7 +37,7 @@ peak_stop() { kill $MEMPID 2>/dev/null; wait $MEMPID 2>/dev/null; sort -n "$OUT/
 for spec in $SPECS; do
     shape=${spec%:*} layers=${spec#*:}
     vocab=$(python3 -c "import json; print(json.load(open('configs/models/$shape/config.json'))['vocab_size'])")
-    model=models/$shape-${layers}l
+    model=$MODELS/$shape-${layers}l
     if [ ! -f "$model/config.json" ]; then
         mkdir -p "$OUT/cfg-$shape"
         python3 - "$shape" "$layers" "$OUT/cfg-$shape/config.json" <<'PY'

@@ -77,6 +77,17 @@ template <int N> __device__ __forceinline__ void cp_async_wait()
 {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
+/* The head of a STAGES-deep cp.async pipeline over KT steps: load(stage, step)
+ * for steps 0 .. STAGES-2, one commit group each, empty past KT so that the
+ * loop's cp_async_wait<STAGES - 2>() counts hold however short the loop is. */
+template <int STAGES, class Load> __device__ __forceinline__ void cp_async_prologue(Load &&load, int KT)
+{
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < KT) load(s, s);
+        cp_async_commit();
+    }
+}
 
 /* ROWS x D tile from global (row r at g + r*ld) into shared s, asynchronously;
  * rows >= valid (valid >= 1) are zero-filled. */

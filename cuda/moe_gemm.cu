@@ -129,11 +129,7 @@ __device__ __forceinline__ void gemm_tile(const gemm_args &p, bf16 *smem, const 
             for (int j = 0; j < 4; j++) acc[mi][ni][j] = 0.0f;
 
     const int KT = (p.K + BK - 1) / BK;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < KT) load(s, s);
-        cp_async_commit();
-    }
+    cp_async_prologue<STAGES>(load, KT);
     for (int kt = 0; kt < KT; kt++) {
         cp_async_wait<STAGES - 2>();
         __syncthreads(); /* stage kt landed; stage kt-1 is free (everyone computed it) */

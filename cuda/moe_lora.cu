@@ -112,11 +112,7 @@ __device__ void lora_skinny(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *X, 
         }
     };
     const int KT = (K + BK - 1) / BK;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < KT) load(s, s);
-        cp_async_commit();
-    }
+    cp_async_prologue<STAGES>(load, KT);
     for (int kt = 0; kt < KT; kt++) {
         cp_async_wait<STAGES - 2>();
         bf16 *s = smem + (kt % STAGES) * STAGE;
@@ -269,11 +265,7 @@ __device__ void lora_wgrad(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *P, i
         }
     };
     const int KT = (nrows + BR - 1) / BR;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < KT) load(s, s);
-        cp_async_commit();
-    }
+    cp_async_prologue<STAGES>(load, KT);
     for (int kt = 0; kt < KT; kt++) {
         cp_async_wait<STAGES - 2>();
         bf16 *s = smem + (kt % STAGES) * STAGE;

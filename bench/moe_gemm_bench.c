@@ -10,8 +10,11 @@
  * Rows: "fwd" reads expert-ordered x; "fwd_g" reads token rows through the
  * routing's row_slot (the gather fused into the loads, as graph_moe.c runs
  * gate_up); "bwd_in" is moe_linear_bwd_input. The gate_up LoRA rows read x
- * through the gather too. Each version's ops come from a backend created under
- * its CTUNE_MOE_GEMM; all share one set of buffers.
+ * through the gather too. "lora_fused" times moe_linear_lora_fwd (the GEMM with
+ * the LoRA of one module over all columns fused in; WIP) in the v2 column, and
+ * the unfused pair it replaces (v2 GEMM, then moe_lora_fwd) in the dense column.
+ * Each version's ops come from a backend created under its CTUNE_MOE_GEMM; all
+ * share one set of buffers.
  *
  * Shapes (T = 16384 tokens, n = T*K routed rows):
  *   qwen3-30b-a3b  E 128, K 8, H 2048, I 768    gate_up (in H, out 2I), down (in I, out H)
@@ -107,6 +110,18 @@ static void op_moe_lora_fwd(bench_bufs *b)
 {
     b->be->moe_lora_fwd(b->be, b->y, b->ldy, b->x, b->in, b->gather, b->m->K, b->A, b->B, b->offsets, b->m->E, b->in,
                         b->out, LORA_R, 2.0f, 0.0f, 1);
+}
+static void op_moe_lora_fused_fwd(bench_bufs *b)
+{
+    const ct_moe_lora_cols mod = {b->A, b->B, 0, b->out};
+    b->be->moe_linear_lora_fwd(b->be, b->y, b->ldy, b->x, b->in, b->gather, b->m->K, b->W, b->bias, b->offsets,
+                               b->m->E, b->in, b->out, 0, &mod, 1, LORA_R, 2.0f);
+}
+static void op_moe_lora_unfused_fwd(bench_bufs *b)
+{
+    b->be->moe_linear_fwd(b->be, b->y, b->ldy, b->x, b->in, b->gather, b->m->K, b->W, b->bias, b->offsets, b->m->E,
+                          b->in, b->out, 0);
+    op_moe_lora_fwd(b);
 }
 static void op_dense_lora_fwd(bench_bufs *b)
 {
@@ -306,6 +321,11 @@ static void bench_proj(ct_backend *be, const versions *v, const moe_model *m, co
         td = time_op(op_dense_lora_fwd, &b, reps);
         snprintf(what, sizeof what, "%s lora_f", name);
         row_lora(m->model, what, m->E, n, in, out, t, td);
+        t = time_op(op_moe_lora_fused_fwd, &b, reps);
+        td = time_op(op_moe_lora_unfused_fwd, &b, reps);
+        snprintf(what, sizeof what, "%s lora_fused", name);
+        row_lora(m->model, what, m->E, n, in, out, t, td);
+        check_finite(be, b.y, m->model, what);
         t = time_op(op_moe_lora_bwd, &b, reps);
         td = time_op(op_dense_lora_bwd, &b, reps);
         snprintf(what, sizeof what, "%s lora_b", name);

@@ -282,5 +282,6 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     cuda_fill_moe_route_ops(be);
     cuda_fill_moe_gemm_ops(be);
     cuda_fill_moe_lora_ops(be);
+    cuda_fill_moe_gemm_lora_ops(be);
     return be;
 }

@@ -201,5 +201,8 @@ void cuda_fill_moe_route_ops(ct_backend *be);
 void cuda_fill_moe_gemm_ops(ct_backend *be);
 /* moe_lora.cu: the expert LoRA (be->moe_lora_fwd, moe_lora_bwd). */
 void cuda_fill_moe_lora_ops(ct_backend *be);
+/* moe_gemm_lora.cu: the grouped GEMM forward with the expert LoRA fused in
+ * (be->moe_linear_lora_fwd). */
+void cuda_fill_moe_gemm_lora_ops(ct_backend *be);
 
 #endif

@@ -93,6 +93,11 @@ __device__ __forceinline__ row_tile sched_find(const moe_sched &s, int E, int bm
     return t;
 }
 
+/* fp32 LoRA masters -> padded bf16 copies (moe_lora.cu; any output may be NULL):
+ * Ap (E,RP,in), At (E,in,RP), Bp (E,out,RP), Bt (E,RP,out), ranks >= R zero. */
+__global__ void lora_convert_kernel(bf16 *Ap, bf16 *At, bf16 *Bp, bf16 *Bt, const float *A, const float *B,
+                                    int E, int R, int RP, int in, int out);
+
 /* Raises the shared-memory limit of a kernel (more than 48 KB needs an opt-in) and
  * returns how many of its blocks one SM holds. */
 static inline int kernel_setup(const void *fn, int threads, size_t smem)

@@ -34,6 +34,14 @@ typedef enum {
     CT_MOE_TOPK_SOFTMAX,      /* top-K of the logits; w = softmax over those K (gpt_oss) */
 } ct_moe_rule;
 
+/* One expert LoRA module on output columns [col0, col0 + cols) of a grouped GEMM
+ * (moe_linear_lora_fwd). */
+typedef struct ct_moe_lora_cols {
+    const float *A; /* (E, R, in) fp32 */
+    const float *B; /* (E, cols, R) fp32 */
+    int col0, cols;
+} ct_moe_lora_cols;
+
 struct ct_backend {
     const char *name;          /* "cpu" or "cuda" */
     size_t act_bytes;
@@ -282,6 +290,18 @@ struct ct_backend {
                          const void *dy, int lddy, const void *x, int ldx, const int32_t *gather, int K,
                          const float *A, const float *B, const int32_t *offsets, int E, int in, int out, int R,
                          float scale, float dropout_p, uint64_t dropout_seed);
+    /* The grouped GEMM forward with the expert LoRA of n_lora (0..2) modules, without
+     * dropout: exactly moe_linear_fwd (all arguments as there), then for each module
+     * q in order moe_lora_fwd on y's columns [col0, col0 + cols) (its y = y + col0
+     * at stride ldy, its out = cols) with lora[q].A, lora[q].B and the same x,
+     * gather, K, offsets, E, in, R and scale. Modules lie in column order without
+     * overlap (gate and up of a gate|up GEMM, or one module). The CPU runs that
+     * sequence; CUDA fuses the LoRA into the GEMM when it can (one bf16 rounding of
+     * y instead of two: results differ from the sequence by bf16 rounding only). */
+    void (*moe_linear_lora_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather,
+                                int K, const void *W, const void *bias, const int32_t *offsets, int E, int in,
+                                int out, int accumulate, const ct_moe_lora_cols *lora, int n_lora, int R,
+                                float scale);
     /* gpt_oss's expert activation on interleaved columns (gate 2i, up 2i+1) of
      * gu (n, 2I): g = min(gate, limit), u = clamp(up, -limit, limit),
      * h (n, I) = (u + 1) * g * sigmoid(alpha * g). */

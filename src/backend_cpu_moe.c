@@ -239,6 +239,18 @@ static void cpu_moe_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, floa
     free(buf);
 }
 
+/* The sequence the op stands for, spelled out: the GEMM, then each module's LoRA. */
+static void cpu_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather,
+                                    int K, const void *W, const void *bias, const int32_t *offsets, int E, int in,
+                                    int out, int accumulate, const ct_moe_lora_cols *lora, int n_lora, int R,
+                                    float scale)
+{
+    be->moe_linear_fwd(be, y, ldy, x, ldx, gather, K, W, bias, offsets, E, in, out, accumulate);
+    for (int q = 0; q < n_lora; q++)
+        be->moe_lora_fwd(be, (float *)y + lora[q].col0, ldy, x, ldx, gather, K, lora[q].A, lora[q].B, offsets, E, in,
+                         lora[q].cols, R, scale, 0.0f, 0);
+}
+
 static void cpu_moe_clamped_swiglu_fwd(ct_backend *be, void *h, const void *gu, int n, int I,
                                        float alpha, float limit)
 {
@@ -347,6 +359,7 @@ void cpu_moe_install(ct_backend *be)
     be->moe_linear_bwd_input = cpu_moe_linear_bwd_input;
     be->moe_lora_fwd = cpu_moe_lora_fwd;
     be->moe_lora_bwd = cpu_moe_lora_bwd;
+    be->moe_linear_lora_fwd = cpu_moe_linear_lora_fwd;
     be->moe_clamped_swiglu_fwd = cpu_moe_clamped_swiglu_fwd;
     be->moe_clamped_swiglu_bwd = cpu_moe_clamped_swiglu_bwd;
     be->moe_route_bwd = cpu_moe_route_bwd;

@@ -12,9 +12,15 @@
  *
  * No expert-ordered copy of hn exists: the gate|up GEMM and LoRA (forward and
  * backward) read hn's token rows through row_slot (their gather argument), which
- * saves an (n, H) buffer per workspace and a pass over it. */
+ * saves an (n, H) buffer per workspace and a pass over it.
+ *
+ * CTUNE_MOE_LORA=fused (read by moe_new; WIP, not yet validated on a GPU) runs
+ * the gate|up and down forwards with their expert LoRA fused into the grouped
+ * GEMM (moe_linear_lora_fwd) when lora_dropout is 0; unset (or "separate"), the
+ * GEMM and moe_lora_fwd run apart. Backward is the same either way. */
 #include "graph_moe.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +50,7 @@ struct ct_moe {
     ct_backend *be;
     int capacity, E, K, I, H, n_sparse, n_ws;
     ct_moe_rule rule;
+    bool fused_lora;     /* CTUNE_MOE_LORA=fused */
     int *sparse_index;   /* (L): index among sparse layers, -1 for dense */
     moe_acts *ws;        /* (n_ws) */
     int32_t *counts;     /* (n_sparse, E): per layer, rewritten identically by a recompute */
@@ -56,6 +63,18 @@ struct ct_moe {
     float *dw;           /* (n) */
     void *dlogits;       /* (T, E) */
 };
+
+/* CTUNE_MOE_LORA: fused, or separate (the default, also when unset); anything
+ * else is refused by name, as CTUNE_MOE_GEMM is. */
+static bool fused_lora_wanted(void)
+{
+    const char *v = getenv("CTUNE_MOE_LORA");
+    if (!v || !*v || !strcmp(v, "separate")) return false;
+    if (!strcmp(v, "fused")) return true;
+    fprintf(stderr, "ctune: CTUNE_MOE_LORA=%s is not fused or separate\n"
+                    "HINT: unset it (the default is separate) or set fused for the fused expert LoRA forward\n", v);
+    exit(CT_ERR_INPUT);
+}
 
 ct_moe *moe_new(const ct_model *m, int capacity, int n_ws)
 {
@@ -73,6 +92,7 @@ ct_moe *moe_new(const ct_model *m, int capacity, int n_ws)
     mo->H = c->hidden_size;
     mo->n_sparse = n_sparse;
     mo->n_ws = n_ws;
+    mo->fused_lora = fused_lora_wanted();
     mo->rule = c->arch == CT_ARCH_GPT_OSS ? CT_MOE_TOPK_SOFTMAX
              : c->norm_topk_prob          ? CT_MOE_SOFTMAX_TOPK_NORM
                                           : CT_MOE_SOFTMAX_TOPK;
@@ -148,6 +168,27 @@ static void lora_bwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod, const
                          graph_module_seed(ml->step_seed, l, mod));
 }
 
+/* y = the grouped GEMM of x with W (bias) and the expert LoRA of modules mods[i]
+ * on y's columns from col0[i], in one moe_linear_lora_fwd: when CTUNE_MOE_LORA=fused,
+ * dropout is 0 and one of the modules is targeted. Returns false when it did not
+ * run (the caller runs moe_linear_fwd and lora_fwd per module). */
+static bool linear_lora_fwd(ct_moe *mo, const moe_lora *ml, int l, const ct_module *mods, const int *col0,
+                            int n_mods, const moe_acts *a, void *y, int ldy, const void *x, int ldx,
+                            const int32_t *gather, const void *W, const void *bias, int in, int out)
+{
+    if (!mo->fused_lora || ml->dropout != 0.0f || !mo->be->moe_linear_lora_fwd) return false;
+    ct_moe_lora_cols cols[2];
+    int n = 0;
+    for (int i = 0; i < n_mods; i++) {
+        const ct_lora_slot *s = expert_lora(ml, l, mods[i]);
+        if (s) cols[n++] = (ct_moe_lora_cols){lora_A(ml->lo, l, mods[i]), lora_B(ml->lo, l, mods[i]), col0[i], s->out};
+    }
+    if (n == 0) return false;
+    mo->be->moe_linear_lora_fwd(mo->be, y, ldy, x, ldx, gather, mo->K, W, bias, a->offsets, mo->E, in, out, 0, cols,
+                                n, ml->lo->R, ml->lo->scale);
+    return true;
+}
+
 void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, void *out, int T, bool record_stats)
 {
     const ct_model_config *c = &mo->m->cfg;
@@ -166,13 +207,21 @@ void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, 
     if (record_stats) be->moe_prob_sum(be, mo->prob_sum + (size_t)ls * E, a->logits, T, E);
 
     a->hn = hn;
-    be->moe_linear_fwd(be, a->gu, 2 * I, hn, H, a->row_slot, K, w->wgu_e, w->bgu_e, a->offsets, E, H, 2 * I, 0);
-    lora_fwd(mo, ml, l, CT_MOD_GATE, a, a->gu, 2 * I, hn, H, a->row_slot); /* gpt_oss: the whole gate_up */
-    lora_fwd(mo, ml, l, CT_MOD_UP, a, act_at(mo, a->gu, I), 2 * I, hn, H, a->row_slot);
+    /* gate on columns [0, I), up on [I, 2I); gpt_oss: gate is the whole gate_up, up has no slot */
+    const ct_module gate_up[2] = {CT_MOD_GATE, CT_MOD_UP}, down[1] = {CT_MOD_DOWN};
+    const int gate_up_col0[2] = {0, I}, down_col0[1] = {0};
+    if (!linear_lora_fwd(mo, ml, l, gate_up, gate_up_col0, 2, a, a->gu, 2 * I, hn, H, a->row_slot, w->wgu_e, w->bgu_e,
+                         H, 2 * I)) {
+        be->moe_linear_fwd(be, a->gu, 2 * I, hn, H, a->row_slot, K, w->wgu_e, w->bgu_e, a->offsets, E, H, 2 * I, 0);
+        lora_fwd(mo, ml, l, CT_MOD_GATE, a, a->gu, 2 * I, hn, H, a->row_slot);
+        lora_fwd(mo, ml, l, CT_MOD_UP, a, act_at(mo, a->gu, I), 2 * I, hn, H, a->row_slot);
+    }
     if (gpt_oss) be->moe_clamped_swiglu_fwd(be, a->act, a->gu, n, I, GPT_OSS_ALPHA, (float)c->swiglu_limit);
     else be->swiglu_fwd(be, a->act, a->gu, n, I);
-    be->moe_linear_fwd(be, a->ye, H, a->act, I, NULL, K, w->wdown_e, w->bdown_e, a->offsets, E, I, H, 0);
-    lora_fwd(mo, ml, l, CT_MOD_DOWN, a, a->ye, H, a->act, I, NULL);
+    if (!linear_lora_fwd(mo, ml, l, down, down_col0, 1, a, a->ye, H, a->act, I, NULL, w->wdown_e, w->bdown_e, I, H)) {
+        be->moe_linear_fwd(be, a->ye, H, a->act, I, NULL, K, w->wdown_e, w->bdown_e, a->offsets, E, I, H, 0);
+        lora_fwd(mo, ml, l, CT_MOD_DOWN, a, a->ye, H, a->act, I, NULL);
+    }
     if (out) be->moe_scatter(be, out, H, a->ye, a->slot_row, a->w, T, K, H, 1);
 }
 

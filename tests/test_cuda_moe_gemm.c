@@ -1,7 +1,8 @@
 /* test_cuda_moe_gemm.c — the CUDA grouped expert GEMMs and expert LoRA
- * (moe_linear_fwd, moe_linear_bwd_input, moe_lora_fwd, moe_lora_bwd) against the
- * CPU reference, which runs the dense ops once per expert. The GEMM tests run for
- * both kernel versions (a backend created under CTUNE_MOE_GEMM=old, then =new);
+ * (moe_linear_fwd, moe_linear_bwd_input, moe_lora_fwd, moe_lora_bwd) and the GEMM
+ * forward with the LoRA fused in (moe_linear_lora_fwd) against the CPU reference,
+ * which runs the dense ops once per expert. The GEMM tests run for both kernel
+ * versions (a backend created under CTUNE_MOE_GEMM=old, then =new);
  * the input rows come either expert-ordered or through a gather (token rows read
  * as x[gather[r] / K], gather a permutation of slots as moe_permute makes).
  *
@@ -357,6 +358,121 @@ TEST(moe_lora_through_a_gather_matches_cpu)
     lora_run(&kc);
 }
 
+/* ---- grouped GEMM with the expert LoRA fused in ---- */
+
+typedef struct {
+    int E, in, out, ldx, ldy;
+    const int *counts;
+    int K;               /* > 0: x holds token rows read through a gather with K slots per token */
+    int R, n_mod;
+    int col0[2], cols[2]; /* the modules' columns */
+    float scale;
+} fused_case;
+
+/* moe_linear_lora_fwd on both backends (the CPU's is moe_linear_fwd then
+ * moe_lora_fwd per module), for each bias / accumulate combination. The LoRA term
+ * is about as large as the GEMM's, so a missing or misplaced one fails by far. */
+static void fused_run(const fused_case *k)
+{
+    int32_t *off = ct_malloc((k->E + 1) * sizeof(int32_t));
+    int n = offsets_of(off, k->counts, k->E), rows = n + SPARE_ROWS;
+    int32_t *gather = ct_malloc(((size_t)n + 1) * sizeof(int32_t));
+    int xrows = k->K > 0 ? gather_of(gather, n, k->K) : rows;
+    size_t nW = (size_t)k->E * k->out * k->in, nA = (size_t)k->E * k->R * k->in;
+    float *x = rnd((size_t)xrows * k->ldx, 1.0f), *W = rnd(nW, 0.1f), *b = rnd((size_t)k->E * k->out, 0.5f);
+    float *y0 = rnd((size_t)rows * k->ldy, 1.0f), *A[2], *B[2];
+    pair px = put_act(x, (size_t)xrows * k->ldx), pW = put_weight(W, nW), pb = put_weight(b, (size_t)k->E * k->out);
+    pair po = put_raw(off, (k->E + 1) * sizeof(int32_t)), pg = put_raw(gather, ((size_t)n + 1) * sizeof(int32_t));
+    pair pA[2], pB[2];
+    ct_moe_lora_cols mc[2], mg[2];
+    for (int q = 0; q < k->n_mod; q++) {
+        size_t nB = (size_t)k->E * k->cols[q] * k->R;
+        A[q] = rnd(nA, 0.1f);
+        B[q] = rnd(nB, 0.1f);
+        pA[q] = put_raw(A[q], nA * 4);
+        pB[q] = put_raw(B[q], nB * 4);
+        mc[q] = (ct_moe_lora_cols){pA[q].c, pB[q].c, k->col0[q], k->cols[q]};
+        mg[q] = (ct_moe_lora_cols){pA[q].g, pB[q].g, k->col0[q], k->cols[q]};
+    }
+    const int32_t *gc = k->K > 0 ? pg.c : NULL, *gg = k->K > 0 ? pg.g : NULL;
+    for (int bias = 0; bias <= 1; bias++)
+        for (int acc = 0; acc <= 1; acc++) {
+            pair py = put_act(y0, (size_t)rows * k->ldy);
+            cpu->moe_linear_lora_fwd(cpu, py.c, k->ldy, px.c, k->ldx, gc, k->K, pW.c, bias ? pb.c : NULL, po.c, k->E,
+                                     k->in, k->out, acc, mc, k->n_mod, k->R, k->scale);
+            gpu->moe_linear_lora_fwd(gpu, py.g, k->ldy, px.g, k->ldx, gg, k->K, pW.g, bias ? pb.g : NULL, po.g, k->E,
+                                     k->in, k->out, acc, mg, k->n_mod, k->R, k->scale);
+            double e = n > 0 ? act_err(py, n, k->out, k->ldy) : 0.0;
+            CHECK(e < 2e-2, "fused: y rel err %g (E %d, n %d, in %d, out %d, gather K %d, R %d, modules %d, bias %d, "
+                  "accumulate %d)", e, k->E, n, k->in, k->out, k->K, k->R, k->n_mod, bias, acc);
+            CHECK(rows_unchanged(py, y0, n, SPARE_ROWS, k->ldy, k->ldy), "fused: rows past offsets[E] were written");
+            drop(py);
+        }
+    for (int q = 0; q < k->n_mod; q++) {
+        drop(pA[q]); drop(pB[q]);
+        free(A[q]); free(B[q]);
+    }
+    drop(px); drop(pW); drop(pb); drop(po); drop(pg);
+    free(off); free(gather); free(x); free(W); free(b); free(y0);
+}
+
+/* The down projection's shape: expert-ordered rows, one module over all columns,
+ * out = 200 and 520 (partial 256-column tiles), in = 72 (a partial k-step), ranks
+ * 16, 24 (padded to 32) and 64, a scale that is not a power of two. */
+TEST(moe_linear_lora_fwd_matches_cpu_without_gather)
+{
+    NEED_GPU();
+    fused_case k = {8, 72, 200, 80, 224, COUNTS8, 0, 16, 1, {0}, {200}, 2.0f};
+    fused_run(&k);
+    int counts[32];
+    uneven_counts(counts, 32, 3000);
+    fused_case k24 = {32, 264, 520, 264, 520, counts, 0, 24, 1, {0}, {520}, 0.75f};
+    fused_run(&k24);
+    fused_case k64 = {32, 1032, 264, 1040, 264, counts, 0, 64, 1, {0}, {264}, 2.0f};
+    fused_run(&k64);
+}
+
+/* The gate|up projection's shape: token rows through a gather, gate and up as two
+ * modules on 256-aligned column ranges (up's last tile partial), 128 uneven
+ * experts with empty ones, ranks 16 and 64; and gate alone, whose up columns get
+ * no LoRA. */
+TEST(moe_linear_lora_fwd_matches_cpu_through_a_gather_with_gate_and_up)
+{
+    NEED_GPU();
+    int counts[128];
+    uneven_counts(counts, 128, 6000);
+    fused_case k = {128, 264, 520, 264, 520, counts, 8, 16, 2, {0, 256}, {256, 264}, 2.0f};
+    fused_run(&k);
+    fused_case k64 = {128, 136, 512, 144, 512, counts, 8, 64, 2, {0, 256}, {256, 256}, 0.75f};
+    fused_run(&k64);
+    fused_case kg = {8, 72, 512, 80, 512, COUNTS8, 8, 16, 1, {0}, {256}, 2.0f};
+    fused_run(&kg);
+}
+
+/* One or two k-steps per tile (in = 64, 128): the B slice's copy is not waited for
+ * inside the k-loop, and the epilogue waits for it. */
+TEST(moe_linear_lora_fwd_matches_cpu_with_one_or_two_k_steps)
+{
+    NEED_GPU();
+    int counts[128];
+    uneven_counts(counts, 128, 9000);
+    fused_case k1 = {128, 64, 776, 64, 776, counts, 0, 16, 1, {0}, {776}, 2.0f};
+    fused_run(&k1);
+    fused_case k2 = {128, 128, 512, 128, 512, counts, 2, 16, 2, {0, 256}, {256, 256}, 2.0f};
+    fused_run(&k2);
+    fused_case k2r = {128, 128, 512, 128, 512, counts, 2, 32, 2, {0, 256}, {256, 256}, 2.0f};
+    fused_run(&k2r);
+}
+
+/* gpt_oss's I = 2880 would put up's first column inside a 256-column tile: the op
+ * then runs the unfused sequence, with the same results. */
+TEST(moe_linear_lora_fwd_falls_back_when_a_module_straddles_a_tile)
+{
+    NEED_GPU();
+    fused_case k = {8, 72, 400, 80, 400, COUNTS8, 8, 16, 2, {0, 200}, {200, 200}, 2.0f};
+    fused_run(&k);
+}
+
 /* Each gradient element has one owner and a fixed summation order. */
 TEST(moe_lora_bwd_is_bit_reproducible)
 {
@@ -433,6 +549,10 @@ int main(void)
             RUN(moe_lora_bwd_matches_cpu_over_several_row_chunks);
             RUN(moe_lora_through_a_gather_matches_cpu);
             RUN(moe_lora_bwd_is_bit_reproducible);
+            RUN(moe_linear_lora_fwd_matches_cpu_without_gather);
+            RUN(moe_linear_lora_fwd_matches_cpu_through_a_gather_with_gate_and_up);
+            RUN(moe_linear_lora_fwd_matches_cpu_with_one_or_two_k_steps);
+            RUN(moe_linear_lora_fwd_falls_back_when_a_module_straddles_a_tile);
         }
         if (gpu) gpu->destroy(gpu);
     }

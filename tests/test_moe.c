@@ -267,6 +267,44 @@ typedef struct route_obj {
     ct_moe_rule rule;
 } route_obj;
 
+/* The fused op's contract on the CPU: the GEMM, then each module's LoRA on its
+ * columns, bit for bit. Two modules with a gap of columns that no module owns,
+ * through a gather, with bias and accumulate; and one module over all columns. */
+TEST(moe_linear_lora_fwd_equals_moe_linear_fwd_then_moe_lora_fwd_bit_for_bit)
+{
+    enum { T = 19, E = 5, K = 2, N = T * K, IN = 12, LDX = 16, OUT = 14, LDY = 16, R = 3 };
+    int32_t idx[N], counts[E], offsets[E + 1], row_slot[N], slot_row[N];
+    random_choices(idx, T, E, K);
+    be->moe_count(be, counts, idx, N, E);
+    be->moe_offsets(be, offsets, counts, E);
+    be->moe_permute(be, row_slot, slot_row, idx, offsets, N, E);
+    float x[T * LDX], W[E * OUT * IN], b[E * OUT], A0[E * R * IN], B0[E * 6 * R], A1[E * R * IN], B1[E * 4 * R];
+    float Ad[E * R * IN], Bd[E * OUT * R], y0[N * LDY];
+    float *all[] = {x, W, b, A0, B0, A1, B1, Ad, Bd, y0};
+    size_t sizes[] = {T * LDX, E * OUT * IN, E * OUT, E * R * IN, E * 6 * R, E * R * IN, E * 4 * R, E * R * IN,
+                      E * OUT * R, N * LDY};
+    for (int t = 0; t < 10; t++)
+        for (size_t i = 0; i < sizes[t]; i++) all[t][i] = ct_rng_normal(&rng);
+
+    const ct_moe_lora_cols two[2] = {{A0, B0, 0, 6}, {A1, B1, 10, 4}};
+    float want[N * LDY], got[N * LDY];
+    memcpy(want, y0, sizeof y0);
+    be->moe_linear_fwd(be, want, LDY, x, LDX, row_slot, K, W, b, offsets, E, IN, OUT, 1);
+    be->moe_lora_fwd(be, want, LDY, x, LDX, row_slot, K, A0, B0, offsets, E, IN, 6, R, 2.0f, 0.0f, 0);
+    be->moe_lora_fwd(be, want + 10, LDY, x, LDX, row_slot, K, A1, B1, offsets, E, IN, 4, R, 2.0f, 0.0f, 0);
+    memcpy(got, y0, sizeof y0);
+    be->moe_linear_lora_fwd(be, got, LDY, x, LDX, row_slot, K, W, b, offsets, E, IN, OUT, 1, two, 2, R, 2.0f);
+    CHECK(!memcmp(want, got, sizeof want), "two modules through a gather: not the sequence's bits");
+
+    const ct_moe_lora_cols one[1] = {{Ad, Bd, 0, OUT}};
+    memcpy(want, y0, sizeof y0);
+    be->moe_linear_fwd(be, want, LDY, x, LDX, NULL, K, W, NULL, offsets, E, IN, OUT, 0);
+    be->moe_lora_fwd(be, want, LDY, x, LDX, NULL, K, Ad, Bd, offsets, E, IN, OUT, R, 0.5f, 0.0f, 0);
+    memcpy(got, y0, sizeof y0);
+    be->moe_linear_lora_fwd(be, got, LDY, x, LDX, NULL, K, W, NULL, offsets, E, IN, OUT, 0, one, 1, R, 0.5f);
+    CHECK(!memcmp(want, got, sizeof want), "one module over all columns: not the sequence's bits");
+}
+
 static double route_objective(const route_obj *o)
 {
     double total = 0, p[16];
@@ -566,6 +604,36 @@ TEST(checkpointing_on_and_off_give_identical_moe_gradients)
 
 /* Its value against HF is in test_hf_parity.c; here: it is what the loss grows
  * by, and it lies within the Switch loss's range. */
+/* CTUNE_MOE_LORA=fused routes the gate|up and down forwards through
+ * moe_linear_lora_fwd (gate and up as two modules on their column halves; gpt_oss's
+ * one gate_up module, expert biases and clamped SwiGLU): on the CPU that op is the
+ * unfused sequence, so any wrong module, column offset or input shows here. */
+static void check_fused_lora_graph(const char *json)
+{
+    fixture f1, f2;
+    setenv("CTUNE_MOE_LORA", "fused", 1);
+    REQUIRE(fixture_open(&f1, json, false, all_targets, 7) == 0, "fixture");
+    unsetenv("CTUNE_MOE_LORA");
+    REQUIRE(fixture_open(&f2, json, false, all_targets, 7) == 0, "fixture");
+    ct_batch b;
+    packed_batch(&b);
+    size_t n = f1.lora.n_params;
+    float *g1 = ct_malloc(n * 4), *g2 = ct_malloc(n * 4);
+    double l1 = step_loss(&f1, &b, 1, g1), l2 = step_loss(&f2, &b, 1, g2);
+    CHECK(l1 == l2, "loss %.9g (fused) vs %.9g", l1, l2);
+    CHECK(memcmp(g1, g2, n * 4) == 0, "gradients differ between the fused and the separate expert LoRA");
+    free(g1); free(g2);
+    batch_free(&b);
+    fixture_close(&f1);
+    fixture_close(&f2);
+}
+
+TEST(fused_expert_lora_forward_gives_identical_loss_and_gradients_on_the_cpu)
+{
+    check_fused_lora_graph(fixture_qwen3_moe_json);
+    check_fused_lora_graph(fixture_gpt_oss_json);
+}
+
 TEST(router_aux_loss_adds_to_the_loss_within_its_bounds)
 {
     fixture f;
@@ -715,6 +783,7 @@ int main(void)
     RUN(permutation_is_stable_and_scatter_undoes_gather);
     RUN(grouped_gemm_reads_offsets_and_matches_each_expert_alone);
     RUN(grouped_ops_with_gather_equal_moe_gather_then_the_op_bit_for_bit);
+    RUN(moe_linear_lora_fwd_equals_moe_linear_fwd_then_moe_lora_fwd_bit_for_bit);
     RUN(route_bwd_matches_finite_differences_for_every_rule);
     RUN(clamped_swiglu_bwd_matches_finite_differences_and_stops_at_the_limits);
     RUN(lora_gradients_match_finite_differences_qwen3_moe_experts_and_dense_layer);
@@ -724,6 +793,7 @@ int main(void)
     RUN(lora_gradients_match_finite_differences_with_router_aux_loss);
     RUN(packed_batch_equals_documents_one_by_one_moe);
     RUN(checkpointing_on_and_off_give_identical_moe_gradients);
+    RUN(fused_expert_lora_forward_gives_identical_loss_and_gradients_on_the_cpu);
     RUN(router_aux_loss_adds_to_the_loss_within_its_bounds);
     RUN(router_aux_loss_is_refused_for_a_dense_model);
     RUN(peft_adapter_names_each_expert_qwen3_moe);

@@ -1,0 +1,340 @@
+/* moe_gemm_lora.cu — the grouped expert GEMM forward with the expert LoRA fused in
+ * (backend.h, moe_linear_lora_fwd): one launch computes
+ *   y[r] (=|+=) x_r @ W_e^T + bias_e + scale * (x_r A_q,e^T) B_q,e^T
+ * where q is the LoRA module that owns y's column (at most two modules, each on a
+ * column range: gate and up of a gate|up GEMM; columns of no module get no LoRA).
+ * It replaces moe_linear_fwd followed by moe_lora_fwd (dropout 0) per module: the
+ * separate LoRA pass re-reads the (gathered) input rows and read-modify-writes y,
+ * hundreds of MB per layer at T = 16384, K = 8 (H200: ~1.3 ms per layer forward
+ * for qwen3-30b-a3b, against ~5.2 ms for all the base GEMMs).
+ *
+ * Design: moe_gemm.cu's v2 kernel (moe_wgmma_kernel<false>, its loads, raster and
+ * epilogue from moe_gemm_v2.cuh) with two additions per 128x256 tile.
+ *  - k-loop: each stage also holds A_e's k-slice (RP rows x 64, 128-byte swizzle,
+ *    the layout of W's rows), and each warpgroup issues one more wgmma per 16-deep
+ *    step, m64nRPk16 (SS), on the x rows already in shared memory for the base
+ *    product: u (64 x RP fp32, RP / 2 registers) = x_r A_e^T. Each column tile
+ *    recomputes its rows' u: RP / 256 more MMA work (16 / 256 = 6% at R = 16).
+ *  - epilogue: u is rounded to bf16 (as moe_lora.cu and lora.cu round it) and fed
+ *    from registers as wgmma's A operand (RS, the way attention_fwd_sm90.cu feeds
+ *    P), with B_e^T's 256-column slice (RP x 256, MN-major, 4 panels of 64 columns)
+ *    from shared memory: acc = scale * (acc / scale + u B^T), so the LoRA term is
+ *    scaled exactly as moe_lora.cu scales it (up to fp32 rounding), then the
+ *    unchanged v2 epilogue (bias, accumulate, one rounding to bf16).
+ * The B slice has one buffer: it is copied at the tile's first k-step (after that
+ * step's barrier, which every warpgroup reaches only after the previous tile's
+ * epilogue wgmmas retired) in the cp.async group of that step's prefetch, so it
+ * has landed by the barrier of k-step AHEAD; with KT <= AHEAD k-steps the
+ * epilogue waits for it (and for the next tile's prefetch) explicitly.
+ * A tile's columns never straddle two modules: the launcher fuses only when every
+ * module starts on a multiple of 256 columns (qwen3-30b-a3b: I = 768; gpt_oss's
+ * one gate_up module starts at 0), else it runs the unfused sequence. Columns past
+ * a module's end inside its last tile read zero-filled B (they get no LoRA).
+ *
+ * Budgets (per block, 1 block per SM, 256 threads):
+ *   RP  stages  stage (x, W, A_e)   B slice  dynamic smem  + 8.2 KB schedule
+ *   16  4       16 + 32 + 2 KB      8 KB     209 KB        217 KB
+ *   32  3       16 + 32 + 4 KB      16 KB    173 KB        181 KB
+ *   64  3       16 + 32 + 8 KB      32 KB    201 KB        209 KB
+ * (227 KB is the limit: RP = 32 and 64 do not fit 4 stages, so they prefetch one
+ * k-step ahead instead of two.) Registers (ptxas, CUDA 13.0, sm_90a): 208 / 214 / 238
+ * at RP = 16 / 32 / 64 (128 accumulators + RP / 2 for u), no spills, no wgmma
+ * serialization warnings.
+ * Dropout is not supported: the caller uses the fused op only with dropout 0.
+ * Not yet: the backward; straddling tiles (two modules' u per tile).
+ *
+ * Compiled only: not yet run on a GPU. */
+#include "moe_gemm_v2.cuh"
+
+#include <climits>
+#include <cmath>
+
+/* Blocks per SM of each instantiation (RP = 16, 32, 64), measured once by
+ * cuda_fill_moe_gemm_lora_ops. */
+static struct {
+    int fused[3];
+} occupancy;
+
+// ---- kernels ----
+
+namespace fl {
+constexpr int MAX_MODULES = 2;
+__host__ __device__ constexpr int stages(int RP) { return RP == 16 ? 4 : 3; }
+__host__ __device__ constexpr int a_bytes(int RP) { return RP * wg::ROW_BYTES; }     /* A_e's k-slice */
+__host__ __device__ constexpr int stage_bytes(int RP) { return wg::STAGE_BYTES + a_bytes(RP); }
+__host__ __device__ constexpr int b_bytes(int RP) { return RP * wg::BN * 2; }        /* B^T's column slice */
+__host__ __device__ constexpr int b_panel(int RP) { return RP * wg::ROW_BYTES; }     /* 64 columns x RP */
+constexpr size_t smem_bytes(int RP) { return (size_t)stages(RP) * stage_bytes(RP) + b_bytes(RP) + 1024; }
+}
+
+/* One LoRA module on y's columns [col0, col0 + cols). */
+struct lora_module {
+    const bf16 *Ap; /* (E, RP, in): A rounded to bf16, zero ranks past R */
+    const bf16 *Bt; /* (E, RP, cols): B^T rounded to bf16, zero ranks past R */
+    int col0, cols;
+};
+
+struct fused_args {
+    gemm_args p;
+    lora_module mod[fl::MAX_MODULES];
+    int n_mod;
+    float scale;
+};
+
+/* The module owning column tile n0 (all of its columns, see the header), or -1. */
+__device__ __forceinline__ int tile_module(const fused_args &f, int n0)
+{
+    const bool in0 = f.n_mod > 0 && n0 >= f.mod[0].col0 && n0 < f.mod[0].col0 + f.mod[0].cols;
+    const bool in1 = f.n_mod > 1 && n0 >= f.mod[1].col0 && n0 < f.mod[1].col0 + f.mod[1].cols;
+    return in0 ? 0 : in1 ? 1 : -1;
+}
+
+/* This thread's first A_e row of the stage copies (row tid/8 at column 8 (tid%8),
+ * then rows + 32 i), or NULL when the tile has no module or the row is past RP. */
+template <int RP>
+__device__ __forceinline__ const bf16 *lora_a_rows(const fused_args &f, int q, int e)
+{
+    const int r = threadIdx.x >> 3;
+    if (q < 0 || r >= RP) return NULL;
+    const bf16 *Ap = q == 0 ? f.mod[0].Ap : f.mod[1].Ap;
+    return Ap + ((size_t)e * RP + r) * f.p.K + (threadIdx.x & 7) * 8;
+}
+
+/* Queues A_e's k-step kt (RP rows x 64, zero past K) into the swizzled slice at s. */
+template <int RP>
+__device__ __forceinline__ void lora_a_stage(const bf16 *la, int K, uint32_t s, int kt)
+{
+    const int tid = threadIdx.x, c = tid & 7, k0 = kt * wg::BK;
+    const bool ok = k0 + c * 8 < K;
+#pragma unroll
+    for (int i = 0; i < (RP + 31) / 32; i++)
+        if ((tid >> 3) + 32 * i < RP) cp_async16_s(s + swz((tid >> 3) + 32 * i, c), ok ? la + (size_t)32 * i * K + k0 : la, ok);
+}
+
+/* Queues B^T's slice of module q for expert e and tile columns n0..n0+255 (RP rows
+ * k, 256 columns as 4 MN-major panels of 64) into slb; zero past the module's
+ * columns. Thread: column chunk tid%32 (panel chunk/8), rows k = tid/32 + 8 i. */
+template <int RP>
+__device__ __forceinline__ void lora_b_slice(uint32_t slb, const fused_args &f, int q, int e, int n0)
+{
+    const lora_module &m = q == 0 ? f.mod[0] : f.mod[1];
+    const int tid = threadIdx.x, nc = tid & 31, c = n0 - m.col0 + nc * 8;
+    const bool ok = c < m.cols;
+    const bf16 *src = m.Bt + (size_t)e * RP * m.cols + (ok ? c : 0);
+#pragma unroll
+    for (int i = 0; i < RP / 8; i++) {
+        const int k = (tid >> 5) + 8 * i;
+        cp_async16_s(slb + (nc >> 3) * fl::b_panel(RP) + swz(k, nc & 7), src + (size_t)k * m.cols, ok);
+    }
+}
+
+/* u (64 x RP) (=|+=) x rows (da) @ A_e slice (db, K-major like W's rows). */
+template <int RP>
+__device__ __forceinline__ void lora_u_mma(float (&u)[RP / 2], uint64_t da, uint64_t db, int scale_d)
+{
+    if constexpr (RP == 16) wgmma_m64n16k16_ss<false>(u, da, db, scale_d);
+    else if constexpr (RP == 32) wgmma_m64n32k16_ss<false>(u, da, db, scale_d);
+    else wgmma_m64n64k16_ss<false>(u, da, db, scale_d);
+}
+
+/* acc = scale * (acc / scale + bf16(u) @ B_slice): u's accumulator layout is the
+ * RS A-fragment layout (wgmma.cuh), rank step j = u[8 j .. 8 j + 7] in pairs. */
+template <int RP>
+__device__ __forceinline__ void lora_add(float (&acc)[128], const float (&u)[RP / 2], uint32_t slb, float scale)
+{
+    uint32_t a[RP / 16][4];
+#pragma unroll
+    for (int j = 0; j < RP / 16; j++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) a[j][r] = pack_bf16(u[8 * j + 2 * r], u[8 * j + 2 * r + 1]);
+    const float inv = 1.0f / scale;
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] *= inv;
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < RP / 16; j++)
+        wgmma_m64n256k16_rs<true>(acc, a[j], wgmma_desc(slb + j * 16 * wg::ROW_BYTES, fl::b_panel(RP), 1024), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_acc_fence(acc);
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] *= scale;
+}
+
+/* moe_wgmma_kernel<false> (moe_gemm.cu: the step stream, AHEAD = stages - 2, the
+ * barrier argument for stage reuse) plus u's wgmma per step and lora_add before
+ * the epilogue. u's wgmma runs in every tile, also those of no module (whose A_e
+ * slice is not copied: u is then garbage and unused): issued under `if (q >= 0)`,
+ * ptxas serializes all the loop's wgmmas (C7520, WG.AR in a divergent path). */
+template <int RP>
+__global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_lora_kernel(fused_args f)
+{
+    using namespace wg;
+    constexpr int ST = fl::stages(RP), AH = ST - 2, SB = fl::stage_bytes(RP);
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    __shared__ moe_sched sch;
+    const gemm_args &p = f.p;
+    const uint32_t smem0 = ((uint32_t)__cvta_generic_to_shared(dyn_smem) + 1023u) & ~1023u;
+    const uint32_t slb = smem0 + ST * SB; /* B^T slice of the current tile */
+    const int wgi = threadIdx.x >> 7;
+    sched_load(sch, p.offsets, p.E);
+    const int n_rt = sched_tiles(sch, p.E, BM, INT_MIN, INT_MAX);
+    const int n_ct = (p.N + BN - 1) / BN, total = n_rt * n_ct, KT = (p.K + BK - 1) / BK;
+    const int mine = (int)blockIdx.x < total ? (total - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    const int steps = mine * KT;
+
+    wg_loads<false> ld;
+    const bf16 *la = NULL;
+    int l_step = 0, l_kt = 0, l_tile = blockIdx.x;
+    auto load_next = [&]() {
+        if (l_step < steps) {
+            if (l_kt == 0) {
+                int rt, ct;
+                tile_coords(l_tile, n_rt, n_ct, GROUP, rt, ct);
+                const row_tile t = sched_find(sch, p.E, BM, INT_MIN, INT_MAX, rt);
+                wg_loads_init<false>(ld, p, t, ct * BN);
+                la = lora_a_rows<RP>(f, tile_module(f, ct * BN), t.e);
+            }
+            const uint32_t s = smem0 + (l_step % ST) * SB;
+            wg_load_stage<false>(ld, p, s, l_kt);
+            if (la) lora_a_stage<RP>(la, p.K, s + STAGE_BYTES, l_kt);
+            l_step++;
+            if (++l_kt == KT) {
+                l_kt = 0;
+                l_tile += gridDim.x;
+            }
+        }
+        cp_async_commit();
+    };
+
+    float acc[128], u[RP / 2];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < RP / 2; i++) u[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < AH; i++) load_next();
+    int s = 0;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        int rt, ct;
+        tile_coords(tile, n_rt, n_ct, GROUP, rt, ct);
+        const row_tile t = sched_find(sch, p.E, BM, INT_MIN, INT_MAX, rt);
+        const int n0 = ct * BN, q = tile_module(f, n0);
+        const bool live = wgi * 64 < t.rows;
+        for (int kt = 0; kt < KT; kt++, s++) {
+            cp_async_wait<AH - 1>();
+            fence_proxy_async();
+            __syncthreads();
+            const uint32_t st = smem0 + (s % ST) * SB;
+            if (live) {
+                const uint32_t sa = st + wgi * 64 * ROW_BYTES, sb = st + A_BYTES, sl = st + STAGE_BYTES;
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < BK / 16; ks++) {
+                    const uint64_t da = wgmma_desc(sa + ks * 32, 16, 1024);
+                    wgmma_m64n256k16_ss<false>(acc, da, wgmma_desc(sb + ks * 32, 16, 1024), kt > 0 || ks > 0);
+                    lora_u_mma<RP>(u, da, wgmma_desc(sl + ks * 32, 16, 1024), kt > 0 || ks > 0);
+                }
+                wgmma_commit();
+            }
+            if (kt == 0 && q >= 0) lora_b_slice<RP>(slb, f, q, t.e, n0); /* rides with this step's prefetch */
+            load_next();
+            wgmma_wait<1>();
+        }
+        wgmma_wait<0>();
+        wgmma_acc_fence(acc);
+        wgmma_acc_fence(u);
+        if (q >= 0) {
+            if (KT <= AH) { /* the B slice's group was never waited for in the k-loop */
+                cp_async_wait<0>();
+                fence_proxy_async();
+                __syncthreads();
+            }
+            if (live) lora_add<RP>(acc, u, slb, f.scale);
+        }
+        if (live) wg_epilogue(p, acc, t, n0, wgi);
+    }
+    cp_async_wait<0>();
+}
+
+// ---- launchers ----
+
+static int rank_slot(int R) { return R <= 16 ? 0 : R <= 32 ? 1 : 2; }
+
+template <int RP> static void fused_launch(cuda_ctx *c, const fused_args &f)
+{
+    moe_wgmma_lora_kernel<RP><<<occupancy.fused[rank_slot(RP)] * c->num_sms, wg::NTHREADS, fl::smem_bytes(RP),
+                                c->stream>>>(f);
+    LAUNCH_CHECK();
+}
+
+/* Fused when every module starts on a 256-column tile boundary (no tile straddles
+ * two modules) and scale is a finite non-zero number (the epilogue divides by it);
+ * otherwise the sequence the op stands for: moe_linear_fwd, then moe_lora_fwd per
+ * module. */
+static void cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx,
+                                     const int32_t *gather, int K, const void *W, const void *bias,
+                                     const int32_t *offsets, int E, int in, int out, int accumulate,
+                                     const ct_moe_lora_cols *lora, int n_lora, int R, float scale)
+{
+    const char *op = "moe_linear_lora_fwd";
+    CT_ASSERT(E >= 1 && E <= MOE_MAX_E, "%s: E = %d experts (1..%d are supported)", op, E, MOE_MAX_E);
+    CT_ASSERT(in > 0 && out > 0 && in % 8 == 0 && out % 8 == 0,
+              "%s: in = %d and out = %d must be positive multiples of 8 (16-byte rows)", op, in, out);
+    CT_ASSERT(ldx % 8 == 0 && ldy % 8 == 0 && aligned16(x) && aligned16(y) && aligned16(W),
+              "%s: operands must be 16-byte aligned with row strides multiple of 8 (ldx %d, ldy %d)", op, ldx, ldy);
+    CT_ASSERT(!bias || ((uintptr_t)bias & 3) == 0, "%s: bias must be 4-byte aligned", op);
+    CT_ASSERT(!gather || K >= 1, "%s: K = %d experts per token with a gather", op, K);
+    CT_ASSERT(n_lora >= 0 && n_lora <= fl::MAX_MODULES, "%s: %d LoRA modules (0..%d are supported)", op, n_lora,
+              fl::MAX_MODULES);
+    CT_ASSERT(n_lora == 0 || (R >= 1 && R <= 64), "%s: LoRA rank %d is not supported (1..64 are)", op, R);
+    bool fuse = n_lora > 0 && scale != 0.0f && std::isfinite(scale);
+    for (int q = 0; q < n_lora; q++) {
+        const ct_moe_lora_cols &m = lora[q];
+        CT_ASSERT(m.col0 >= 0 && m.cols > 0 && m.col0 % 8 == 0 && m.cols % 8 == 0 && m.col0 + m.cols <= out,
+                  "%s: LoRA module %d on columns [%d, %d) is not inside [0, %d) on multiples of 8", op, q, m.col0,
+                  m.col0 + m.cols, out);
+        CT_ASSERT(q == 0 || m.col0 >= lora[q - 1].col0 + lora[q - 1].cols,
+                  "%s: LoRA modules must be in column order without overlap", op);
+        fuse &= m.col0 % wg::BN == 0;
+    }
+    if (!fuse) {
+        be->moe_linear_fwd(be, y, ldy, x, ldx, gather, K, W, bias, offsets, E, in, out, accumulate);
+        for (int q = 0; q < n_lora; q++)
+            be->moe_lora_fwd(be, (bf16 *)y + lora[q].col0, ldy, x, ldx, gather, K, lora[q].A, lora[q].B, offsets, E,
+                             in, lora[q].cols, R, scale, 0.0f, 0);
+        return;
+    }
+
+    cuda_ctx *c = ctx_of(be);
+    const int RP = 16 << rank_slot(R);
+    size_t bytes = 0;
+    for (int q = 0; q < n_lora; q++)
+        bytes += scratch_round((size_t)E * RP * in * 2) + scratch_round((size_t)E * RP * lora[q].cols * 2);
+    scratch_carver sc = {(char *)cuda_scratch(c, bytes), 0};
+    fused_args f = {};
+    f.p = {(bf16 *)y, (const bf16 *)x, gather, (const bf16 *)W, (const bf16 *)bias, offsets,
+           ldy, ldx, gather ? K : 1, E, out, in, accumulate};
+    f.n_mod = n_lora;
+    f.scale = scale;
+    for (int q = 0; q < n_lora; q++) {
+        bf16 *Ap = (bf16 *)scratch_take(&sc, (size_t)E * RP * in * 2);
+        bf16 *Bt = (bf16 *)scratch_take(&sc, (size_t)E * RP * lora[q].cols * 2);
+        const size_t n = (size_t)E * RP * ((size_t)in + lora[q].cols);
+        lora_convert_kernel<<<grid_for(n, 256) < 8192 ? grid_for(n, 256) : 8192, 256, 0, c->stream>>>(
+            Ap, NULL, NULL, Bt, lora[q].A, lora[q].B, E, R, RP, in, lora[q].cols);
+        LAUNCH_CHECK();
+        f.mod[q] = {Ap, Bt, lora[q].col0, lora[q].cols};
+    }
+    if (RP == 16) fused_launch<16>(c, f);
+    else if (RP == 32) fused_launch<32>(c, f);
+    else fused_launch<64>(c, f);
+}
+
+void cuda_fill_moe_gemm_lora_ops(ct_backend *be)
+{
+    occupancy.fused[0] = kernel_setup((const void *)moe_wgmma_lora_kernel<16>, wg::NTHREADS, fl::smem_bytes(16));
+    occupancy.fused[1] = kernel_setup((const void *)moe_wgmma_lora_kernel<32>, wg::NTHREADS, fl::smem_bytes(32));
+    occupancy.fused[2] = kernel_setup((const void *)moe_wgmma_lora_kernel<64>, wg::NTHREADS, fl::smem_bytes(64));
+    be->moe_linear_lora_fwd = cuda_moe_linear_lora_fwd;
+}

@@ -60,7 +60,9 @@
  * CTUNE_ATTN_BWD=auto|wgmma2|wgmma|mma, read next to CTUNE_ATTN_FWD: auto and
  * wgmma2 run the two-warpgroup dk/dv at D = 128, wgmma the one-warpgroup one; every
  * attention test, bit-reproducibility and the offload/checkpointing bit-identity
- * tests pass on each.
+ * tests pass on each. wgmma2 alone also runs dq at D = 128 on two warpgroups per
+ * 128-query tile sharing each 128-key K/V stage (attention_bwd_dq_2wg.cu): compiled
+ * only, not yet run on a GPU, so auto keeps the one-warpgroup dq.
  *
  * Backward: delta_i = sum_d dout_i out_i first (written head-major, (nq, T), next
  * to lse * log2 e, so that a tile's values are contiguous); then two kernels,

@@ -1,7 +1,7 @@
 /* attention.cuh — what the attention kernels share: attention.cu (work list,
  * padding rows, mma.sync forward), attention_bwd.cu (mma.sync backward) and the
  * wgmma kernels (attention_fwd_sm90.cu, attention_bwd_sm90.cu,
- * attention_bwd_dkdv_2wg.cu). Tile sizes, the
+ * attention_bwd_dkdv_2wg.cu, attention_bwd_dq_2wg.cu). Tile sizes, the
  * mma.sync / ldmatrix / cp.async helpers, the mask, the online softmax, the
  * epilogues and the wgmma tile helpers live here once, as __forceinline__
  * functions, and the launch helpers both directions call. attention.cu's header
@@ -503,6 +503,84 @@ __device__ __forceinline__ void ab_issue(float (&acc)[D / 2], const uint32_t (&a
     wgmma_commit();
 }
 
+/* Commits an empty wgmma group in place of a product a loop's first step lacks,
+ * so that every step has the same wait counts: a branch on which waits to use
+ * makes ptxas serialize every wgmma (C7514). The fence spares ptxas injecting
+ * one (C7519). */
+static __device__ __forceinline__ void empty_group()
+{
+    wgmma_fence();
+    wgmma_commit();
+}
+
+// ---- two-warpgroup blocks at D = 128 (attention_bwd_dkdv_2wg.cu, attention_bwd_dq_2wg.cu) ----
+
+#define WG2_THREADS 256 /* two warpgroups */
+
+/* ROWS x 128 rows from global (row r at g + r*ld) into ROWS / TROWS consecutive
+ * TROWS-row swizzled tiles at shared address s (row r in tile r / TROWS, each
+ * tile two panels of TROWS rows, as load_rows_sw lays out one), asynchronously,
+ * by all WG2_THREADS threads; rows >= valid (valid >= 1) are zero-filled from row
+ * 0's address, which exists. Thread t copies chunk t % 16 of rows t / 16 + 16 i:
+ * the rows share their swizzle phase (r % 8), so one base address and a stride
+ * serve every copy (fewer registers live in the loop). */
+template <int ROWS, int TROWS = TILE>
+__device__ __forceinline__ void load_tiles_sw(uint32_t s, const bf16 *g, size_t ld, int valid)
+{
+    constexpr int D = 128, CH = D / 8, RPI = WG2_THREADS / CH; /* 16-byte chunks per row; rows per pass */
+    static_assert(ROWS % TROWS == 0 && TROWS % RPI == 0 && RPI % 8 == 0, "whole tiles, one swizzle phase");
+    int t = threadIdx.x;
+    asm volatile("" : "+r"(t)); /* derive the addresses here: hoisted out of the loop, they spill */
+    const int r0 = t / CH, ch = t % CH;
+    const uint32_t d0 = s + (ch / 8) * sw_panel<TROWS>() + swz(r0, ch % 8);
+    const bf16 *p = g + (size_t)r0 * ld + ch * 8;
+#pragma unroll
+    for (int i = 0; i < ROWS / RPI; i++) {
+        const int r = r0 + i * RPI;
+        const bool ok = r < valid;
+        cp_async16_s(d0 + (r / TROWS) * sw_tile_bytes<D, TROWS>() + (i % (TROWS / RPI)) * RPI * 128,
+                     ok ? p + (size_t)i * RPI * ld : g + ch * 8, ok);
+    }
+}
+
+/* abt_issue and ab_issue above, each k-step's descriptor the first one plus the
+ * step's byte offset / 16: a descriptor's address field is the shared address /
+ * 16 in 14 bits, and base + offset stays below 256 KB, so the sum never carries
+ * out of the field. ptxas then spends about 8 fewer instructions per wgmma (910
+ * against 1092 per step in the dk/dv kernel). Separate so that the validated
+ * one-warpgroup kernels' SASS stays as it is.
+ * abt_issue_inc: d = A B^T, A a 64 x D tile at sa (64-row panels), B an N x D
+ * tile at sb (N-row panels). */
+template <int D, int N>
+__device__ __forceinline__ void abt_issue_inc(float (&d)[N / 2], uint32_t sa, uint32_t sb)
+{
+    static_assert(N == 64 || N == 128, "abt_issue_inc: N = 64 or 128");
+    wgmma_fence();
+    const uint64_t da0 = wgmma_desc(sa, 16, 1024), db0 = wgmma_desc(sb, 16, 1024);
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        const uint64_t da = da0 + (((ks / 4) * sw_panel<TILE>() + (ks % 4) * 32) >> 4);
+        const uint64_t db = db0 + (((ks / 4) * sw_panel<N>() + (ks % 4) * 32) >> 4);
+        if constexpr (N == 128) wgmma_m64n128k16_ss<false>(d, da, db, ks > 0);
+        else wgmma_m64n64k16_ss<false>(d, da, db, ks > 0);
+    }
+    wgmma_commit();
+}
+
+/* ab_issue_inc: acc += A B, A (64 x KR) as bf16 fragments, B KR rows x D at sb
+ * (MN-major) inside a tile of PR-row panels (PR >= KR: B may be a slice of
+ * rows of a taller tile; LBO = one panel). */
+template <int D, int KR, int PR = KR>
+__device__ __forceinline__ void ab_issue_inc(float (&acc)[D / 2], const uint32_t (&a)[KR / 16][4], uint32_t sb)
+{
+    static_assert(D == 128 && PR >= KR, "ab_issue_inc: D = 128, B inside one panel's rows");
+    wgmma_fence();
+    const uint64_t db0 = wgmma_desc(sb, sw_panel<PR>(), 1024);
+#pragma unroll
+    for (int kk = 0; kk < KR / 16; kk++) wgmma_m64n128k16_rs<true>(acc, a[kk], db0 + ((kk * 16 * 128) >> 4), 1);
+    wgmma_commit();
+}
+
 // ---- host side ----
 
 /* The outputs whose padding rows (past cu_seqlens[n_docs]) are zeroed. */
@@ -530,8 +608,10 @@ void attn_check_args(const char *op, int D, int nq, int nkv, int T, int n_docs, 
                      const void *const *ptrs, const int *lds, int n);
 /* The backward at D = 64 and 128 (CTUNE_ATTN_BWD): mma.sync (attention_bwd.cu),
  * wgmma (attention_bwd_sm90.cu), or wgmma with the two-warpgroup dk/dv kernel
- * at D = 128 (attention_bwd_dkdv_2wg.cu; D = 64 runs wgmma's). AUTO is wgmma2,
- * the fastest at every measured shape. The order is attn_kind_from_env's. */
+ * at D = 128 (attention_bwd_dkdv_2wg.cu; D = 64 runs wgmma's). AUTO is wgmma2's
+ * dk/dv, the fastest at every measured shape, with wgmma's dq; WGMMA2 itself also
+ * runs the two-warpgroup dq at D = 128 (attention_bwd_dq_2wg.cu, not yet
+ * validated on a GPU). The order is attn_kind_from_env's. */
 enum attn_bwd_kind { ATTN_BWD_AUTO, ATTN_BWD_MMA, ATTN_BWD_WGMMA, ATTN_BWD_WGMMA2 };
 /* attention_bwd.cu: raises the backward kernels' shared-memory limits and picks
  * the backward cuda_attention_bwd runs at D = 64 and 128 from now on (process-wide). */
@@ -572,5 +652,14 @@ void attn_bwd_dkdv_2wg(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout,
                        const int4 *tiles2, size_t slots2, int T, int nq, int nkv, float scale, int window,
                        cudaStream_t st);
 void attn_bwd_dkdv_2wg_init(void);
+
+/* attention_bwd_dq_2wg.cu: dq at D = 128 on two warpgroups per 128-query tile
+ * sharing every K/V stage, as attn_bwd_dq_sm90 but on the 128-row work list
+ * (tiles2, slots2 entries), and its shared-memory opt-in. Run only under
+ * CTUNE_ATTN_BWD=wgmma2: compiled, not yet validated on a GPU. */
+void attn_bwd_dq_2wg(bf16 *dq, int lddq, const bf16 *dout, int lddo, const float *lse2, const float *delta,
+                     const bf16 *q, int ldq, const bf16 *k, int ldk, const bf16 *v, int ldv, const int4 *tiles2,
+                     size_t slots2, int T, int nq, int nkv, float scale, int window, cudaStream_t st);
+void attn_bwd_dq_2wg_init(void);
 
 #endif

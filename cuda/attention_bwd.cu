@@ -2,7 +2,9 @@
  * then dq and dk/dv in two deterministic kernels, here on mma.sync
  * (CTUNE_ATTN_BWD=mma, and always at D = 32), or at D = 64 and 128 on wgmma
  * (attention_bwd_sm90.cu), with dk/dv at D = 128 on two warpgroups
- * (attention_bwd_dkdv_2wg.cu) unless CTUNE_ATTN_BWD=wgmma. The algorithm, layouts, work list and pipelining are
+ * (attention_bwd_dkdv_2wg.cu) unless CTUNE_ATTN_BWD=wgmma, and dq at D = 128 on
+ * two warpgroups (attention_bwd_dq_2wg.cu, not yet validated on a GPU) only under
+ * CTUNE_ATTN_BWD=wgmma2. The algorithm, layouts, work list and pipelining are
  * described in attention.cu's header comment. */
 #include "attention.cuh"
 
@@ -225,6 +227,7 @@ void attention_bwd_init(attn_bwd_kind kind)
     attention_bwd_init_d<128>();
     attn_bwd_sm90_init();
     attn_bwd_dkdv_2wg_init();
+    attn_bwd_dq_2wg_init();
     bwd_kind = kind;
 }
 
@@ -234,8 +237,16 @@ static bool bwd_dkdv_2wg(int D)
     return (bwd_kind == ATTN_BWD_WGMMA2 || bwd_kind == ATTN_BWD_AUTO) && D == 128;
 }
 
+/* Whether dq at head_dim D runs the two-warpgroup kernel on 128-query tiles: only
+ * when asked for (wgmma2), not under auto, until it is validated on a GPU. */
+static bool bwd_dq_2wg(int D)
+{
+    return bwd_kind == ATTN_BWD_WGMMA2 && D == 128;
+}
+
 /* The backward's kernels for one D: tiles (slots entries) is the 64-row work
- * list; tiles2 (slots2) the 128-row one when bwd_dkdv_2wg(D), else unused. */
+ * list; tiles2 (slots2) the 128-row one when bwd_dkdv_2wg(D) or bwd_dq_2wg(D),
+ * else unused. */
 template <int D>
 static void bwd_launch(cudaStream_t st, float *delta, float *lse2, const int4 *tiles, size_t slots,
                        const int4 *tiles2, size_t slots2, bf16 *dq, int lddq, bf16 *dk, int lddk, bf16 *dv,
@@ -247,8 +258,12 @@ static void bwd_launch(cudaStream_t st, float *delta, float *lse2, const int4 *t
     attn_delta_kernel<D><<<grid_for(rows, 8), 256, 0, st>>>(delta, lse2, dout, lddo, out, ldo, lse, T, nq);
     LAUNCH_CHECK();
     if (bwd_kind != ATTN_BWD_MMA && D != 32) {
-        attn_bwd_dq_sm90(dq, lddq, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, slots, T, nq, nkv, D,
-                         scale, window, st);
+        if (bwd_dq_2wg(D))
+            attn_bwd_dq_2wg(dq, lddq, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles2, slots2, T, nq, nkv,
+                            scale, window, st);
+        else
+            attn_bwd_dq_sm90(dq, lddq, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, slots, T, nq, nkv,
+                             D, scale, window, st);
         if (bwd_dkdv_2wg(D))
             attn_bwd_dkdv_2wg(dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles2, slots2,
                               T, nq, nkv, scale, window, st);
@@ -282,7 +297,8 @@ void cuda_attention_bwd(ct_backend *be, void *dq, int lddq, void *dk, int lddk, 
     attn_zero_tail(c->stream, z, cu_seqlens, n_docs, T);
     size_t slots = attn_tile_slots(T, n_docs, max_seqlen, TILE);
     if (slots == 0) return;
-    const size_t slots2 = bwd_dkdv_2wg(D) ? attn_tile_slots(T, n_docs, max_seqlen, 2 * TILE) : 0;
+    const size_t slots2 =
+        bwd_dkdv_2wg(D) || bwd_dq_2wg(D) ? attn_tile_slots(T, n_docs, max_seqlen, 2 * TILE) : 0;
     /* The sinks enter backward only through lse (they have no value rows and are
      * frozen), so they are not read here. */
     size_t head_rows = scratch_round((size_t)T * nq * sizeof(float));

@@ -65,7 +65,6 @@
 #include "attention.cuh"
 #include "wgmma.cuh"
 
-#define WG2_THREADS 256 /* two warpgroups */
 #define WG2_KEYS 128    /* keys per block: 64 per warpgroup */
 #define WG2_QT 64       /* queries per step */
 #define WG2_STAGES 4    /* of Q, dO, lse2 and delta: copied two steps ahead */
@@ -82,71 +81,6 @@ constexpr size_t smem()
 }
 
 // ---- kernels ----
-
-/* ROWS x D rows from global (row r at g + r*ld) into ROWS / 64 consecutive 64-row
- * swizzled tiles at shared address s (row r in tile r / 64, as load_rows_sw lays
- * out one tile), asynchronously, by all WG2_THREADS threads; rows >= valid (valid
- * >= 1) are zero-filled from row 0's address, which exists. Thread t copies chunk
- * t % 16 of rows t / 16 + 16 i: the rows share their swizzle phase (r % 8), so one
- * base address and a stride serve every copy (fewer registers live in the loop). */
-template <int ROWS>
-__device__ __forceinline__ void load_tiles_sw(uint32_t s, const bf16 *g, size_t ld, int valid)
-{
-    constexpr int CH = wg2::D / 8, RPI = WG2_THREADS / CH; /* 16-byte chunks per row; rows per pass */
-    static_assert(ROWS % TILE == 0 && TILE % RPI == 0 && RPI % 8 == 0, "whole tiles, one swizzle phase");
-    int t = threadIdx.x;
-    asm volatile("" : "+r"(t)); /* derive the addresses here: hoisted out of the loop, they spill */
-    const int r0 = t / CH, ch = t % CH;
-    const uint32_t d0 = s + (ch / 8) * sw_panel<TILE>() + swz(r0, ch % 8);
-    const bf16 *p = g + (size_t)r0 * ld + ch * 8;
-#pragma unroll
-    for (int i = 0; i < ROWS / RPI; i++) {
-        const int r = r0 + i * RPI;
-        const bool ok = r < valid;
-        cp_async16_s(d0 + (r / TILE) * wg2::TB + (i % (TILE / RPI)) * RPI * 128,
-                     ok ? p + (size_t)i * RPI * ld : g + ch * 8, ok);
-    }
-}
-
-/* attention.cuh's abt_issue and ab_issue, each k-step's descriptor the first one
- * plus the step's byte offset / 16: a descriptor's address field is the shared
- * address / 16 in 14 bits, and base + offset stays below 256 KB, so the sum never
- * carries out of the field. ptxas then spends about 8 fewer instructions per wgmma
- * (910 against 1092 per step here). Local so that the validated kernels' SASS stays
- * as it is; attention.cuh's could take this form once it is measured there. */
-template <int D, int N>
-__device__ __forceinline__ void abt_issue_inc(float (&d)[N / 2], uint32_t sa, uint32_t sb)
-{
-    static_assert(N == 64, "abt_issue_inc: N = 64");
-    wgmma_fence();
-    const uint64_t da0 = wgmma_desc(sa, 16, 1024), db0 = wgmma_desc(sb, 16, 1024);
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        const uint64_t da = da0 + (((ks / 4) * sw_panel<TILE>() + (ks % 4) * 32) >> 4);
-        const uint64_t db = db0 + (((ks / 4) * sw_panel<N>() + (ks % 4) * 32) >> 4);
-        wgmma_m64n64k16_ss<false>(d, da, db, ks > 0);
-    }
-    wgmma_commit();
-}
-
-template <int D, int KR>
-__device__ __forceinline__ void ab_issue_inc(float (&acc)[D / 2], const uint32_t (&a)[KR / 16][4], uint32_t sb)
-{
-    static_assert(D == 128, "ab_issue_inc: D = 128");
-    wgmma_fence();
-    const uint64_t db0 = wgmma_desc(sb, sw_panel<KR>(), 1024);
-#pragma unroll
-    for (int kk = 0; kk < KR / 16; kk++) wgmma_m64n128k16_rs<true>(acc, a[kk], db0 + ((kk * 16 * 128) >> 4), 1);
-    wgmma_commit();
-}
-
-/* Commits an empty wgmma group in place of the dk product the first step lacks,
- * so that every step has the same wait counts (as attention_bwd_sm90.cu). */
-static __device__ __forceinline__ void empty_group()
-{
-    wgmma_fence();
-    wgmma_commit();
-}
 
 /* dk, dv for one 128-key tile of one kv head, summed over its query heads. The
  * (head, query step) steps run as one sequence so that the pipeline crosses head

@@ -71,16 +71,6 @@ template <int D> constexpr size_t dkdv_smem()
 
 // ---- kernels ----
 
-/* Commits an empty wgmma group (PTX: a commit with nothing issued makes one), so
- * that the first step, which has no previous dq or dk product, keeps the wait
- * counts of the others: a branch on which waits to use makes ptxas serialize
- * every wgmma (C7514). The fence spares ptxas injecting one (C7519). */
-static __device__ __forceinline__ void empty_group()
-{
-    wgmma_fence();
-    wgmma_commit();
-}
-
 /* dq for one 64-query tile of one head: dS = P (dP - delta), dq = scale * dS K.
  * Accumulators (wgmma.cuh): s[4 j + 2 r + e] is row row[r], key k0 + 8 j +
  * 2 (lane % 4) + e, as the mma.sync kernel's s[j][2 r + e]. */

@@ -19,9 +19,10 @@
  * The attention tests run four times, on a backend created under CTUNE_ATTN_FWD=mma
  * and CTUNE_ATTN_BWD=mma, then on one under =wgmma for both (the Hopper kernels),
  * then under CTUNE_ATTN_FWD=wgmma2 (the warp-specialized TMA forward) with the
- * wgmma backward, then under CTUNE_ATTN_FWD=wgmma and CTUNE_ATTN_BWD=wgmma2 (dk/dv
- * at D = 128 on two warpgroups); each pass compares the forward and the backward
- * and checks that the backward is bit-reproducible.
+ * wgmma backward, then under CTUNE_ATTN_FWD=wgmma and CTUNE_ATTN_BWD=wgmma2 (dq
+ * and dk/dv at D = 128 on two warpgroups each: the only pass that runs the
+ * two-warpgroup dq, which auto does not pick); each pass compares the forward and
+ * the backward and checks that the backward is bit-reproducible.
  * Without a GPU every test reports "skip NAME: skipped: no GPU". */
 #include "backend.h"
 #include "check.h"

@@ -11,7 +11,7 @@
  * routing's row_slot (the gather fused into the loads, as graph_moe.c runs
  * gate_up); "bwd_in" is moe_linear_bwd_input. The gate_up LoRA rows read x
  * through the gather too. "lora_fused" times moe_linear_lora_fwd (the GEMM with
- * the LoRA of one module over all columns fused in; WIP) in the v2 column, and
+ * the LoRA of one module over all columns fused in, graph_moe.c's default) in the v2 column, and
  * the unfused pair it replaces (v2 GEMM, then moe_lora_fwd) in the dense column.
  * Each version's ops come from a backend created under its CTUNE_MOE_GEMM; all
  * share one set of buffers.

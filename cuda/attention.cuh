@@ -655,8 +655,7 @@ void attn_bwd_dkdv_2wg_init(void);
 
 /* attention_bwd_dq_2wg.cu: dq at D = 128 on two warpgroups per 128-query tile
  * sharing every K/V stage, as attn_bwd_dq_sm90 but on the 128-row work list
- * (tiles2, slots2 entries), and its shared-memory opt-in. Run only under
- * CTUNE_ATTN_BWD=wgmma2: compiled, not yet validated on a GPU. */
+ * (tiles2, slots2 entries), and its shared-memory opt-in. */
 void attn_bwd_dq_2wg(bf16 *dq, int lddq, const bf16 *dout, int lddo, const float *lse2, const float *delta,
                      const bf16 *q, int ldq, const bf16 *k, int ldk, const bf16 *v, int ldv, const int4 *tiles2,
                      size_t slots2, int T, int nq, int nkv, float scale, int window, cudaStream_t st);

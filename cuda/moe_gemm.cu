@@ -29,13 +29,14 @@
  * stages. NN keeps W_e's (k, n) layout as 4 panels of 64 columns and lets wgmma
  * transpose (MN-major B). 4 stages, loads 2 k-steps ahead, one wgmma group in
  * flight while the next loads are queued; a warpgroup with no rows in a tile (an
- * expert's last, at most 64 rows) skips its MMAs. CTUNE_MOE_GEMM=old|new (read
- * when a backend is created) picks v1 or v2; bench/moe_gemm_bench.c times both.
+ * expert's last, at most 64 rows) skips its MMAs. CTUNE_MOE_GEMM=old|new|tma (read
+ * when a backend is created) picks v1, v2 or moe_gemm_tma.cu's warp-specialized
+ * TMA kernel (v3, compiled only so far; gathered calls stay on v2);
+ * bench/moe_gemm_bench.c times all three.
  * Epilogue: 16-byte stores after an in-quad transpose of the accumulators (see
- * wg_epilogue). Not yet: TMA for W (mbarriers, warp specialization), clusters with
- * multicast, overlapping the epilogue with the next tile's MMAs (ping-pong). */
-#include "moe_gemm.cuh"
-#include "wgmma.cuh"
+ * wg_epilogue, moe_gemm_wg.cuh). TMA loads, warp specialization and a staggered
+ * epilogue are moe_gemm_tma.cu's; not yet anywhere: clusters with multicast. */
+#include "moe_gemm_wg.cuh"
 
 #include <climits>
 #include <cstdio>
@@ -62,15 +63,6 @@ template <bool NN> __host__ __device__ constexpr int stage_elems() { return A_EL
 template <bool NN> constexpr size_t smem_bytes() { return (size_t)STAGES * stage_elems<NN>() * sizeof(bf16); }
 }
 
-struct gemm_args {
-    bf16 *y;               /* (n, N) at row stride ldy */
-    const bf16 *x;         /* (n, K) at row stride ldx; with gather, (T, K) token rows */
-    const int32_t *gather; /* (n) or NULL: row r of the input is x[gather[r] / topk] */
-    const bf16 *W;         /* (E, out, in): per expert (N, K) forward, (K, N) bwd_input */
-    const bf16 *bias;      /* (E, N) or NULL */
-    const int32_t *offsets;
-    int ldy, ldx, topk, E, N, K, accumulate;
-};
 
 /* Row r (< rows) of tile t's input, at column c: through gather when there is one. */
 __device__ __forceinline__ const bf16 *gemm_row(const gemm_args &p, const row_tile &t, int r, int c)
@@ -234,55 +226,6 @@ constexpr int NN_PANEL = BK * ROW_BYTES;                /* NN: B as 4 panels of 
 constexpr size_t smem_bytes() { return (size_t)STAGES * STAGE_BYTES + 1024; } /* + alignment slack */
 }
 
-/* d (64 x 256 fp32, this warpgroup's accumulators) (=|+=) A (64 x 16) @ B (16 x 256),
- * both from shared memory through descriptors; scale_d 0 overwrites d. TRANS_B: B
- * is stored MN-major (N contiguous), else K-major like A. */
-template <bool TRANS_B>
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, uint64_t db, int scale_d)
-{
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-        "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, "
-        "%39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
-        "%58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, "
-        "%77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-        "%128, %129, p, 1, 1, 0, %131;\n}\n"
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-            "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-            "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-            "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-            "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-            "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
-            "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-            "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
-            "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-            "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),
-            "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
-            "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
-            "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),
-            "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]),
-            "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]),
-            "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]),
-            "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-            "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
-            "+f"(d[127])
-          : "l"(da), "l"(db), "r"(scale_d), "n"(TRANS_B ? 1 : 0));
-}
-
-/* Row tile and column tile of a tile index: row tiles rastered in groups of GROUP
- * (the column tiles of GROUP row tiles run together), as the v1 kernel. */
-__device__ __forceinline__ void tile_coords(int tile, int n_rt, int n_ct, int group_rows, int &rt, int &ct)
-{
-    const int per_group = group_rows * n_ct, group = tile / per_group, first = group * group_rows;
-    const int rows_g = min(group_rows, n_rt - first), local = tile - group * per_group;
-    rt = first + local % rows_g;
-    ct = local / rows_g;
-}
-
 /* What one thread loads for one tile: its input rows (NULL past the tile's rows),
  * and its W chunks. */
 template <bool NN> struct wg_loads {
@@ -340,73 +283,6 @@ __device__ __forceinline__ void wg_load_stage(const wg_loads<NN> &l, const gemm_
             const int kr = (tid >> 5) + 8 * i;
             const bool ok = l.b_ok && k0 + kr < p.K;
             cp_async16_s(sb + (nc >> 3) * NN_PANEL + swz(kr, nc & 7), ok ? l.b + (size_t)(k0 + 8 * i) * p.N : p.W, ok);
-        }
-    }
-}
-
-__device__ __forceinline__ float2 shfl_xor2(float2 v, int m)
-{
-    return make_float2(__shfl_xor_sync(0xffffffffu, v.x, m), __shfl_xor_sync(0xffffffffu, v.y, m));
-}
-
-/* y rows of this warpgroup (64 from row 64 wgi of the tile, those < t.rows) at
- * columns n0..n0+255 (< N) from the accumulators: + bias (+ the old y) in fp32,
- * rounded once. Accumulator layout (per warp, as mma.sync's C): d[4j + 2h + q] is
- * row 16 warp + lane/4 + 8h, column 8j + 2 (lane%4) + q, so a quad holds 2 columns
- * of each 8-column tile. Two butterfly exchanges (lanes xor 1, then xor 2) give
- * lane q of the quad all 8 columns of tile 4m + q instead: one 16-byte store per
- * lane and row where 4-byte stores would take four times the instructions (with 1
- * block per SM, nothing else runs on the SM while this one stores). */
-__device__ __forceinline__ void wg_epilogue(const gemm_args &p, const float (&d)[128], const row_tile &t, int n0,
-                                            int wgi)
-{
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, tq = lane & 3;
-    const bool odd = tq & 1, hi = tq & 2;
-    const bf16 *bias = p.bias ? p.bias + (size_t)t.e * p.N : NULL;
-#pragma unroll
-    for (int m = 0; m < 8; m++) {
-        float2 b[4]; /* bias at this lane's columns of tiles 4m .. 4m+3 */
-#pragma unroll
-        for (int jj = 0; jj < 4; jj++) {
-            const int col = n0 + (4 * m + jj) * 8 + 2 * tq;
-            b[jj] = bias && col < p.N ? __bfloat1622float2(*(const __nv_bfloat162 *)(bias + col))
-                                      : make_float2(0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float2 e[4];
-#pragma unroll
-            for (int jj = 0; jj < 4; jj++)
-                e[jj] = make_float2(d[4 * (4 * m + jj) + 2 * h] + b[jj].x, d[4 * (4 * m + jj) + 2 * h + 1] + b[jj].y);
-            /* xor 1: even lanes trade tiles 1 and 3 for their odd partner's 0 and 2 */
-            const float2 r01 = shfl_xor2(odd ? e[0] : e[1], 1), r23 = shfl_xor2(odd ? e[2] : e[3], 1);
-            if (odd) {
-                e[0] = r01;
-                e[2] = r23;
-            } else {
-                e[1] = r01;
-                e[3] = r23;
-            }
-            /* xor 2: now e[s] is column pair s of tile 4m + tq */
-            const float2 r0 = shfl_xor2(hi ? e[0] : e[2], 2), r1 = shfl_xor2(hi ? e[1] : e[3], 2);
-            if (hi) {
-                e[0] = r0;
-                e[1] = r1;
-            } else {
-                e[2] = r0;
-                e[3] = r1;
-            }
-            const int r = wgi * 64 + warp * 16 + g + 8 * h, col = n0 + 32 * m + 8 * tq;
-            if (r >= t.rows || col >= p.N) continue; /* N % 8 == 0: all 8 columns or none */
-            bf16 *dst = p.y + (size_t)(t.m0 + r) * p.ldy + col;
-            float f[8] = {e[0].x, e[0].y, e[1].x, e[1].y, e[2].x, e[2].y, e[3].x, e[3].y};
-            if (p.accumulate) {
-                float o[8];
-                load8(o, dst);
-#pragma unroll
-                for (int i = 0; i < 8; i++) f[i] += o[i];
-            }
-            store8(dst, f);
         }
     }
 }
@@ -489,7 +365,7 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_kernel(gemm_args p)
         }
         wgmma_wait<0>();
         wgmma_acc_fence(acc);
-        if (live) wg_epilogue(p, acc, t, n0, wgi);
+        if (live) wg_epilogue(p, acc, t.e, t.m0, 0, t.rows, n0, wgi);
     }
     cp_async_wait<0>();
 }
@@ -507,13 +383,18 @@ static void moe_gemm_check(const char *op, const void *y, int ldy, const void *x
     CT_ASSERT(!bias || ((uintptr_t)bias & 3) == 0, "%s: bias must be 4-byte aligned", op);
 }
 
-/* V 1: mma.sync (moe_gemm_kernel); V 2: wgmma (moe_wgmma_kernel). */
+/* V 1: mma.sync (moe_gemm_kernel); V 2: wgmma (moe_wgmma_kernel); V 3: TMA
+ * (moe_gemm_tma.cu), whose 2-D boxes cannot follow a gather: gathered calls run v2. */
 template <int V> static void moe_gemm_launch(ct_backend *be, bool nn, const gemm_args &p)
 {
     cuda_ctx *c = ctx_of(be);
-    if (V == 2 && nn)
+    if (V == 3 && !p.gather) {
+        moe_gemm_tma(p, nn, c->num_sms, c->stream);
+        return;
+    }
+    if (V >= 2 && nn)
         moe_wgmma_kernel<true><<<occupancy.wgmma_nn * c->num_sms, wg::NTHREADS, wg::smem_bytes(), c->stream>>>(p);
-    else if (V == 2)
+    else if (V >= 2)
         moe_wgmma_kernel<false><<<occupancy.wgmma_nt * c->num_sms, wg::NTHREADS, wg::smem_bytes(), c->stream>>>(p);
     else if (nn)
         moe_gemm_kernel<true><<<occupancy.gemm_nn * c->num_sms, gm::NTHREADS, gm::smem_bytes<true>(), c->stream>>>(p);
@@ -546,15 +427,18 @@ static void cuda_moe_linear_bwd_input(ct_backend *be, void *dx, int lddx, const 
     moe_gemm_launch<V>(be, true, p);
 }
 
-/* The grouped GEMM version a new backend uses: CTUNE_MOE_GEMM=old (v1) or new (v2,
- * the default), read once per backend; anything else is refused by name. */
+/* The grouped GEMM version a new backend uses: CTUNE_MOE_GEMM=old (v1), new (v2,
+ * the default) or tma (v3, not yet validated on a GPU), read once per backend;
+ * anything else is refused by name. */
 static int gemm_version(void)
 {
     const char *v = getenv("CTUNE_MOE_GEMM");
     if (!v || !*v || !strcmp(v, "new")) return 2;
     if (!strcmp(v, "old")) return 1;
-    fprintf(stderr, "ctune: CTUNE_MOE_GEMM=%s is not old or new\n"
-                    "HINT: unset it (the default is new) or set old for the mma.sync grouped GEMM\n", v);
+    if (!strcmp(v, "tma")) return 3;
+    fprintf(stderr, "ctune: CTUNE_MOE_GEMM=%s is not old, new or tma\n"
+                    "HINT: unset it (the default is new), or set old for the mma.sync grouped GEMM or tma for the\n"
+                    "      warp-specialized TMA one\n", v);
     exit(CT_ERR_INPUT);
 }
 
@@ -564,7 +448,10 @@ void cuda_fill_moe_gemm_ops(ct_backend *be)
     occupancy.gemm_nn = kernel_setup((const void *)moe_gemm_kernel<true>, gm::NTHREADS, gm::smem_bytes<true>());
     occupancy.wgmma_nt = kernel_setup((const void *)moe_wgmma_kernel<false>, wg::NTHREADS, wg::smem_bytes());
     occupancy.wgmma_nn = kernel_setup((const void *)moe_wgmma_kernel<true>, wg::NTHREADS, wg::smem_bytes());
-    const bool v2 = gemm_version() == 2;
-    be->moe_linear_fwd = v2 ? cuda_moe_linear_fwd<2> : cuda_moe_linear_fwd<1>;
-    be->moe_linear_bwd_input = v2 ? cuda_moe_linear_bwd_input<2> : cuda_moe_linear_bwd_input<1>;
+    const int v = gemm_version();
+    if (v == 3) moe_gemm_tma_init();
+    be->moe_linear_fwd = v == 3 ? cuda_moe_linear_fwd<3> : v == 2 ? cuda_moe_linear_fwd<2> : cuda_moe_linear_fwd<1>;
+    be->moe_linear_bwd_input = v == 3   ? cuda_moe_linear_bwd_input<3>
+                               : v == 2 ? cuda_moe_linear_bwd_input<2>
+                                        : cuda_moe_linear_bwd_input<1>;
 }

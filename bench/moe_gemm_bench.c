@@ -1,6 +1,7 @@
 /* moe_gemm_bench.c — times the CUDA backend's grouped expert GEMMs
- * (moe_linear_fwd, moe_linear_bwd_input) in both versions side by side (v1
- * mma.sync, CTUNE_MOE_GEMM=old; v2 wgmma, =new) and the expert LoRA on the
+ * (moe_linear_fwd, moe_linear_bwd_input) in all three versions side by side (v1
+ * mma.sync, CTUNE_MOE_GEMM=old; v2 wgmma, =new; tma, the warp-specialized TMA
+ * kernel, =tma) and the expert LoRA on the
  * expert shapes of real MoE models, next to one dense cuBLAS GEMM
  * (be->linear_fwd / linear_bwd_input) or dense LoRA of the same total size: the
  * ceiling a grouped GEMM can hope for.
@@ -9,12 +10,13 @@
  *
  * Rows: "fwd" reads expert-ordered x; "fwd_g" reads token rows through the
  * routing's row_slot (the gather fused into the loads, as graph_moe.c runs
- * gate_up); "bwd_in" is moe_linear_bwd_input. The gate_up LoRA rows read x
- * through the gather too. "lora_fused" times moe_linear_lora_fwd (the GEMM with
- * the LoRA of one module over all columns fused in, graph_moe.c's default) in the v2 column, and
- * the unfused pair it replaces (v2 GEMM, then moe_lora_fwd) in the dense column.
- * Each version's ops come from a backend created under its CTUNE_MOE_GEMM; all
- * share one set of buffers.
+ * gate_up; tma sends those calls to v2, so its column there times v2 again);
+ * "bwd_in" is moe_linear_bwd_input. The gate_up LoRA rows read x through the
+ * gather too. "lora_fused" times moe_linear_lora_fwd (the GEMM with the LoRA of
+ * one module over all columns fused in, graph_moe.c's default) in the v2 column,
+ * and the unfused pair it replaces (v2 GEMM, then moe_lora_fwd) in the dense
+ * column. Each version's ops come from a backend created under its
+ * CTUNE_MOE_GEMM; all share one set of buffers.
  *
  * Shapes (T = 16384 tokens, n = T*K routed rows):
  *   qwen3-30b-a3b  E 128, K 8, H 2048, I 768    gate_up (in H, out 2I), down (in I, out H)
@@ -218,35 +220,36 @@ static void fill(ct_backend *be, void *dst, size_t n, const float *chunk, bool w
     }
 }
 
-/* The two grouped GEMM versions: ops of a backend created under CTUNE_MOE_GEMM=old
- * (v1) and =new (v2), both on the one GPU, sharing buffers. */
+/* The grouped GEMM versions: ops of backends created under CTUNE_MOE_GEMM=old (v1),
+ * =new (v2) and =tma, all on the one GPU, sharing buffers. */
+#define N_VERSIONS 3
 typedef struct {
-    ct_backend *be[2];
+    ct_backend *be[N_VERSIONS];
 } versions;
 
-static void row_gemm(const char *model, const char *what, int E, int n, int in, int out, const double ms[2],
+static void row_gemm(const char *model, const char *what, int E, int n, int in, int out, const double ms[N_VERSIONS],
                      double dense_ms)
 {
     double flop = 2.0 * n * (double)in * out;
-    printf("%-14s %-15s %4d %7d %6d %6d %8.3f %7.1f %8.3f %7.1f %8.3f %7.1f %6.2f %6.2f\n", model, what, E, n, in,
-           out, ms[0], flop / ms[0] * 1e-9, ms[1], flop / ms[1] * 1e-9, dense_ms, flop / dense_ms * 1e-9,
-           ms[0] / ms[1], dense_ms / ms[1]);
+    printf("%-14s %-15s %4d %7d %6d %6d %8.3f %7.1f %8.3f %7.1f %8.3f %7.1f %8.3f %7.1f %6.2f %6.2f %6.2f\n", model,
+           what, E, n, in, out, ms[0], flop / ms[0] * 1e-9, ms[1], flop / ms[1] * 1e-9, ms[2], flop / ms[2] * 1e-9,
+           dense_ms, flop / dense_ms * 1e-9, ms[0] / ms[1], ms[1] / ms[2], dense_ms / ms[1]);
     fflush(stdout);
 }
 
 static void row_lora(const char *model, const char *what, int E, int n, int in, int out, double ms, double dense_ms)
 {
-    printf("%-14s %-15s %4d %7d %6d %6d %8s %7s %8.3f %7s %8.3f %7s %6s %6.2f\n", model, what, E, n, in, out, "-", "-",
-           ms, "-", dense_ms, "-", "-", dense_ms / ms);
+    printf("%-14s %-15s %4d %7d %6d %6d %8s %7s %8.3f %7s %8s %7s %8.3f %7s %6s %6s %6.2f\n", model, what, E, n, in,
+           out, "-", "-", ms, "-", "-", "-", dense_ms, "-", "-", "-", dense_ms / ms);
     fflush(stdout);
 }
 
-/* Both versions of a grouped GEMM op, each on its own backend's stream (the buffers
+/* Every version of a grouped GEMM op, each on its own backend's stream (the buffers
  * are idle between: time_op ends synchronized). */
-static void time_versions(double ms[2], bench_op op, bench_bufs *b, const versions *v, int reps)
+static void time_versions(double ms[N_VERSIONS], bench_op op, bench_bufs *b, const versions *v, int reps)
 {
     ct_backend *own = b->be;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < N_VERSIONS; i++) {
         b->be = v->be[i];
         ms[i] = time_op(op, b, reps);
     }
@@ -290,7 +293,7 @@ static void bench_proj(ct_backend *be, const versions *v, const moe_model *m, co
     be->sync(be); /* the other backends' streams read these buffers */
 
     char what[64];
-    double ms[2], td = time_op(op_dense_fwd, &b, reps);
+    double ms[N_VERSIONS], td = time_op(op_dense_fwd, &b, reps);
     time_versions(ms, op_moe_fwd, &b, v, reps);
     snprintf(what, sizeof what, "%s fwd", name);
     row_gemm(m->model, what, m->E, n, in, out, ms, td);
@@ -336,7 +339,7 @@ static void bench_proj(ct_backend *be, const versions *v, const moe_model *m, co
     if (b.bias) be->free(be, b.bias);
 }
 
-/* A CUDA backend whose grouped GEMM is version `which` (old|new), or NULL (reason printed). */
+/* A CUDA backend whose grouped GEMM is version `which` (old|new|tma), or NULL (reason printed). */
 static ct_backend *backend_version(const char *which)
 {
     ct_error err = {0};
@@ -350,14 +353,14 @@ int main(int argc, char **argv)
 {
     int reps = argc > 1 ? atoi(argv[1]) : 20;
     if (reps < 1) reps = 1;
-    versions v = {{backend_version("old"), NULL}};
-    if (!v.be[0]) return 0;
-    ct_backend *be = v.be[1] = backend_version("new");
-    if (!be) return 0;
+    static const char *const NAMES[N_VERSIONS] = {"old", "new", "tma"};
+    versions v = {{NULL}};
+    for (int i = 0; i < N_VERSIONS; i++)
+        if (!(v.be[i] = backend_version(NAMES[i]))) return 0;
+    ct_backend *be = v.be[1];
     if (!be->moe_linear_fwd || !be->moe_lora_bwd) {
         printf("moe_gemm_bench: skipped: the CUDA backend has no grouped expert GEMM\n");
-        be->destroy(be);
-        v.be[0]->destroy(v.be[0]);
+        for (int i = 0; i < N_VERSIONS; i++) v.be[i]->destroy(v.be[i]);
         return 0;
     }
     float *chunk = ct_malloc(FILL_CHUNK * sizeof(float));
@@ -368,10 +371,12 @@ int main(int argc, char **argv)
     printf("# ctune CUDA grouped expert GEMM, bf16 in, fp32 accumulate; %d calls per trial, median of %d trials\n",
            reps, TRIALS);
     printf("# T = %d tokens, n = T*K rows; TF = 2*n*in*out / time (TFLOP/s); v1 = mma.sync (CTUNE_MOE_GEMM=old),\n"
-           "# v2 = wgmma (new); dense = one cuBLAS GEMM (or dense LoRA, R %d) over all n rows with expert 0's\n"
-           "# weights; gain = v1_ms / v2_ms; ratio = dense_ms / v2_ms\n", T_TOKENS, LORA_R);
-    printf("%-14s %-15s %4s %7s %6s %6s %8s %7s %8s %7s %8s %7s %6s %6s\n", "model", "op", "E", "n", "in", "out",
-           "v1_ms", "v1_TF", "v2_ms", "v2_TF", "dense_ms", "dense_TF", "gain", "ratio");
+           "# v2 = wgmma (new), tma = warp-specialized TMA (tma; fwd_g falls back to v2); dense = one cuBLAS GEMM\n"
+           "# (or dense LoRA, R %d) over all n rows with expert 0's weights; gain = v1_ms / v2_ms;\n"
+           "# tma_x = v2_ms / tma_ms; ratio = dense_ms / v2_ms\n", T_TOKENS, LORA_R);
+    printf("%-14s %-15s %4s %7s %6s %6s %8s %7s %8s %7s %8s %7s %8s %7s %6s %6s %6s\n", "model", "op", "E", "n", "in",
+           "out", "v1_ms", "v1_TF", "v2_ms", "v2_TF", "tma_ms", "tma_TF", "dense_ms", "dense_TF", "gain", "tma_x",
+           "ratio");
     for (size_t i = 0; i < sizeof MODELS / sizeof MODELS[0]; i++) {
         const moe_model *m = &MODELS[i];
         int32_t *offsets = ct_malloc((m->E + 1) * sizeof(int32_t));
@@ -390,8 +395,7 @@ int main(int argc, char **argv)
         free(row_slot);
     }
     free(chunk);
-    v.be[0]->destroy(v.be[0]);
-    be->destroy(be);
+    for (int i = 0; i < N_VERSIONS; i++) v.be[i]->destroy(v.be[i]);
     return 0;
 }
 

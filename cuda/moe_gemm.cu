@@ -20,7 +20,7 @@
  * estimate puts shared-memory bandwidth level with mma.sync's throughput. On an
  * H200 (T = 16384) it ran at 250-288 TFLOP/s against ~750 for one cuBLAS GEMM.
  *
- * GEMM (v2, the default). Hopper's warpgroup MMA: block tile 128x256x64, two
+ * GEMM (v2). Hopper's warpgroup MMA: block tile 128x256x64, two
  * warpgroups of 64x256 (wgmma.m64n256k16, both operands from shared memory through
  * descriptors, fp32 accumulators in 128 registers per thread), 1 block per SM.
  * Copies stay cp.async (a tile's rows are scattered by the gather and cut by the
@@ -29,11 +29,14 @@
  * stages. NN keeps W_e's (k, n) layout as 4 panels of 64 columns and lets wgmma
  * transpose (MN-major B). 4 stages, loads 2 k-steps ahead, one wgmma group in
  * flight while the next loads are queued; a warpgroup with no rows in a tile (an
- * expert's last, at most 64 rows) skips its MMAs. CTUNE_MOE_GEMM=old|new (read
- * when a backend is created) picks v1 or v2; bench/moe_gemm_bench.c times both.
+ * expert's last, at most 64 rows) skips its MMAs. CTUNE_MOE_GEMM=old|new|tma (read
+ * when a backend is created) picks v1, v2 or moe_gemm_tma.cu's warp-specialized
+ * TMA kernel (v3, the default; gathered calls stay on v2);
+ * bench/moe_gemm_bench.c times all three.
  * Epilogue: 16-byte stores after an in-quad transpose of the accumulators (see
- * wg_epilogue). Not yet: TMA for W (mbarriers, warp specialization), clusters with
- * multicast, overlapping the epilogue with the next tile's MMAs (ping-pong). */
+ * wg_epilogue, moe_gemm_v2.cuh, which moe_gemm_lora.cu and moe_gemm_tma.cu share).
+ * TMA loads, warp specialization and a staggered epilogue are moe_gemm_tma.cu's;
+ * not yet anywhere: clusters with multicast. */
 #include "moe_gemm_v2.cuh"
 
 #include <climits>
@@ -282,7 +285,7 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_kernel(gemm_args p)
         }
         wgmma_wait<0>();
         wgmma_acc_fence(acc);
-        if (live) wg_epilogue(p, acc, t, n0, wgi);
+        if (live) wg_epilogue(p, acc, t.e, t.m0, 0, t.rows, n0, wgi);
     }
     cp_async_wait<0>();
 }
@@ -300,13 +303,18 @@ static void moe_gemm_check(const char *op, const void *y, int ldy, const void *x
     CT_ASSERT(!bias || ((uintptr_t)bias & 3) == 0, "%s: bias must be 4-byte aligned", op);
 }
 
-/* V 1: mma.sync (moe_gemm_kernel); V 2: wgmma (moe_wgmma_kernel). */
+/* V 1: mma.sync (moe_gemm_kernel); V 2: wgmma (moe_wgmma_kernel); V 3: TMA
+ * (moe_gemm_tma.cu), whose 2-D boxes cannot follow a gather: gathered calls run v2. */
 template <int V> static void moe_gemm_launch(ct_backend *be, bool nn, const gemm_args &p)
 {
     cuda_ctx *c = ctx_of(be);
-    if (V == 2 && nn)
+    if (V == 3 && !p.gather) {
+        moe_gemm_tma(p, nn, c->num_sms, c->stream);
+        return;
+    }
+    if (V >= 2 && nn)
         moe_wgmma_kernel<true><<<occupancy.wgmma_nn * c->num_sms, wg::NTHREADS, wg::smem_bytes(), c->stream>>>(p);
-    else if (V == 2)
+    else if (V >= 2)
         moe_wgmma_kernel<false><<<occupancy.wgmma_nt * c->num_sms, wg::NTHREADS, wg::smem_bytes(), c->stream>>>(p);
     else if (nn)
         moe_gemm_kernel<true><<<occupancy.gemm_nn * c->num_sms, gm::NTHREADS, gm::smem_bytes<true>(), c->stream>>>(p);
@@ -339,15 +347,18 @@ static void cuda_moe_linear_bwd_input(ct_backend *be, void *dx, int lddx, const 
     moe_gemm_launch<V>(be, true, p);
 }
 
-/* The grouped GEMM version a new backend uses: CTUNE_MOE_GEMM=old (v1) or new (v2,
- * the default), read once per backend; anything else is refused by name. */
+/* The grouped GEMM version a new backend uses: CTUNE_MOE_GEMM=tma (v3, the
+ * default: 1.3-1.5x v2 on the non-gathered calls on the H200), new (v2 for every
+ * call) or old (v1), read once per backend; anything else is refused by name. */
 static int gemm_version(void)
 {
     const char *v = getenv("CTUNE_MOE_GEMM");
-    if (!v || !*v || !strcmp(v, "new")) return 2;
+    if (!v || !*v || !strcmp(v, "tma")) return 3;
+    if (!strcmp(v, "new")) return 2;
     if (!strcmp(v, "old")) return 1;
-    fprintf(stderr, "ctune: CTUNE_MOE_GEMM=%s is not old or new\n"
-                    "HINT: unset it (the default is new) or set old for the mma.sync grouped GEMM\n", v);
+    fprintf(stderr, "ctune: CTUNE_MOE_GEMM=%s is not tma, new or old\n"
+                    "HINT: unset it (the default is tma), or set new for the cp.async wgmma grouped GEMM or old for\n"
+                    "      the mma.sync one\n", v);
     exit(CT_ERR_INPUT);
 }
 
@@ -357,7 +368,10 @@ void cuda_fill_moe_gemm_ops(ct_backend *be)
     occupancy.gemm_nn = kernel_setup((const void *)moe_gemm_kernel<true>, gm::NTHREADS, gm::smem_bytes<true>());
     occupancy.wgmma_nt = kernel_setup((const void *)moe_wgmma_kernel<false>, wg::NTHREADS, wg::smem_bytes());
     occupancy.wgmma_nn = kernel_setup((const void *)moe_wgmma_kernel<true>, wg::NTHREADS, wg::smem_bytes());
-    const bool v2 = gemm_version() == 2;
-    be->moe_linear_fwd = v2 ? cuda_moe_linear_fwd<2> : cuda_moe_linear_fwd<1>;
-    be->moe_linear_bwd_input = v2 ? cuda_moe_linear_bwd_input<2> : cuda_moe_linear_bwd_input<1>;
+    const int v = gemm_version();
+    if (v == 3) moe_gemm_tma_init();
+    be->moe_linear_fwd = v == 3 ? cuda_moe_linear_fwd<3> : v == 2 ? cuda_moe_linear_fwd<2> : cuda_moe_linear_fwd<1>;
+    be->moe_linear_bwd_input = v == 3   ? cuda_moe_linear_bwd_input<3>
+                               : v == 2 ? cuda_moe_linear_bwd_input<2>
+                                        : cuda_moe_linear_bwd_input<1>;
 }

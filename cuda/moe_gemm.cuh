@@ -98,6 +98,26 @@ __device__ __forceinline__ row_tile sched_find(const moe_sched &s, int E, int bm
 __global__ void lora_convert_kernel(bf16 *Ap, bf16 *At, bf16 *Bp, bf16 *Bt, const float *A, const float *B,
                                     int E, int R, int RP, int in, int out);
 
+/* The arguments of one grouped GEMM call (moe_gemm.cu's ops build them). */
+struct gemm_args {
+    bf16 *y;               /* (n, N) at row stride ldy */
+    const bf16 *x;         /* (n, K) at row stride ldx; with gather, (T, K) token rows */
+    const int32_t *gather; /* (n) or NULL: row r of the input is x[gather[r] / topk] */
+    const bf16 *W;         /* (E, out, in): per expert (N, K) forward, (K, N) bwd_input */
+    const bf16 *bias;      /* (E, N) or NULL */
+    const int32_t *offsets;
+    int ldy, ldx, topk, E, N, K, accumulate;
+};
+
+/* The TMA grouped GEMM (moe_gemm_tma.cu), CTUNE_MOE_GEMM=tma. moe_gemm_tma_init
+ * raises its kernels' shared-memory limit and fetches the driver's tensor-map
+ * encoder (once per process, before the first moe_gemm_tma). moe_gemm_tma runs
+ * y (=|+=) x W_e^T + bias (nn false: the forward) or y (=|+=) x W_e (nn true:
+ * bwd_input) with p checked by the caller (moe_gemm_check: 16-byte alignment,
+ * strides and sizes multiples of 8, which TMA needs too); p.gather must be NULL. */
+void moe_gemm_tma_init(void);
+void moe_gemm_tma(const gemm_args &p, bool nn, int num_sms, cudaStream_t st);
+
 /* Raises the shared-memory limit of a kernel (more than 48 KB needs an opt-in) and
  * returns how many of its blocks one SM holds. */
 static inline int kernel_setup(const void *fn, int threads, size_t smem)

@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_lora_kernel(fused_a
             }
             if (live) lora_add<RP>(acc, u, slb, f.scale);
         }
-        if (live) wg_epilogue(p, acc, t, n0, wgi);
+        if (live) wg_epilogue(p, acc, t.e, t.m0, 0, t.rows, n0, wgi);
     }
     cp_async_wait<0>();
 }

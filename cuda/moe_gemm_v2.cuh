@@ -1,23 +1,14 @@
 /* moe_gemm_v2.cuh — the pieces of the grouped expert GEMM (moe_gemm.cu) that its
- * fused-LoRA variant (moe_gemm_lora.cu) reuses: the kernel arguments, the row
- * addressing through the gather, and the v2 (wgmma) tile plumbing: the tile
- * raster, the cp.async copies of one k-step into a 128-byte-swizzled stage, and
- * the epilogue. moe_gemm.cu's header comment describes the design. */
+ * fused-LoRA variant (moe_gemm_lora.cu) and the TMA kernel (moe_gemm_tma.cu)
+ * reuse: the row addressing through the gather, and the v2 (wgmma) tile
+ * plumbing: the tile raster, the cp.async copies of one k-step into a
+ * 128-byte-swizzled stage, and the epilogue (the TMA kernel shares the raster and
+ * the epilogue). moe_gemm.cu's header comment describes the design. */
 #ifndef CT_MOE_GEMM_V2_CUH
 #define CT_MOE_GEMM_V2_CUH
 
 #include "moe_gemm.cuh"
 #include "wgmma.cuh"
-
-struct gemm_args {
-    bf16 *y;               /* (n, N) at row stride ldy */
-    const bf16 *x;         /* (n, K) at row stride ldx; with gather, (T, K) token rows */
-    const int32_t *gather; /* (n) or NULL: row r of the input is x[gather[r] / topk] */
-    const bf16 *W;         /* (E, out, in): per expert (N, K) forward, (K, N) bwd_input */
-    const bf16 *bias;      /* (E, N) or NULL */
-    const int32_t *offsets;
-    int ldy, ldx, topk, E, N, K, accumulate;
-};
 
 /* Row r (< rows) of tile t's input, at column c: through gather when there is one. */
 __device__ __forceinline__ const bf16 *gemm_row(const gemm_args &p, const row_tile &t, int r, int c)
@@ -113,20 +104,21 @@ __device__ __forceinline__ float2 shfl_xor2(float2 v, int m)
     return make_float2(__shfl_xor_sync(0xffffffffu, v.x, m), __shfl_xor_sync(0xffffffffu, v.y, m));
 }
 
-/* y rows of this warpgroup (64 from row 64 wgi of the tile, those < t.rows) at
- * columns n0..n0+255 (< N) from the accumulators: + bias (+ the old y) in fp32,
- * rounded once. Accumulator layout (per warp, as mma.sync's C): d[4j + 2h + q] is
+/* y rows of this warpgroup (tile rows 64 wgi .. 64 wgi + 63; tile row r is y row
+ * row0 + r, stored only when row_lo <= r < row_hi) of expert `expert` at columns
+ * n0..n0+255 (< N) from the accumulators: + bias (+ the old y) in fp32, rounded
+ * once. Accumulator layout (per warp, as mma.sync's C): d[4j + 2h + q] is
  * row 16 warp + lane/4 + 8h, column 8j + 2 (lane%4) + q, so a quad holds 2 columns
  * of each 8-column tile. Two butterfly exchanges (lanes xor 1, then xor 2) give
  * lane q of the quad all 8 columns of tile 4m + q instead: one 16-byte store per
  * lane and row where 4-byte stores would take four times the instructions (with 1
  * block per SM, nothing else runs on the SM while this one stores). */
-__device__ __forceinline__ void wg_epilogue(const gemm_args &p, const float (&d)[128], const row_tile &t, int n0,
-                                            int wgi)
+__device__ __forceinline__ void wg_epilogue(const gemm_args &p, const float (&d)[128], int expert, int row0,
+                                            int row_lo, int row_hi, int n0, int wgi)
 {
     const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, tq = lane & 3;
     const bool odd = tq & 1, hi = tq & 2;
-    const bf16 *bias = p.bias ? p.bias + (size_t)t.e * p.N : NULL;
+    const bf16 *bias = p.bias ? p.bias + (size_t)expert * p.N : NULL;
 #pragma unroll
     for (int m = 0; m < 8; m++) {
         float2 b[4]; /* bias at this lane's columns of tiles 4m .. 4m+3 */
@@ -161,8 +153,8 @@ __device__ __forceinline__ void wg_epilogue(const gemm_args &p, const float (&d)
                 e[3] = r1;
             }
             const int r = wgi * 64 + warp * 16 + g + 8 * h, col = n0 + 32 * m + 8 * tq;
-            if (r >= t.rows || col >= p.N) continue; /* N % 8 == 0: all 8 columns or none */
-            bf16 *dst = p.y + (size_t)(t.m0 + r) * p.ldy + col;
+            if (r < row_lo || r >= row_hi || col >= p.N) continue; /* N % 8 == 0: all 8 columns or none */
+            bf16 *dst = p.y + (size_t)(row0 + r) * p.ldy + col;
             float f[8] = {e[0].x, e[0].y, e[1].x, e[1].y, e[2].x, e[2].y, e[3].x, e[3].y};
             if (p.accumulate) {
                 float o[8];

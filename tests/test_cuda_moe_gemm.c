@@ -1,8 +1,9 @@
 /* test_cuda_moe_gemm.c — the CUDA grouped expert GEMMs and expert LoRA
  * (moe_linear_fwd, moe_linear_bwd_input, moe_lora_fwd, moe_lora_bwd) and the GEMM
  * forward with the LoRA fused in (moe_linear_lora_fwd) against the CPU reference,
- * which runs the dense ops once per expert. The GEMM tests run for both kernel
- * versions (a backend created under CTUNE_MOE_GEMM=old, then =new);
+ * which runs the dense ops once per expert. The GEMM tests run for every kernel
+ * version (a backend created under CTUNE_MOE_GEMM=old, =new, then =tma; tma sends
+ * gathered forwards to new, so its gather test checks that fallback);
  * the input rows come either expert-ordered or through a gather (token rows read
  * as x[gather[r] / K], gather a permutation of slots as moe_permute makes).
  *
@@ -140,9 +141,11 @@ static void bwd_case(const gemm_case *k) /* ldx: dx's stride, ldy: dy's */
     free(off); free(dy); free(W); free(dx0);
 }
 
-/* Edge tiles everywhere: in = 72 (a partial k step of 32 (v1) and of 64 (v2)),
+/* Edge tiles everywhere: in = 72 (a partial k step of 32 (v1) and of 64 (v2, tma)),
  * out = 200 (a partial column tile of 128 and of 256), experts with 0, 1, 64
- * (exactly v2's half tile), 65, 127, 129 and 300 rows. */
+ * (exactly v2's half tile), 65, 127, 129 and 300 rows. For tma, whose row box ends
+ * at the tile's last row, the first expert's short tiles read rows before row 0
+ * (zero-filled) and every partial tile reads the previous expert's rows. */
 static const int COUNTS8[8] = {0, 1, 127, 129, 0, 300, 64, 17};
 static const int COUNTS_HALF[6] = {64, 65, 63, 192, 0, 1};
 
@@ -524,11 +527,11 @@ TEST(moe_lora_bwd_is_bit_reproducible)
 
 int main(void)
 {
-    static const char *const VERSIONS[] = {"old", "new"};
+    static const char *const VERSIONS[] = {"old", "new", "tma"};
     ct_error err = {0};
     cpu = backend_cpu_new();
     ct_rng_seed(&rng, 20261207);
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < 3; v++) {
         version = VERSIONS[v];
         setenv("CTUNE_MOE_GEMM", version, 1);
         gpu = backend_cuda_new(&err);

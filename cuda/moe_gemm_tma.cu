@@ -1,0 +1,286 @@
+/* moe_gemm_tma.cu — the grouped expert GEMM (moe_gemm.cu's ops, CTUNE_MOE_GEMM=tma)
+ * in the warp-specialized form of attention_fwd_sm90_2wg.cu: a producer warpgroup
+ * loads every operand with TMA into an mbarrier-guarded ring, two consumer
+ * warpgroups multiply. It covers moe_linear_fwd without a gather and
+ * moe_linear_bwd_input; a gathered forward scatters a tile's rows over x, which a
+ * 2-D box cannot follow (sm_90 has no TMA gather), so moe_gemm.cu sends those
+ * calls to v2. The default since it was measured on the H200 (1.3-1.5x v2).
+ *
+ * Why. v2 (moe_wgmma_kernel) reaches 410-465 TFLOP/s on qwen3-30b-a3b's shapes
+ * where one dense cuBLAS GEMM of the same size reaches 700-800: its MMA warps also
+ * issue the cp.async copies and meet at a block barrier every k-step, and no MMA
+ * runs while a tile's results are stored.
+ *
+ * Block: 384 threads, one block per multiprocessor, persistent over the tile list
+ * of moe_gemm.cuh (128 x 256 tiles, row tiles rastered in groups of 8 as v2).
+ *   warpgroup 0, the producer, gives registers back (setmaxnreg.dec to 40); one
+ *     thread walks the block's tiles and k-steps and, per step, waits until the
+ *     stage is empty, announces its bytes and issues the boxes: A (128 rows x 64
+ *     columns of x or dy) and B (W_e: NT one 256 x 64 box, NN four 64 x 64
+ *     panels).
+ *   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232), own tile rows
+ *     [0, 64) and [64, 128): per step they wait for the stage, issue four
+ *     wgmma.m64n256k16 (both operands from shared memory, as v2), retire the
+ *     previous step's group and release its stage; after a tile's last step they
+ *     store their 64 x 256 results straight from the accumulators (wg_epilogue).
+ * Overlap. Loads run up to STAGES steps ahead of the MMAs, across tiles, so the
+ * next tile's operands land during this tile's last steps and stores. The epilogue
+ * overlaps MMAs by a stagger: consumer 1 starts once consumer 0's first LAG
+ * k-steps have finished (named barrier BAR_LAG, once per block). The consumers
+ * then run LAG steps apart; when consumer 0 stores a tile, consumer 1 still has
+ * LAG steps of MMAs to run alone, and when consumer 1 stores, consumer 0 is
+ * already on the next tile. The stagger costs consumer 0 LAG stages of look-ahead
+ * (a stage is refilled only once both consumers released it). LAG = 1 (about
+ * 512 cycles of MMAs alone, of the order of one epilogue) is a guess to measure.
+ *
+ * Rows and experts. A tile is rows [m0, m0 + rows) of one expert, rows <= 128; the
+ * expert's end is only on the device and the last expert's end is n, which the
+ * host never learns, so the tensor map of A cannot clip at either. Choice: the A
+ * box of a tile ends at the tile's last row (it starts at a0 = m0 + rows - 128),
+ * so no box ever reaches past row n; tile row r of the box is y row a0 + r, and
+ * rows r < 128 - rows (the previous tile's or expert's rows, or negative
+ * coordinates, which TMA zero-fills) are computed but never stored. One host map
+ * then serves every tile, with a nominal extent of INT_MAX rows (offsets are int32)
+ * that no box reaches. The alternative, per-tile (or per-expert) maps clipped at
+ * the expert's end, needs device-side tensormap.replace into global memory with
+ * proxy fences per tile, and a map workspace: more to get wrong, no fewer MMAs.
+ * A consumer whose 64 rows all lie before the tile's first row (rows <= 64 for
+ * consumer 0) skips its MMAs and stores, but still waits for and releases every
+ * stage, so the ring's phases stay in step. W's maps are 3-D (in, out, E): a box
+ * past N or K within an expert is zero-filled instead of reading the next
+ * expert's W. NN panels wholly past N are not loaded (their columns are not
+ * stored); every other box counts its full bytes, zero-filled parts included.
+ *
+ * Synchronization (mbarriers, hopper_sync.cuh). full[s]: 1 arrival (the
+ * producer's arrive.expect_tx) + the stage's TMA bytes. empty[s]: 256 arrivals
+ * (every consumer thread, after the wgmma that read the stage retired). Step i of
+ * the block uses stage i % STAGES; its full wait is for parity (i / STAGES) & 1,
+ * the producer's empty wait (i >= STAGES) for parity ((i / STAGES) & 1) ^ 1, the
+ * consumers' release of step i - 1 of the use before. Both roles walk the same
+ * steps (tiles blockIdx.x, + gridDim.x, ..., KT steps each).
+ *
+ * Budgets. Shared memory: STAGES = 4 stages of 48 KB (A 16 KB, B 32 KB; 1024-byte
+ * aligned, 128-byte swizzle, v2's layout, which TMA's SWIZZLE_128B writes) + 8
+ * mbarriers + 1 KB alignment slack = 193 KB dynamic, + the 8 KB schedule: 201 KB
+ * of 227. Registers: launched at 168 a thread (384 threads, one block per
+ * multiprocessor); 40 + 2 x 232 = 3 x 168, so the producer's .dec serves the
+ * consumers' .inc. A consumer holds 128 fp32 accumulators.
+ * ptxas and cuobjdump (CUDA 13, sm_90a), both instantiations: 168 registers, no
+ * spills, no wgmma serialization warning (C7510/C7514/C7515); the consumers' code
+ * uses registers up to R172 (of 232), the producer's up to R6 (of 40); one
+ * WARPGROUP.DEPBAR per k-step (the wait for the previous group) and one per tile;
+ * 197,696 bytes of dynamic and 8,208 of static shared memory. */
+#include "moe_gemm_v2.cuh"
+#include "hopper_sync.cuh"
+
+#include <climits>
+#include <cstdio>
+
+namespace tma {
+constexpr int BM = 128, BN = 256, BK = 64, STAGES = 4, GROUP = 8;
+constexpr int BLOCK = 3 * 128;                         /* producer + two consumer warpgroups */
+constexpr int CONSUMERS = 2 * 128;                     /* consumer threads: empty[s]'s arrivals */
+constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232; /* 40 + 2 x 232 = 3 x 168 */
+constexpr int LAG = 1;                                 /* k-steps consumer 1 starts behind consumer 0 */
+constexpr int BAR_LAG = 1;                             /* named barrier of the stagger */
+constexpr uint32_t ROW_BYTES = BK * 2;                 /* one swizzled row: 128 bytes */
+constexpr uint32_t A_BYTES = BM * ROW_BYTES, B_BYTES = BN * ROW_BYTES, STAGE_BYTES = A_BYTES + B_BYTES;
+constexpr uint32_t NN_PANEL = BK * ROW_BYTES;          /* NN: B as 4 panels of 64 columns x BK rows */
+constexpr size_t smem_bytes() { return (size_t)STAGES * STAGE_BYTES + 2 * STAGES * 8 + 1024; }
+
+/* The ring's mbarriers, 8 bytes each after the stages. */
+struct ring {
+    uint32_t base;
+    __device__ uint32_t full(int s) const { return base + 8 * s; }
+    __device__ uint32_t empty(int s) const { return base + 8 * (STAGES + s); }
+};
+}
+
+/* Blocks per SM (1, checked by kernel_setup) of each instantiation. */
+static int occupancy_nt, occupancy_nn;
+
+// ---- kernels ----
+
+/* TMA: the box of the 3-D tensor map at element coordinates (c0 innermost, c1, c2),
+ * as hopper_sync.cuh's tma_load_2d. Here rather than there while this file is
+ * unvalidated (hopper_sync.cuh is the validated attention kernels'). */
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                            uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3, %4}], [%5];\n"
+                 :: "r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+
+/* The producer thread: every k-step of the block's tiles into the ring. */
+template <bool NN>
+__device__ __forceinline__ void tma_produce(const CUtensorMap *ta, const CUtensorMap *tb, const moe_sched &sch,
+                                            const gemm_args &p, uint32_t smem0, tma::ring rg, int n_rt, int n_ct,
+                                            int total, int KT)
+{
+    using namespace tma;
+    int i = 0; /* the block's step */
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        int rt, ct;
+        tile_coords(tile, n_rt, n_ct, GROUP, rt, ct);
+        const row_tile t = sched_find(sch, p.E, BM, INT_MIN, INT_MAX, rt);
+        const int a0 = t.m0 + t.rows - BM, n0 = ct * BN; /* the A box ends at the tile's last row */
+        /* NN: panels holding a column < N (the rest are never stored, so never loaded). */
+        const int panels = NN ? min(BN / 64, (p.N - n0 + 63) / 64) : 0;
+        const uint32_t bytes = NN ? A_BYTES + panels * NN_PANEL : STAGE_BYTES;
+        for (int kt = 0; kt < KT; kt++, i++) {
+            const int s = i % STAGES;
+            if (i >= STAGES) mbar_wait(rg.empty(s), ((i / STAGES) & 1) ^ 1);
+            mbar_arrive_expect_tx(rg.full(s), bytes);
+            const uint32_t sa = smem0 + s * STAGE_BYTES, sb = sa + A_BYTES;
+            tma_load_2d(sa, ta, kt * BK, a0, rg.full(s));
+            if (!NN) {
+                tma_load_3d(sb, tb, kt * BK, n0, t.e, rg.full(s));
+            } else {
+                for (int pn = 0; pn < panels; pn++)
+                    tma_load_3d(sb + pn * NN_PANEL, tb, n0 + 64 * pn, kt * BK, t.e, rg.full(s));
+            }
+        }
+    }
+}
+
+/* Consumer c (0 or 1): tile rows [64 c, 64 c + 64) of every tile of the block. */
+template <bool NN>
+__device__ __forceinline__ void tma_consume(const moe_sched &sch, const gemm_args &p, uint32_t smem0, tma::ring rg,
+                                            int n_rt, int n_ct, int total, int KT, int c)
+{
+    using namespace tma;
+    const int mine = (int)blockIdx.x < total ? (total - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    const int steps = mine * KT, lag_step = min(LAG, steps - 1);
+    float acc[128];
+#pragma unroll
+    for (int j = 0; j < 128; j++) acc[j] = 0.0f;
+    if (c == 1 && steps > 0) bar_sync<CONSUMERS>(BAR_LAG);
+    int i = 0; /* the block's step, as the producer's */
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        int rt, ct;
+        tile_coords(tile, n_rt, n_ct, GROUP, rt, ct);
+        const row_tile t = sched_find(sch, p.E, BM, INT_MIN, INT_MAX, rt);
+        const int a0 = t.m0 + t.rows - BM, n0 = ct * BN, lo = BM - t.rows; /* tile rows >= lo are stored */
+        const bool live = 64 * c + 63 >= lo;
+        for (int kt = 0; kt < KT; kt++, i++) {
+            const int s = i % STAGES;
+            mbar_wait(rg.full(s), (i / STAGES) & 1);
+            if (live) {
+                const uint32_t sa = smem0 + s * STAGE_BYTES + c * 64 * ROW_BYTES;
+                const uint32_t sb = smem0 + s * STAGE_BYTES + A_BYTES;
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < BK / 16; ks++) {
+                    const uint64_t da = wgmma_desc(sa + ks * 32, 16, 1024);
+                    const uint64_t db = NN ? wgmma_desc(sb + ks * 16 * ROW_BYTES, NN_PANEL, 1024)
+                                           : wgmma_desc(sb + ks * 32, 16, 1024);
+                    wgmma_m64n256k16_ss<NN>(acc, da, db, kt > 0 || ks > 0);
+                }
+                wgmma_commit();
+            }
+            wgmma_wait<1>(); /* step i - 1's group retired: its stage is free */
+            if (kt > 0) mbar_arrive(rg.empty((i - 1) % STAGES));
+            if (c == 0 && i == lag_step) bar_arrive<CONSUMERS>(BAR_LAG);
+        }
+        wgmma_wait<0>();
+        mbar_arrive(rg.empty((i - 1) % STAGES)); /* the tile's last step */
+        wgmma_acc_fence(acc);
+        if (live) wg_epilogue(p, acc, t.e, a0, lo, BM, n0, c);
+    }
+}
+
+template <bool NN>
+__global__ void __launch_bounds__(tma::BLOCK, 1)
+moe_gemm_tma_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb, gemm_args p)
+{
+    using namespace tma;
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    __shared__ moe_sched sch;
+    const uint32_t smem0 = ((uint32_t)__cvta_generic_to_shared(dyn_smem) + 1023u) & ~1023u;
+    const ring rg = {smem0 + STAGES * STAGE_BYTES};
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(rg.full(s), 1);
+            mbar_init(rg.empty(s), CONSUMERS);
+        }
+        mbar_init_fence();
+    }
+    sched_load(sch, p.offsets, p.E); /* its block barrier also publishes the mbarriers */
+    const int n_rt = sched_tiles(sch, p.E, BM, INT_MIN, INT_MAX);
+    const int n_ct = (p.N + BN - 1) / BN, total = n_rt * n_ct, KT = (p.K + BK - 1) / BK;
+
+    const int wg = threadIdx.x / 128;
+    if (wg == 0) {
+        regs_dec<PRODUCER_REGS>();
+        if (threadIdx.x == 0) tma_produce<NN>(&ta, &tb, sch, p, smem0, rg, n_rt, n_ct, total, KT);
+    } else {
+        regs_inc<CONSUMER_REGS>();
+        tma_consume<NN>(sch, p, smem0, rg, n_rt, n_ct, total, KT, wg - 1);
+    }
+}
+
+// ---- launchers ----
+
+/* The driver's cuTensorMapEncodeTiled through the runtime (no -lcuda), fetched by
+ * moe_gemm_tma_init as attn_fwd_sm90_2wg_init fetches its own. */
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static encode_tiled_fn encode_tiled;
+
+void moe_gemm_tma_init(void)
+{
+    occupancy_nt = kernel_setup((const void *)moe_gemm_tma_kernel<false>, tma::BLOCK, tma::smem_bytes());
+    occupancy_nn = kernel_setup((const void *)moe_gemm_tma_kernel<true>, tma::BLOCK, tma::smem_bytes());
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult found;
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || !fn)
+        ct_cuda_fatal(__FILE__, __LINE__, "cudaGetDriverEntryPointByVersion(\"cuTensorMapEncodeTiled\")",
+                      "the driver has no cuTensorMapEncodeTiled");
+    encode_tiled = (encode_tiled_fn)fn;
+}
+
+/* A bf16 tensor map of `rank` dimensions (dim[0] innermost, byte strides of the
+ * outer ones), boxes of box[] elements written in the 128-byte swizzle (box[0] =
+ * 64: one 128-byte row); elements outside read as 0. */
+static CUtensorMap tensor_map(const bf16 *base, int rank, const cuuint64_t *dim, const cuuint64_t *stride,
+                              const cuuint32_t *box)
+{
+    CUtensorMap map;
+    const cuuint32_t step[3] = {1, 1, 1};
+    const CUresult r = encode_tiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)base, dim,
+                                    stride, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        char why[64];
+        snprintf(why, sizeof why, "CUresult %d", (int)r);
+        ct_cuda_fatal(__FILE__, __LINE__, "cuTensorMapEncodeTiled", why);
+    }
+    return map;
+}
+
+void moe_gemm_tma(const gemm_args &p, bool nn, int num_sms, cudaStream_t st)
+{
+    using namespace tma;
+    CT_ASSERT(!p.gather, "moe_gemm_tma: a gathered input needs the cp.async kernel (v2)");
+    CT_ASSERT(encode_tiled, "moe_gemm_tma: moe_gemm_tma_init was not called");
+    /* A: (rows, K) at stride ldx; INT_MAX rows, an extent no box reaches (each ends
+     * at its tile's last row, < n). */
+    const cuuint64_t a_dim[2] = {(cuuint64_t)p.K, (cuuint64_t)INT_MAX}, a_stride[1] = {(cuuint64_t)p.ldx * 2};
+    const cuuint32_t a_box[2] = {BK, BM};
+    const CUtensorMap ta = tensor_map(p.x, 2, a_dim, a_stride, a_box);
+    /* W (E, out, in) as 3-D: NT (K, N, E) in boxes of 64 x 256 (k, n); NN (N, K, E)
+     * in panels of 64 x 64 (n, k). */
+    const cuuint64_t w_dim_nt[3] = {(cuuint64_t)p.K, (cuuint64_t)p.N, (cuuint64_t)p.E};
+    const cuuint64_t w_dim_nn[3] = {(cuuint64_t)p.N, (cuuint64_t)p.K, (cuuint64_t)p.E};
+    const cuuint64_t w_stride[2] = {(cuuint64_t)(nn ? p.N : p.K) * 2, (cuuint64_t)p.N * p.K * 2};
+    const cuuint32_t b_box_nt[3] = {BK, BN, 1}, b_box_nn[3] = {64, BK, 1};
+    const CUtensorMap tb = tensor_map(p.W, 3, nn ? w_dim_nn : w_dim_nt, w_stride, nn ? b_box_nn : b_box_nt);
+    if (nn)
+        moe_gemm_tma_kernel<true><<<occupancy_nn * num_sms, BLOCK, smem_bytes(), st>>>(ta, tb, p);
+    else
+        moe_gemm_tma_kernel<false><<<occupancy_nt * num_sms, BLOCK, smem_bytes(), st>>>(ta, tb, p);
+    LAUNCH_CHECK();
+}

@@ -26,11 +26,12 @@ typedef struct {
     const char *name;
     int E, K, H, I;
     ct_moe_rule rule;
+    int gate_up_modules; /* 2: gate and up adapted apart (qwen3_moe); 1: one gate_up module (gpt_oss) */
 } shape;
 
 static const shape SHAPES[] = {
-    {"qwen3-30b-a3b", 128, 8, 2048, 768, CT_MOE_SOFTMAX_TOPK_NORM},
-    {"gpt-oss-20b", 32, 4, 2880, 2880, CT_MOE_TOPK_SOFTMAX},
+    {"qwen3-30b-a3b", 128, 8, 2048, 768, CT_MOE_SOFTMAX_TOPK_NORM, 2},
+    {"gpt-oss-20b", 32, 4, 2880, 2880, CT_MOE_TOPK_SOFTMAX, 1},
 };
 
 typedef struct {
@@ -39,7 +40,7 @@ typedef struct {
     int T, n;
     void *hn, *out, *dout, *dhn, *logits, *dlogits, *gu, *act, *ye, *dye, *dxe, *dact, *dgu, *Wr, *Wgu, *Wd;
     int32_t *idx, *counts, *offsets, *row_slot, *slot_row;
-    float *w, *dw, *A_gu, *B_gu, *A_d, *B_d, *dA_gu, *dB_gu, *dA_d, *dB_d;
+    float *w, *dw, *A_gu, *B_gu, *A_d, *B_d, *dA_gu, *dB_gu, *dA_d, *dB_d, *A_up, *dA_up;
 } layer;
 
 static void *fill(ct_backend *be, size_t n, float scale, ct_rng *rng, bool weight)
@@ -95,24 +96,32 @@ static void permutation(layer *L) /* forward un-permute, its backward, and dhn =
     be->moe_scatter(be, L->dhn, s->H, L->dxe, L->slot_row, NULL, L->T, s->K, s->H, 0);
 }
 
-static void experts(layer *L) /* grouped GEMMs, activation, expert LoRA on gate_up and down */
+/* grouped GEMMs, activation, expert LoRA on gate_up and down, as graph_moe.c runs
+ * them by default: the LoRA forwards fused into the GEMMs, gate and up (qwen3's
+ * two modules on the halves of gate_up, B_gu's halves as their B) in one backward. */
+static void experts(layer *L)
 {
     ct_backend *be = L->be;
     const shape *s = L->s;
     int E = s->E, K = s->K, H = s->H, I = s->I;
-    be->moe_linear_fwd(be, L->gu, 2 * I, L->hn, H, L->row_slot, K, L->Wgu, NULL, L->offsets, E, H, 2 * I, 0);
-    be->moe_lora_fwd(be, L->gu, 2 * I, L->hn, H, L->row_slot, K, L->A_gu, L->B_gu, L->offsets, E, H, 2 * I, R, 2.0f,
-                     0.0f, 1);
+    size_t half = (size_t)E * I * R; /* one module's B and dB in B_gu, dB_gu */
+    ct_moe_lora_cols gu[2] = {{L->A_gu, L->B_gu, 0, 2 * I, L->dA_gu, L->dB_gu}};
+    if (s->gate_up_modules == 2) {
+        gu[0].cols = I;
+        gu[1] = (ct_moe_lora_cols){L->A_up, L->B_gu + half, I, I, L->dA_up, L->dB_gu + half};
+    }
+    const ct_moe_lora_cols d = {L->A_d, L->B_d, 0, H, L->dA_d, L->dB_d};
+    be->moe_linear_lora_fwd(be, L->gu, 2 * I, L->hn, H, L->row_slot, K, L->Wgu, NULL, L->offsets, E, H, 2 * I, 0, gu,
+                            s->gate_up_modules, R, 2.0f);
     be->swiglu_fwd(be, L->act, L->gu, L->n, I);
-    be->moe_linear_fwd(be, L->ye, H, L->act, I, NULL, K, L->Wd, NULL, L->offsets, E, I, H, 0);
-    be->moe_lora_fwd(be, L->ye, H, L->act, I, NULL, K, L->A_d, L->B_d, L->offsets, E, I, H, R, 2.0f, 0.0f, 2);
+    be->moe_linear_lora_fwd(be, L->ye, H, L->act, I, NULL, K, L->Wd, NULL, L->offsets, E, I, H, 0, &d, 1, R, 2.0f);
     be->moe_linear_bwd_input(be, L->dact, I, L->dye, H, L->Wd, L->offsets, E, I, H, 0);
     be->moe_lora_bwd(be, L->dact, I, L->dA_d, L->dB_d, L->dye, H, L->act, I, NULL, K, L->A_d, L->B_d, L->offsets, E,
                      I, H, R, 2.0f, 0.0f, 2);
     be->swiglu_bwd(be, L->dgu, L->dact, L->gu, L->n, I);
     be->moe_linear_bwd_input(be, L->dxe, H, L->dgu, 2 * I, L->Wgu, L->offsets, E, H, 2 * I, 0);
-    be->moe_lora_bwd(be, L->dxe, H, L->dA_gu, L->dB_gu, L->dgu, 2 * I, L->hn, H, L->row_slot, K, L->A_gu, L->B_gu,
-                     L->offsets, E, H, 2 * I, R, 2.0f, 0.0f, 1);
+    be->moe_lora_bwd_cols(be, L->dxe, H, L->dgu, 2 * I, 2 * I, L->hn, H, L->row_slot, K, L->offsets, E, H, gu,
+                          s->gate_up_modules, R, 2.0f);
 }
 
 static double time_group(layer *L, void (*fn)(layer *), int reps)
@@ -158,11 +167,11 @@ static void bench(ct_backend *be, const shape *s, int reps)
     size_t most = nA_gu > nB_gu ? nA_gu : nB_gu; /* the largest of the four */
     float *h = ct_malloc(most * 4);
     for (size_t i = 0; i < most; i++) h[i] = 0.01f * (2.0f * (float)ct_rng_uniform(&rng) - 1.0f);
-    float **lora[] = {&L.A_gu, &L.B_gu, &L.A_d, &L.B_d, &L.dA_gu, &L.dB_gu, &L.dA_d, &L.dB_d};
-    size_t sizes[] = {nA_gu, nB_gu, nA_d, nB_d, nA_gu, nB_gu, nA_d, nB_d};
-    for (int i = 0; i < 8; i++) {
+    float **lora[] = {&L.A_gu, &L.B_gu, &L.A_d, &L.B_d, &L.A_up, &L.dA_gu, &L.dB_gu, &L.dA_d, &L.dB_d, &L.dA_up};
+    size_t sizes[] = {nA_gu, nB_gu, nA_d, nB_d, nA_gu, nA_gu, nB_gu, nA_d, nB_d, nA_gu};
+    for (int i = 0; i < 10; i++) {
         *lora[i] = zeros(be, sizes[i] * 4);
-        if (i < 4) be->upload(be, *lora[i], h, sizes[i] * 4);
+        if (i < 5) be->upload(be, *lora[i], h, sizes[i] * 4);
     }
     free(h);
     routing_fwd(&L); /* realistic offsets for the other groups */
@@ -176,7 +185,7 @@ static void bench(ct_backend *be, const shape *s, int reps)
     void *bufs[] = {L.hn, L.dout, L.Wr, L.Wgu, L.Wd, L.out, L.dhn, L.logits, L.dlogits, L.ye, L.dye, L.dxe,
                     L.gu, L.act, L.dact, L.dgu, L.idx, L.counts, L.offsets, L.row_slot, L.slot_row, L.w, L.dw};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(be, bufs[i]);
-    for (int i = 0; i < 8; i++) be->free(be, *lora[i]);
+    for (int i = 0; i < 10; i++) be->free(be, *lora[i]);
 }
 
 int main(int argc, char **argv)

@@ -299,13 +299,21 @@ __device__ void lora_wgrad(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *P, i
     __syncthreads();
 }
 
+/* Where one module's weight gradients go: dA (E, R, in), dB (E, cols, R) fp32,
+ * accumulated; the module owns dy's columns [col0, col0 + cols). */
+struct lora_grads {
+    float *dA, *dB;
+    int col0, cols;
+};
+
 struct lora_args {
     bf16 *y;                 /* forward: y; backward: dx (or NULL); row stride ldy */
     const bf16 *x, *dy;      /* row strides ldx, lddy; dy backward only */
     const int32_t *gather;   /* (n) or NULL: row r of x is x[gather[r] / topk] (token rows) */
     const bf16 *Ap, *At;     /* (E, RP, in), (E, in, RP): A rounded and padded with zero ranks */
     const bf16 *Bp, *Bt;     /* (E, out, RP), (E, RP, out) */
-    float *dA, *dB;          /* (E, R, in), (E, out, R) fp32, accumulated */
+    lora_grads mod[2];       /* backward: the modules' gradients and dy columns */
+    int n_mod;               /* modules (ranks q R .. q R + R - 1 are module q's) */
     bf16 *us, *gs;           /* (cap, RP) each: u and g of one backward chunk */
     const int32_t *offsets;
     int ldy, ldx, lddy, topk, E, in, out, R, cap;
@@ -358,6 +366,35 @@ __global__ void lora_convert_kernel(bf16 *Ap, bf16 *At, bf16 *Bp, bf16 *Bt, cons
     }
 }
 
+/* The masters of n (1..2) modules as one LoRA of rank n R for the backward: Ap
+ * (E,RP,in) and At (its transpose) hold module q's A in ranks q R .. q R + R - 1,
+ * Bt (E,RP,out) module q's B^T on its columns [col0, col0 + cols) of those ranks;
+ * everything else zero (so g = dy Bt^T sums each module's columns only). */
+struct lora_cvt {
+    const float *A[2], *B[2];
+    int col0[2], cols[2], n;
+};
+
+__global__ void lora_convert_cols_kernel(bf16 *Ap, bf16 *At, bf16 *Bt, lora_cvt cv, int E, int R, int RP, int in,
+                                         int out)
+{
+    const size_t nA = (size_t)E * RP * in, nB = (size_t)E * RP * out;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nA + nB; i += (size_t)gridDim.x * blockDim.x) {
+        if (i < nA) {
+            const size_t e = i / ((size_t)RP * in), c = i % in;
+            const int k = (int)(i / in % RP), q = k / R;
+            const bf16 v = __float2bfloat16_rn(q < cv.n ? cv.A[q][(e * R + k % R) * in + c] : 0.0f);
+            Ap[i] = v;
+            At[(e * in + c) * RP + k] = v;
+        } else {
+            const size_t j = i - nA, e = j / ((size_t)RP * out);
+            const int c = (int)(j % out), k = (int)(j / out % RP), q = k / R;
+            const bool own = q < cv.n && c >= cv.col0[q] && c < cv.col0[q] + cv.cols[q];
+            Bt[j] = __float2bfloat16_rn(own ? cv.B[q][(e * cv.cols[q] + c - cv.col0[q]) * R + k % R] : 0.0f);
+        }
+    }
+}
+
 /* y += scale * (drop(x) A_e^T) B_e^T over 128-row tiles. */
 template <int RP>
 __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_fwd_kernel(lora_args a)
@@ -382,6 +419,22 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_fwd_kernel(lora_args
         lora_expand<RP>(a.y + (size_t)(t.m0 + warp * 16) * a.ldy, a.ldy, t.rows - warp * 16, u,
                         a.Bp + (size_t)t.e * a.out * RP, a.out, a.scale, none);
     }
+}
+
+/* The gradient element of expert e that phase B's product at (m, rank k) feeds,
+ * or NULL when it feeds none: dB (is_b; m a column of dy) belongs to the module
+ * that owns column m, and only that module's ranks of it; dA (m a column of x) to
+ * the module of rank k. Ranks past n_mod * R are padding. */
+__device__ __forceinline__ float *grad_at(const lora_args &a, bool is_b, int e, int m, int k)
+{
+    if (is_b) {
+        const int q = a.n_mod > 1 && m >= a.mod[1].col0 ? 1 : 0, c = m - a.mod[q].col0, kk = k - q * a.R;
+        if (c < 0 || c >= a.mod[q].cols || kk < 0 || kk >= a.R) return NULL;
+        return a.mod[q].dB + ((size_t)e * a.mod[q].cols + c) * a.R + kk;
+    }
+    const int q = k / a.R;
+    if (q >= a.n_mod) return NULL;
+    return a.mod[q].dA + ((size_t)e * a.R + k % a.R) * a.in + m;
 }
 
 /* Backward, cooperative: per chunk of cap rows, phase A (row tiles: u, g, dx) and
@@ -447,10 +500,8 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
                     if (m >= ncols) continue;
 #pragma unroll
                     for (int q = 0; q < 2; q++) {
-                        if (k + q >= a.R) continue;
-                        float *dst = is_b ? a.dB + ((size_t)e * a.out + m) * a.R + k + q
-                                          : a.dA + ((size_t)e * a.R + k + q) * a.in + m;
-                        *dst += a.scale * acc[jn][2 * h + q];
+                        float *dst = grad_at(a, is_b, e, m, k + q);
+                        if (dst) *dst += a.scale * acc[jn][2 * h + q];
                     }
                 }
         }
@@ -463,23 +514,30 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
 static int rank_slot(int R) { return R <= 16 ? 0 : R <= 32 ? 1 : 2; }
 
 /* Shapes, strides and alignment; the padded bf16 masters carved from scratch and
- * converted (NULL pointers of `want` are not needed by the caller). */
+ * converted: of one module on all of y's (dy's) columns, or (backward) of n_mod
+ * modules on column ranges as one LoRA of rank n_mod * R. */
 static lora_args lora_prepare(ct_backend *be, const char *op, bool bwd, void *y, int ldy, const void *x,
-                              int ldx, const int32_t *gather, int K, const void *dy, int lddy, const float *A,
-                              const float *B, const int32_t *offsets, int E, int in, int out, int R, float scale,
-                              float p, uint64_t seed, int *RP)
+                              int ldx, const int32_t *gather, int K, const void *dy, int lddy,
+                              const ct_moe_lora_cols *mods, int n_mod, const int32_t *offsets, int E, int in, int out,
+                              int R, float scale, float p, uint64_t seed, int *RP)
 {
     cuda_ctx *c = ctx_of(be);
     CT_ASSERT(E >= 1 && E <= MOE_MAX_E, "%s: E = %d experts (1..%d are supported)", op, E, MOE_MAX_E);
     CT_ASSERT(!gather || K >= 1, "%s: K = %d experts per token with a gather", op, K);
-    CT_ASSERT(R >= 1 && R <= 64, "%s: LoRA rank %d is not supported (1..64 are)", op, R);
+    CT_ASSERT(R >= 1 && R * n_mod <= 64, "%s: LoRA rank %d x %d modules is not supported (1..64 in all are)", op, R,
+              n_mod);
+    const bool whole = n_mod == 1 && mods[0].col0 == 0 && mods[0].cols == out;
+    CT_ASSERT(whole || (bwd && n_mod == 2 && mods[0].col0 >= 0 && mods[0].cols > 0 &&
+                        mods[1].col0 >= mods[0].col0 + mods[0].cols && mods[1].cols > 0 &&
+                        mods[1].col0 + mods[1].cols <= out),
+              "%s: LoRA modules must cover out = %d columns, or be two in column order within it", op, out);
     CT_ASSERT(in > 0 && out > 0 && in % 8 == 0 && out % 8 == 0,
               "%s: in = %d and out = %d must be positive multiples of 8 (16-byte rows)", op, in, out);
     CT_ASSERT(ldx % 8 == 0 && ldy % 8 == 0 && (!bwd || lddy % 8 == 0) && aligned16(x) &&
               (!y || aligned16(y)) && (!bwd || aligned16(dy)),
               "%s: operands must be 16-byte aligned with row strides multiple of 8 (ldx %d, ldy %d, lddy %d)",
               op, ldx, ldy, lddy);
-    const int rp = 16 << rank_slot(R);
+    const int rp = 16 << rank_slot(n_mod * R);
     const size_t nA = (size_t)E * rp * in, nB = (size_t)E * rp * out;
     const int cap = (int)(lr::CAP_BYTES / (2 * sizeof(bf16) * rp));
     const size_t nug = bwd ? (size_t)cap * rp : 0;
@@ -491,8 +549,21 @@ static lora_args lora_prepare(ct_backend *be, const char *op, bool bwd, void *y,
     bf16 *Bx = (bf16 *)scratch_take(&sc, nB * 2); /* Bp forward, Bt backward */
     a.us = bwd ? (bf16 *)scratch_take(&sc, nug * 2) : NULL;
     a.gs = bwd ? (bf16 *)scratch_take(&sc, nug * 2) : NULL;
-    lora_convert_kernel<<<grid_for(nA + nB, 256) < 8192 ? grid_for(nA + nB, 256) : 8192, 256, 0, c->stream>>>(
-        Ap, At, bwd ? NULL : Bx, bwd ? Bx : NULL, A, B, E, R, rp, in, out);
+    const int blocks = grid_for(nA + nB, 256) < 8192 ? grid_for(nA + nB, 256) : 8192;
+    if (whole) {
+        lora_convert_kernel<<<blocks, 256, 0, c->stream>>>(Ap, At, bwd ? NULL : Bx, bwd ? Bx : NULL, mods[0].A,
+                                                           mods[0].B, E, R, rp, in, out);
+    } else {
+        lora_cvt cv = {};
+        cv.n = n_mod;
+        for (int q = 0; q < n_mod; q++) {
+            cv.A[q] = mods[q].A;
+            cv.B[q] = mods[q].B;
+            cv.col0[q] = mods[q].col0;
+            cv.cols[q] = mods[q].cols;
+        }
+        lora_convert_cols_kernel<<<blocks, 256, 0, c->stream>>>(Ap, At, Bx, cv, E, R, rp, in, out);
+    }
     LAUNCH_CHECK();
     a.y = (bf16 *)y;
     a.x = (const bf16 *)x;
@@ -511,6 +582,8 @@ static lora_args lora_prepare(ct_backend *be, const char *op, bool bwd, void *y,
     a.in = in;
     a.out = out;
     a.R = R;
+    a.n_mod = n_mod;
+    for (int q = 0; q < n_mod; q++) a.mod[q] = {mods[q].dA, mods[q].dB, mods[q].col0, mods[q].cols};
     a.cap = cap;
     a.scale = scale;
     a.p = p;
@@ -535,12 +608,20 @@ template <int RP> static void lora_bwd_launch(cuda_ctx *c, const lora_args &a)
                                            dim3(lr::NTHREADS), params, lr::smem_bytes<RP>(), c->stream));
 }
 
+static void lora_bwd_run(cuda_ctx *c, const lora_args &a, int RP)
+{
+    if (RP == 16) lora_bwd_launch<16>(c, a);
+    else if (RP == 32) lora_bwd_launch<32>(c, a);
+    else lora_bwd_launch<64>(c, a);
+}
+
 static void cuda_moe_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather,
                               int K, const float *A, const float *B, const int32_t *offsets, int E, int in, int out,
                               int R, float scale, float dropout_p, uint64_t dropout_seed)
 {
     int RP;
-    lora_args a = lora_prepare(be, "moe_lora_fwd", false, y, ldy, x, ldx, gather, K, NULL, 8, A, B, offsets, E, in,
+    const ct_moe_lora_cols mod = {A, B, 0, out, NULL, NULL};
+    lora_args a = lora_prepare(be, "moe_lora_fwd", false, y, ldy, x, ldx, gather, K, NULL, 8, &mod, 1, offsets, E, in,
                                out, R, scale, dropout_p, dropout_seed, &RP);
     cuda_ctx *c = ctx_of(be);
     if (RP == 16) lora_fwd_launch<16>(c, a);
@@ -554,14 +635,30 @@ static void cuda_moe_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, flo
                               uint64_t dropout_seed)
 {
     int RP;
-    lora_args a = lora_prepare(be, "moe_lora_bwd", true, dx, dx ? lddx : 8, x, ldx, gather, K, dy, lddy, A, B,
+    const ct_moe_lora_cols mod = {A, B, 0, out, dA, dB};
+    lora_args a = lora_prepare(be, "moe_lora_bwd", true, dx, dx ? lddx : 8, x, ldx, gather, K, dy, lddy, &mod, 1,
                                offsets, E, in, out, R, scale, dropout_p, dropout_seed, &RP);
-    a.dA = dA;
-    a.dB = dB;
-    cuda_ctx *c = ctx_of(be);
-    if (RP == 16) lora_bwd_launch<16>(c, a);
-    else if (RP == 32) lora_bwd_launch<32>(c, a);
-    else lora_bwd_launch<64>(c, a);
+    lora_bwd_run(ctx_of(be), a, RP);
+}
+
+/* Two modules sharing x as one LoRA of rank 2R (lora_prepare's conversion, phase
+ * B's grad_at): x is read and dx read-modified-written once, not twice. Past rank
+ * 64 in all, or for one module, the modules run one by one. */
+static void cuda_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
+                                   const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets,
+                                   int E, int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale)
+{
+    CT_ASSERT(n_lora >= 1 && n_lora <= 2, "moe_lora_bwd_cols: %d LoRA modules (1..2 are supported)", n_lora);
+    if (n_lora == 1 || n_lora * R > 64) {
+        for (int q = 0; q < n_lora; q++)
+            cuda_moe_lora_bwd(be, dx, lddx, lora[q].dA, lora[q].dB, (const bf16 *)dy + lora[q].col0, lddy, x, ldx,
+                              gather, K, lora[q].A, lora[q].B, offsets, E, in, lora[q].cols, R, scale, 0.0f, 0);
+        return;
+    }
+    int RP;
+    lora_args a = lora_prepare(be, "moe_lora_bwd_cols", true, dx, dx ? lddx : 8, x, ldx, gather, K, dy, lddy, lora,
+                               n_lora, offsets, E, in, out, R, scale, 0.0f, 0, &RP);
+    lora_bwd_run(ctx_of(be), a, RP);
 }
 
 template <int RP> static void lora_setup()
@@ -578,4 +675,5 @@ void cuda_fill_moe_lora_ops(ct_backend *be)
     lora_setup<64>();
     be->moe_lora_fwd = cuda_moe_lora_fwd;
     be->moe_lora_bwd = cuda_moe_lora_bwd;
+    be->moe_lora_bwd_cols = cuda_moe_lora_bwd_cols;
 }

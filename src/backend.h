@@ -35,11 +35,12 @@ typedef enum {
 } ct_moe_rule;
 
 /* One expert LoRA module on output columns [col0, col0 + cols) of a grouped GEMM
- * (moe_linear_lora_fwd). */
+ * (moe_linear_lora_fwd, moe_lora_bwd_cols; dA and dB: its gradients, backward only). */
 typedef struct ct_moe_lora_cols {
     const float *A; /* (E, R, in) fp32 */
     const float *B; /* (E, cols, R) fp32 */
     int col0, cols;
+    float *dA, *dB; /* (E, R, in), (E, cols, R) fp32, accumulated */
 } ct_moe_lora_cols;
 
 struct ct_backend {
@@ -290,6 +291,16 @@ struct ct_backend {
                          const void *dy, int lddy, const void *x, int ldx, const int32_t *gather, int K,
                          const float *A, const float *B, const int32_t *offsets, int E, int in, int out, int R,
                          float scale, float dropout_p, uint64_t dropout_seed);
+    /* The backward of n_lora (1..2) expert LoRA modules that share x (and its
+     * gather) and own column ranges of one dy (n, out at stride lddy), without
+     * dropout: exactly moe_lora_bwd per module q, in order, on dy + lora[q].col0
+     * (its out = lora[q].cols) into lora[q].dA and dB. The CPU runs that sequence;
+     * CUDA runs the modules as one LoRA of rank n_lora * R when that is <= 64 (x read
+     * and dx read-modified-written once instead of once per module): dA and dB as
+     * the sequence's, dx different from it by bf16 rounding only. */
+    void (*moe_lora_bwd_cols)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
+                              const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets, int E,
+                              int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale);
     /* The grouped GEMM forward with the expert LoRA of n_lora (0..2) modules, without
      * dropout: exactly moe_linear_fwd (all arguments as there), then for each module
      * q in order moe_lora_fwd on y's columns [col0, col0 + cols) (its y = y + col0

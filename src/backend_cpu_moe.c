@@ -251,6 +251,17 @@ static void cpu_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void
                          lora[q].cols, R, scale, 0.0f, 0);
 }
 
+/* The sequence the op stands for: each module's LoRA backward on its columns. */
+static void cpu_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
+                                  const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets, int E,
+                                  int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale)
+{
+    (void)out;
+    for (int q = 0; q < n_lora; q++)
+        be->moe_lora_bwd(be, dx, lddx, lora[q].dA, lora[q].dB, (const float *)dy + lora[q].col0, lddy, x, ldx, gather,
+                         K, lora[q].A, lora[q].B, offsets, E, in, lora[q].cols, R, scale, 0.0f, 0);
+}
+
 static void cpu_moe_clamped_swiglu_fwd(ct_backend *be, void *h, const void *gu, int n, int I,
                                        float alpha, float limit)
 {
@@ -360,6 +371,7 @@ void cpu_moe_install(ct_backend *be)
     be->moe_lora_fwd = cpu_moe_lora_fwd;
     be->moe_lora_bwd = cpu_moe_lora_bwd;
     be->moe_linear_lora_fwd = cpu_moe_linear_lora_fwd;
+    be->moe_lora_bwd_cols = cpu_moe_lora_bwd_cols;
     be->moe_clamped_swiglu_fwd = cpu_moe_clamped_swiglu_fwd;
     be->moe_clamped_swiglu_bwd = cpu_moe_clamped_swiglu_bwd;
     be->moe_route_bwd = cpu_moe_route_bwd;

@@ -169,6 +169,31 @@ static void lora_bwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod, const
                          graph_module_seed(ml->step_seed, l, mod));
 }
 
+/* The expert LoRA backward of modules mods[i] on dy's columns from col0[i] (they
+ * share x), in one moe_lora_bwd_cols when the fused forward would run (dropout 0,
+ * CTUNE_MOE_LORA not separate) and at least two of them are targeted; else
+ * lora_bwd per module. */
+static void lora_bwd_cols(ct_moe *mo, const moe_lora *ml, int l, const ct_module *mods, const int *col0, int n_mods,
+                          const moe_acts *a, void *dx, int lddx, void *dy, int lddy, int out, const void *x,
+                          int ldx, const int32_t *gather, int in)
+{
+    ct_moe_lora_cols cols[2];
+    int n = 0;
+    for (int i = 0; i < n_mods; i++) {
+        const ct_lora_slot *s = expert_lora(ml, l, mods[i]);
+        if (s)
+            cols[n++] = (ct_moe_lora_cols){lora_A(ml->lo, l, mods[i]), lora_B(ml->lo, l, mods[i]), col0[i], s->out,
+                                           lora_grad_A(ml->lo, l, mods[i]), lora_grad_B(ml->lo, l, mods[i])};
+    }
+    if (n >= 2 && mo->fused_lora && ml->dropout == 0.0f && mo->be->moe_lora_bwd_cols) {
+        mo->be->moe_lora_bwd_cols(mo->be, dx, lddx, dy, lddy, out, x, ldx, gather, mo->K, a->offsets, mo->E, in,
+                                  cols, n, ml->lo->R, ml->lo->scale);
+        return;
+    }
+    for (int i = 0; i < n_mods; i++)
+        lora_bwd(mo, ml, l, mods[i], a, dx, lddx, act_at(mo, dy, col0[i]), lddy, x, ldx, gather);
+}
+
 /* y = the grouped GEMM of x with W (bias) and the expert LoRA of modules mods[i]
  * on y's columns from col0[i], in one moe_linear_lora_fwd: when CTUNE_MOE_LORA=fused,
  * dropout is 0 and one of the modules is targeted. Returns false when it did not
@@ -182,7 +207,8 @@ static bool linear_lora_fwd(ct_moe *mo, const moe_lora *ml, int l, const ct_modu
     int n = 0;
     for (int i = 0; i < n_mods; i++) {
         const ct_lora_slot *s = expert_lora(ml, l, mods[i]);
-        if (s) cols[n++] = (ct_moe_lora_cols){lora_A(ml->lo, l, mods[i]), lora_B(ml->lo, l, mods[i]), col0[i], s->out};
+        if (s) cols[n++] = (ct_moe_lora_cols){lora_A(ml->lo, l, mods[i]), lora_B(ml->lo, l, mods[i]), col0[i], s->out,
+                                               NULL, NULL};
     }
     if (n == 0) return false;
     mo->be->moe_linear_lora_fwd(mo->be, y, ldy, x, ldx, gather, mo->K, W, bias, a->offsets, mo->E, in, out, 0, cols,
@@ -242,8 +268,10 @@ void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dou
     else
         be->swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I);
     be->moe_linear_bwd_input(be, mo->dxe, H, mo->dgu, 2 * I, w->wgu_e, a->offsets, E, H, 2 * I, 0);
-    lora_bwd(mo, ml, l, CT_MOD_GATE, a, mo->dxe, H, mo->dgu, 2 * I, a->hn, H, a->row_slot);
-    lora_bwd(mo, ml, l, CT_MOD_UP, a, mo->dxe, H, act_at(mo, mo->dgu, I), 2 * I, a->hn, H, a->row_slot);
+    const ct_module gate_up[2] = {CT_MOD_GATE, CT_MOD_UP};
+    const int gate_up_col0[2] = {0, I};
+    lora_bwd_cols(mo, ml, l, gate_up, gate_up_col0, 2, a, mo->dxe, H, mo->dgu, 2 * I, 2 * I, a->hn, H, a->row_slot,
+                  H);
     be->moe_scatter(be, dhn, H, mo->dxe, a->slot_row, NULL, T, K, H, 0);
 
     be->moe_route_bwd(be, mo->dlogits, mo->dw, a->logits, a->idx, a->w, aux ? mo->aux_grad : NULL, T, E, K, mo->rule);

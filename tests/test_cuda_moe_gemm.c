@@ -361,6 +361,79 @@ TEST(moe_lora_through_a_gather_matches_cpu)
     lora_run(&kc);
 }
 
+/* moe_lora_bwd_cols on both backends (the CPU's is moe_lora_bwd per module on its
+ * columns of dy): two modules sharing x through a gather, on column ranges of dy
+ * with a gap between them (columns of no module), dx and dA / dB accumulating onto
+ * random values. A gradient stored to the wrong module, rank or column, or a
+ * module's g summing the other module's columns, fails by far. */
+static void lora_cols_run(const lora_case *k, const int col0[2], const int cols[2])
+{
+    int32_t *off = ct_malloc((k->E + 1) * sizeof(int32_t));
+    int n = offsets_of(off, k->counts, k->E), rows = n + SPARE_ROWS;
+    int32_t *gather = ct_malloc(((size_t)n + 1) * sizeof(int32_t));
+    int xrows = k->K > 0 ? gather_of(gather, n, k->K) : rows;
+    size_t nA = (size_t)k->E * k->R * k->in, nB[2];
+    float *x = rnd((size_t)xrows * k->ldx, 1.0f), *dy = rnd((size_t)rows * k->ldy, 1.0f);
+    float *dx0 = rnd((size_t)rows * k->ldx, 0.05f), *A[2], *B[2], *dA0[2], *dB0[2];
+    pair px = put_act(x, (size_t)xrows * k->ldx), pdy = put_act(dy, (size_t)rows * k->ldy);
+    pair pdx = put_act(dx0, (size_t)rows * k->ldx), po = put_raw(off, (k->E + 1) * sizeof(int32_t));
+    pair pg = put_raw(gather, ((size_t)n + 1) * sizeof(int32_t)), pA[2], pB[2], pdA[2], pdB[2];
+    ct_moe_lora_cols mc[2], mg[2];
+    for (int q = 0; q < 2; q++) {
+        nB[q] = (size_t)k->E * cols[q] * k->R;
+        A[q] = rnd(nA, 0.1f);
+        B[q] = rnd(nB[q], 0.1f);
+        dA0[q] = rnd(nA, 0.5f);
+        dB0[q] = rnd(nB[q], 0.5f);
+        pA[q] = put_raw(A[q], nA * 4);
+        pB[q] = put_raw(B[q], nB[q] * 4);
+        pdA[q] = put_raw(dA0[q], nA * 4);
+        pdB[q] = put_raw(dB0[q], nB[q] * 4);
+        mc[q] = (ct_moe_lora_cols){pA[q].c, pB[q].c, col0[q], cols[q], pdA[q].c, pdB[q].c};
+        mg[q] = (ct_moe_lora_cols){pA[q].g, pB[q].g, col0[q], cols[q], pdA[q].g, pdB[q].g};
+    }
+    const int32_t *gc = k->K > 0 ? pg.c : NULL, *gg = k->K > 0 ? pg.g : NULL;
+    cpu->moe_lora_bwd_cols(cpu, pdx.c, k->ldx, pdy.c, k->ldy, k->out, px.c, k->ldx, gc, k->K, po.c, k->E, k->in, mc,
+                           2, k->R, 2.0f);
+    gpu->moe_lora_bwd_cols(gpu, pdx.g, k->ldx, pdy.g, k->ldy, k->out, px.g, k->ldx, gg, k->K, po.g, k->E, k->in, mg,
+                           2, k->R, 2.0f);
+    for (int q = 0; q < 2; q++) {
+        double ea = f32_err(pdA[q], nA), eb = f32_err(pdB[q], nB[q]);
+        CHECK(ea < 1e-2, "cols: module %d dA rel err %g (E %d, n %d, R %d, gather K %d)", q, ea, k->E, n, k->R, k->K);
+        CHECK(eb < 1e-2, "cols: module %d dB rel err %g (E %d, n %d, R %d, gather K %d)", q, eb, k->E, n, k->R, k->K);
+    }
+    double ex = n > 0 ? act_err(pdx, n, k->in, k->ldx) : 0.0;
+    CHECK(ex < 2e-2, "cols: dx rel err %g (E %d, n %d, R %d, gather K %d)", ex, k->E, n, k->R, k->K);
+    CHECK(rows_unchanged(pdx, dx0, n, SPARE_ROWS, k->ldx, k->ldx), "cols: dx rows past offsets[E] were written");
+    for (int q = 0; q < 2; q++) {
+        drop(pA[q]); drop(pB[q]); drop(pdA[q]); drop(pdB[q]);
+        free(A[q]); free(B[q]); free(dA0[q]); free(dB0[q]);
+    }
+    drop(px); drop(pdy); drop(pdx); drop(po); drop(pg);
+    free(off); free(gather); free(x); free(dy); free(dx0);
+}
+
+/* The gate|up shape of the graph: ranks 16 and 24 per module (one LoRA of rank
+ * 32, 48), 40 (80 in all: past 64, so module by module), a gap of 16 columns
+ * between the modules, 128 uneven experts, and 40000 rows at rank 2 x 24 (two
+ * backward chunks, the boundary inside an expert). */
+TEST(moe_lora_bwd_cols_of_two_modules_matches_cpu)
+{
+    NEED_GPU();
+    const int col0[2] = {0, 136}, cols[2] = {120, 64};
+    lora_case k = {8, 72, 200, 16, 80, 216, COUNTS8, 0.0f, 1, 8};
+    lora_cols_run(&k, col0, cols);
+    int counts[128];
+    uneven_counts(counts, 128, 5000);
+    lora_case k128 = {128, 136, 200, 24, 144, 200, counts, 0.0f, 1, 8};
+    lora_cols_run(&k128, col0, cols);
+    lora_case k40 = {8, 72, 200, 40, 80, 216, COUNTS8, 0.0f, 1, 8};
+    lora_cols_run(&k40, col0, cols);
+    int big[4] = {15000, 0, 20000, 5000};
+    lora_case kc = {4, 64, 200, 24, 64, 200, big, 0.0f, 1, 4};
+    lora_cols_run(&kc, col0, cols);
+}
+
 /* ---- grouped GEMM with the expert LoRA fused in ---- */
 
 typedef struct {
@@ -394,8 +467,8 @@ static void fused_run(const fused_case *k)
         B[q] = rnd(nB, 0.1f);
         pA[q] = put_raw(A[q], nA * 4);
         pB[q] = put_raw(B[q], nB * 4);
-        mc[q] = (ct_moe_lora_cols){pA[q].c, pB[q].c, k->col0[q], k->cols[q]};
-        mg[q] = (ct_moe_lora_cols){pA[q].g, pB[q].g, k->col0[q], k->cols[q]};
+        mc[q] = (ct_moe_lora_cols){pA[q].c, pB[q].c, k->col0[q], k->cols[q], NULL, NULL};
+        mg[q] = (ct_moe_lora_cols){pA[q].g, pB[q].g, k->col0[q], k->cols[q], NULL, NULL};
     }
     const int32_t *gc = k->K > 0 ? pg.c : NULL, *gg = k->K > 0 ? pg.g : NULL;
     for (int bias = 0; bias <= 1; bias++)
@@ -551,6 +624,7 @@ int main(void)
             RUN(moe_lora_matches_cpu_with_128_uneven_experts_and_rank_64);
             RUN(moe_lora_bwd_matches_cpu_over_several_row_chunks);
             RUN(moe_lora_through_a_gather_matches_cpu);
+            RUN(moe_lora_bwd_cols_of_two_modules_matches_cpu);
             RUN(moe_lora_bwd_is_bit_reproducible);
             RUN(moe_linear_lora_fwd_matches_cpu_without_gather);
             RUN(moe_linear_lora_fwd_matches_cpu_through_a_gather_with_gate_and_up);

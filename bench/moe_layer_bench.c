@@ -87,12 +87,16 @@ static void routing_bwd(layer *L)
     be->linear_bwd_input(be, L->dhn, s->H, L->dlogits, s->E, L->Wr, L->T, s->H, s->E, 1);
 }
 
-static void permutation(layer *L) /* forward un-permute, its backward, and dhn = sum of dxe */
+/* forward un-permute, its backward (dye, and dw from dact and act as graph_moe.c
+ * computes it), and dhn = sum of dxe */
+static void permutation(layer *L)
 {
     ct_backend *be = L->be;
     const shape *s = L->s;
     be->moe_scatter(be, L->out, s->H, L->ye, L->slot_row, L->w, L->T, s->K, s->H, 1);
-    be->moe_scatter_bwd(be, L->dye, L->dw, L->dout, s->H, L->ye, L->row_slot, L->slot_row, L->w, L->T, s->K, s->H);
+    be->moe_scatter_bwd(be, L->dye, L->dw, L->dout, s->H, NULL, NULL, L->idx, L->row_slot, L->slot_row, L->w, L->T,
+                        s->K, s->H);
+    be->moe_weight_grad(be, L->dw, L->dact, L->act, L->w, L->row_slot, L->n, s->I);
     be->moe_scatter(be, L->dhn, s->H, L->dxe, L->slot_row, NULL, L->T, s->K, s->H, 0);
 }
 

@@ -371,6 +371,7 @@ static __global__ void moe_scatter_kernel(bf16 *__restrict__ y, int ldy, const b
  * dw[s] = dy[t] . ye[r]. */
 static __global__ void moe_scatter_bwd_kernel(bf16 *__restrict__ dye, float *__restrict__ dw,
                                               const bf16 *__restrict__ dy, int lddy, const bf16 *__restrict__ ye,
+                                              const bf16 *__restrict__ bias, const int32_t *__restrict__ idx,
                                               const int32_t *__restrict__ slot_row, const float *__restrict__ w,
                                               int n, int K, int H)
 {
@@ -378,22 +379,47 @@ static __global__ void moe_scatter_bwd_kernel(bf16 *__restrict__ dye, float *__r
     int lane = threadIdx.x % 32;
     if (s >= (size_t)n) return;
     size_t r = (size_t)slot_row[s];
-    const bf16 *d = dy + (s / K) * lddy, *v = ye + r * H;
+    /* what dw dots dy with: the expert's output row, or (ye NULL) its bias row, or nothing */
+    const bf16 *d = dy + (s / K) * lddy, *v = ye ? ye + r * H : bias ? bias + (size_t)idx[s] * H : NULL;
     bf16 *o = dye + r * H;
     float ws = w ? w[s] : 1.0f, dot = 0.0f;
     for (int i = lane * 8; i < H; i += 256) {
         float a[8], b[8];
         load8(a, d + i);
-        load8(b, v + i);
+        if (v) load8(b, v + i);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            dot += a[j] * b[j];
+            if (v) dot += a[j] * b[j];
             a[j] *= ws;
         }
         store8(o + i, a);
     }
     dot = moe_warp_sum(dot);
     if (lane == 0) dw[s] = dot;
+}
+
+/* One warp per row: dw[row_slot[r]] += (dh[r] . h[r]) / w (backend.h). */
+static __global__ void moe_weight_grad_kernel(float *__restrict__ dw, const bf16 *__restrict__ dh,
+                                              const bf16 *__restrict__ h, const float *__restrict__ w,
+                                              const int32_t *__restrict__ row_slot, int n, int I)
+{
+    size_t r = (size_t)blockIdx.x * MOE_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (r >= (size_t)n) return;
+    const int s = row_slot[r];
+    const float ws = w[s];
+    if (ws == 0.0f) return;
+    const bf16 *a = dh + r * I, *b = h + r * I;
+    float dot = 0.0f;
+    for (int i = lane * 8; i < I; i += 256) {
+        float x[8], y[8];
+        load8(x, a + i);
+        load8(y, b + i);
+#pragma unroll
+        for (int j = 0; j < 8; j++) dot += x[j] * y[j];
+    }
+    dot = moe_warp_sum(dot);
+    if (lane == 0) dw[s] += dot / ws;
 }
 
 static __device__ __forceinline__ float clamped_swiglu(float graw, float uraw, float alpha, float limit)
@@ -652,17 +678,30 @@ static void cuda_moe_scatter(ct_backend *be, void *y, int ldy, const void *ye, c
 
 /* row_slot is not needed: dye[slot_row[s]] = w[s] dy[s/K] covers every row once. */
 static void cuda_moe_scatter_bwd(ct_backend *be, void *dye, float *dw, const void *dy, int lddy,
-                                 const void *ye, const int32_t *row_slot, const int32_t *slot_row,
-                                 const float *w, int T, int K, int H)
+                                 const void *ye, const void *bias, const int32_t *idx, const int32_t *row_slot,
+                                 const int32_t *slot_row, const float *w, int T, int K, int H)
 {
     (void)row_slot;
     moe_check_vec8("moe_scatter_bwd", dye, H, H);
     moe_check_vec8("moe_scatter_bwd", dy, lddy, H);
-    moe_check_vec8("moe_scatter_bwd", ye, H, H);
+    if (ye) moe_check_vec8("moe_scatter_bwd", ye, H, H);
+    else if (bias) moe_check_vec8("moe_scatter_bwd", bias, H, H);
     size_t n = (size_t)T * K;
     if (n == 0) return;
     moe_scatter_bwd_kernel<<<grid_for(n, MOE_WARPS), MOE_WARPS * 32, 0, ctx_of(be)->stream>>>(
-        (bf16 *)dye, dw, (const bf16 *)dy, lddy, (const bf16 *)ye, slot_row, w, (int)n, K, H);
+        (bf16 *)dye, dw, (const bf16 *)dy, lddy, (const bf16 *)ye, (const bf16 *)bias, idx, slot_row, w, (int)n, K,
+        H);
+    LAUNCH_CHECK();
+}
+
+static void cuda_moe_weight_grad(ct_backend *be, float *dw, const void *dh, const void *h, const float *w,
+                                 const int32_t *row_slot, int n, int I)
+{
+    moe_check_vec8("moe_weight_grad", dh, I, I);
+    moe_check_vec8("moe_weight_grad", h, I, I);
+    if (n <= 0) return;
+    moe_weight_grad_kernel<<<grid_for((size_t)n, MOE_WARPS), MOE_WARPS * 32, 0, ctx_of(be)->stream>>>(
+        dw, (const bf16 *)dh, (const bf16 *)h, w, row_slot, n, I);
     LAUNCH_CHECK();
 }
 
@@ -735,6 +774,7 @@ void cuda_fill_moe_route_ops(ct_backend *be)
     be->moe_gather = cuda_moe_gather;
     be->moe_scatter = cuda_moe_scatter;
     be->moe_scatter_bwd = cuda_moe_scatter_bwd;
+    be->moe_weight_grad = cuda_moe_weight_grad;
     be->moe_clamped_swiglu_fwd = cuda_moe_clamped_swiglu_fwd;
     be->moe_clamped_swiglu_bwd = cuda_moe_clamped_swiglu_bwd;
     be->moe_route_bwd = cuda_moe_route_bwd;

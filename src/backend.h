@@ -256,10 +256,20 @@ struct ct_backend {
                         const float *w, int T, int K, int H, int accumulate);
     /* Backward of moe_scatter with weights, given dy (T,H):
      *   dye (n,H) act: dye[r] = w[s] * dy[s / K] with s = row_slot[r] (overwritten);
-     *   dw (n) fp32:   dw[s] = dy[s / K] . ye[slot_row[s]] (fp32 dot, overwritten). */
+     *   dw (n) fp32:   dw[s] = dy[s / K] . ye[slot_row[s]] (fp32 dot, overwritten).
+     * ye NULL: dw[s] = dy[s / K] . bias[idx[s]] instead (bias (E,H) weight, the
+     * experts' output bias), or 0 without a bias: the rest of dy . ye is
+     * moe_weight_grad's, from the expert's input gradient (graph_moe.c). */
     void (*moe_scatter_bwd)(ct_backend *be, void *dye, float *dw, const void *dy, int lddy,
-                            const void *ye, const int32_t *row_slot, const int32_t *slot_row,
-                            const float *w, int T, int K, int H);
+                            const void *ye, const void *bias, const int32_t *idx, const int32_t *row_slot,
+                            const int32_t *slot_row, const float *w, int T, int K, int H);
+    /* dw[s] += (dh[r] . h[r]) / w[s] for each row r < n, s = row_slot[r] (fp32
+     * dot; nothing where w[s] == 0), dh and h (n, I) act. With h an expert's
+     * input and dh its gradient through a linear map to the expert's output ye
+     * (bias excluded) whose gradient was w[s] * dy, that is dy . (ye - bias): ye
+     * need not be kept for backward. */
+    void (*moe_weight_grad)(ct_backend *be, float *dw, const void *dh, const void *h, const float *w,
+                            const int32_t *row_slot, int n, int I);
     /* The grouped expert GEMM, one call for all experts: for each e, rows r in
      * [offsets[e], offsets[e+1]) (offsets read from device memory):
      *   y[r, 0:out] (=|+=) x_r @ W_e^T + bias_e ; W (E, out, in) weight (W_e at

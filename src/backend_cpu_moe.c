@@ -134,10 +134,10 @@ static void cpu_moe_scatter(ct_backend *be, void *y, int ldy, const void *ye, co
 }
 
 static void cpu_moe_scatter_bwd(ct_backend *be, void *dye, float *dw, const void *dy, int lddy,
-                                const void *ye, const int32_t *row_slot, const int32_t *slot_row,
-                                const float *w, int T, int K, int H)
+                                const void *ye, const void *bias, const int32_t *idx, const int32_t *row_slot,
+                                const int32_t *slot_row, const float *w, int T, int K, int H)
 {
-    const float *dyf = dy, *yef = ye;
+    const float *dyf = dy, *yef = ye, *bf = bias;
     int n = T * K;
     #pragma omp parallel for schedule(static)
     for (int r = 0; r < n; r++) {
@@ -148,10 +148,25 @@ static void cpu_moe_scatter_bwd(ct_backend *be, void *dye, float *dw, const void
     }
     #pragma omp parallel for schedule(static)
     for (int s = 0; s < n; s++) {
-        const float *d = dyf + (size_t)(s / K) * lddy, *v = yef + (size_t)slot_row[s] * H;
+        const float *d = dyf + (size_t)(s / K) * lddy;
+        const float *v = yef ? yef + (size_t)slot_row[s] * H : bf ? bf + (size_t)idx[s] * H : NULL;
         double dot = 0;
-        for (int h = 0; h < H; h++) dot += (double)d[h] * v[h];
+        for (int h = 0; v && h < H; h++) dot += (double)d[h] * v[h];
         dw[s] = (float)dot;
+    }
+}
+
+static void cpu_moe_weight_grad(ct_backend *be, float *dw, const void *dh, const void *h, const float *w,
+                                const int32_t *row_slot, int n, int I)
+{
+    #pragma omp parallel for schedule(static)
+    for (int r = 0; r < n; r++) {
+        int s = row_slot[r];
+        if (w[s] == 0.0f) continue;
+        const float *a = (const float *)dh + (size_t)r * I, *b = (const float *)h + (size_t)r * I;
+        double dot = 0;
+        for (int i = 0; i < I; i++) dot += (double)a[i] * b[i];
+        dw[s] += (float)(dot / w[s]);
     }
 }
 
@@ -366,6 +381,7 @@ void cpu_moe_install(ct_backend *be)
     be->moe_gather = cpu_moe_gather;
     be->moe_scatter = cpu_moe_scatter;
     be->moe_scatter_bwd = cpu_moe_scatter_bwd;
+    be->moe_weight_grad = cpu_moe_weight_grad;
     be->moe_linear_fwd = cpu_moe_linear_fwd;
     be->moe_linear_bwd_input = cpu_moe_linear_bwd_input;
     be->moe_lora_fwd = cpu_moe_lora_fwd;

@@ -251,7 +251,7 @@ TEST(routing_pipeline_matches_cpu_at_qwen3_moe_shape_without_host_waits)
 }
 
 /* A permutation for n = T*K random slots, computed by the CPU and put on both. */
-typedef struct { pair row_slot, slot_row; } perm;
+typedef struct { pair row_slot, slot_row, idx; } perm;
 
 static perm make_perm(int T, int K, int E)
 {
@@ -262,7 +262,7 @@ static perm make_perm(int T, int K, int E)
     cpu->moe_count(cpu, counts, idx, n, E);
     cpu->moe_offsets(cpu, off, counts, E);
     cpu->moe_permute(cpu, rs, sr, idx, off, n, E);
-    perm p = {put_raw(rs, (size_t)n * 4), put_raw(sr, (size_t)n * 4)};
+    perm p = {put_raw(rs, (size_t)n * 4), put_raw(sr, (size_t)n * 4), put_raw(idx, (size_t)n * 4)};
     free(idx); free(counts); free(off); free(rs); free(sr);
     return p;
 }
@@ -295,11 +295,12 @@ TEST(gather_copies_rows_exactly_and_scatter_matches_cpu)
                 CHECK(e < 1e-2, "scatter (T %d K %d H %d, w %s, accumulate %d) rel err %g", T, K, H,
                       with_w ? "given" : "NULL", acc, e);
             }
-        drop(p.row_slot); drop(p.slot_row); drop(px); drop(pxe); drop(pye); drop(pw); drop(py);
+        drop(p.row_slot); drop(p.slot_row); drop(p.idx); drop(px); drop(pxe); drop(pye); drop(pw); drop(py);
         free(x); free(ye); free(w); free(y0);
     }
 }
 
+/* dw three ways: dy . ye (ye given), dy . bias[idx] (ye NULL, a bias), 0 (neither). */
 TEST(scatter_bwd_matches_cpu)
 {
     NEED_GPU();
@@ -308,15 +309,56 @@ TEST(scatter_bwd_matches_cpu)
         int ld = H + row_cases[c][4], n = T * K;
         perm p = make_perm(T, K, E);
         float *dy = rnd((size_t)T * ld, 1.0f), *ye = rnd((size_t)n * H, 2.0f), *w = rnd((size_t)n, 1.0f);
+        float *b = rnd((size_t)E * H, 1.0f);
         pair pdy = put_act(dy, (size_t)T * ld), pye = put_act(ye, (size_t)n * H), pw = put_raw(w, (size_t)n * 4);
-        pair pdye = put_act(ye, (size_t)n * H), pdw = put_garbage((size_t)n * 4);
-        cpu->moe_scatter_bwd(cpu, pdye.c, pdw.c, pdy.c, ld, pye.c, p.row_slot.c, p.slot_row.c, pw.c, T, K, H);
-        gpu->moe_scatter_bwd(gpu, pdye.g, pdw.g, pdy.g, ld, pye.g, p.row_slot.g, p.slot_row.g, pw.g, T, K, H);
-        double ed = act_err(pdye, n, H, H), ew = f32_err(pdw, n);
-        CHECK(ed < 1e-2, "dye (T %d K %d H %d) rel err %g", T, K, H, ed);
-        CHECK(ew < 1e-4, "dw (T %d K %d H %d) rel err %g", T, K, H, ew);
-        drop(p.row_slot); drop(p.slot_row); drop(pdy); drop(pye); drop(pw); drop(pdye); drop(pdw);
-        free(dy); free(ye); free(w);
+        pair pb = put_weight(b, (size_t)E * H);
+        for (int with = 0; with < 3; with++) {
+            const void *yec = with == 0 ? pye.c : NULL, *yeg = with == 0 ? pye.g : NULL;
+            const void *bc = with == 1 ? pb.c : NULL, *bg = with == 1 ? pb.g : NULL;
+            pair pdye = put_act(ye, (size_t)n * H), pdw = put_garbage((size_t)n * 4);
+            cpu->moe_scatter_bwd(cpu, pdye.c, pdw.c, pdy.c, ld, yec, bc, p.idx.c, p.row_slot.c, p.slot_row.c, pw.c, T,
+                                 K, H);
+            gpu->moe_scatter_bwd(gpu, pdye.g, pdw.g, pdy.g, ld, yeg, bg, p.idx.g, p.row_slot.g, p.slot_row.g, pw.g, T,
+                                 K, H);
+            double ed = act_err(pdye, n, H, H), ew = f32_err(pdw, n);
+            CHECK(ed < 1e-2, "dye (T %d K %d H %d, dw from %s) rel err %g", T, K, H,
+                  with == 0 ? "ye" : with == 1 ? "bias" : "nothing", ed);
+            CHECK(ew < 1e-4, "dw (T %d K %d H %d, from %s) rel err %g", T, K, H,
+                  with == 0 ? "ye" : with == 1 ? "bias" : "nothing", ew);
+            drop(pdye); drop(pdw);
+        }
+        drop(p.row_slot); drop(p.slot_row); drop(p.idx); drop(pdy); drop(pye); drop(pw); drop(pb);
+        free(dy); free(ye); free(w); free(b);
+    }
+}
+
+/* dw += (dh . h) / w over expert rows, onto random dw; rows whose w is 0 (every
+ * 7th slot) leave dw as it was. */
+TEST(weight_grad_matches_cpu)
+{
+    NEED_GPU();
+    const int cases[][4] = {{50, 4, 8, 256}, {9, 8, 32, 760}, {1, 8, 128, 64}}; /* T, K, E, I */
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int T = cases[c][0], K = cases[c][1], E = cases[c][2], I = cases[c][3], n = T * K;
+        perm p = make_perm(T, K, E);
+        float *dh = rnd((size_t)n * I, 1.0f), *h = rnd((size_t)n * I, 1.0f), *w = rnd((size_t)n, 1.0f);
+        float *dw0 = rnd((size_t)n, 1.0f);
+        for (int s = 0; s < n; s += 7) w[s] = 0.0f;
+        for (int s = 1; s < n; s += 7) w[s] = w[s] < 0 ? w[s] - 0.5f : w[s] + 0.5f; /* away from 0 */
+        pair pdh = put_act(dh, (size_t)n * I), ph = put_act(h, (size_t)n * I), pw = put_raw(w, (size_t)n * 4);
+        pair pdw = put_raw(dw0, (size_t)n * 4);
+        cpu->moe_weight_grad(cpu, pdw.c, pdh.c, ph.c, pw.c, p.row_slot.c, n, I);
+        gpu->moe_weight_grad(gpu, pdw.g, pdh.g, ph.g, pw.g, p.row_slot.g, n, I);
+        double e = f32_err(pdw, n);
+        CHECK(e < 1e-4, "dw (T %d K %d I %d) rel err %g", T, K, I, e);
+        float *g = ct_malloc((size_t)n * 4);
+        gpu->download(gpu, g, pdw.g, (size_t)n * 4);
+        bool kept = true;
+        for (int s = 0; s < n; s += 7) kept &= g[s] == dw0[s];
+        CHECK(kept, "dw changed where w is 0 (T %d K %d I %d)", T, K, I);
+        free(g);
+        drop(p.row_slot); drop(p.slot_row); drop(p.idx); drop(pdh); drop(ph); drop(pw); drop(pdw);
+        free(dh); free(h); free(w); free(dw0);
     }
 }
 
@@ -452,6 +494,7 @@ int main(void)
     RUN(routing_pipeline_matches_cpu_at_qwen3_moe_shape_without_host_waits);
     RUN(gather_copies_rows_exactly_and_scatter_matches_cpu);
     RUN(scatter_bwd_matches_cpu);
+    RUN(weight_grad_matches_cpu);
     RUN(clamped_swiglu_matches_cpu_at_and_beyond_the_limits);
     RUN(route_bwd_matches_cpu_for_every_rule_with_and_without_aux);
     RUN(prob_sum_adds_softmax_sums_and_is_bit_reproducible);

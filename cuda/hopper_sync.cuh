@@ -67,6 +67,16 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
                  :: "r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
 
+/* The same for the box of a 3-D tensor map at element coordinates (c0 innermost,
+ * c1, c2): moe_gemm_tma.cu's expert weights, (in, out, E). */
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                            uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3, %4}], [%5];\n"
+                 :: "r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+
 template <int N> __device__ __forceinline__ void regs_dec()
 {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N));

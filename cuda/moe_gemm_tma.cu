@@ -101,17 +101,6 @@ static int occupancy_nt, occupancy_nn;
 
 // ---- kernels ----
 
-/* TMA: the box of the 3-D tensor map at element coordinates (c0 innermost, c1, c2),
- * as hopper_sync.cuh's tma_load_2d. Here rather than there while this file is
- * unvalidated (hopper_sync.cuh is the validated attention kernels'). */
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2,
-                                            uint32_t bar)
-{
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, {%2, %3, %4}], [%5];\n"
-                 :: "r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
-}
-
 /* The producer thread: every k-step of the block's tiles into the ring. */
 template <bool NN>
 __device__ __forceinline__ void tma_produce(const CUtensorMap *ta, const CUtensorMap *tb, const moe_sched &sch,

@@ -14,7 +14,8 @@ static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
  *   loss.cu       per-row losses, a (chunk,V) fp32 + bf16 logits chunk sized by
  *                 its 256 MiB logits budget, (chunk,H) gathers
  *   attention     2 (T,nq) fp32 rows in backward + the tile list (24 B/token)
- *   moe_lora.cu   as lora.cu over T*K expert rows, plus the tile list */
+ *   moe_lora.cu   as lora.cu over T*K expert rows, plus the padded bf16 masters
+ *   (moe_gemm_lora.cu) of every expert and one backward chunk's u and g */
 size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
 {
     if (strcmp(m->be->name, "cuda") != 0) return 0;
@@ -29,7 +30,15 @@ size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
         if (c->num_experts > 0 && (mod == CT_MOD_GATE || mod == CT_MOD_UP || mod == CT_MOD_DOWN))
             rows = T * (size_t)c->num_experts_per_tok; /* expert LoRA runs over routed rows */
         size_t R = lo->R, b = round256(R * in * 2) + round256(out * R * 2) + 2 * round256(rows * R * 2);
-        if (c->num_experts > 0) b += round256((size_t)c->num_experts * R * ((size_t)in + out) * 2) + round256(rows * 16);
+        if (c->num_experts > 0) {
+            /* the largest expert-LoRA request: gate and up's backward as one LoRA
+             * of rank 2R (moe_lora_bwd_cols) with A, A^T and B^T padded to RP
+             * ranks over in and 2 out, u and g of one row chunk (8 MiB), the tile
+             * list; it also bounds the fused forward's and the one-module ops' */
+            size_t rp = 2 * R <= 16 ? 16 : 2 * R <= 32 ? 32 : 64;
+            b += round256((size_t)c->num_experts * rp * (2 * (size_t)in + 2 * (size_t)out) * 2) + ((size_t)8 << 20) +
+                 round256(rows * 16);
+        }
         if (lo->dropout > 0) b += round256(rows * in * 2);
         need = max_sz(need, b);
     }

@@ -278,10 +278,10 @@ TEST(moe_linear_lora_fwd_equals_moe_linear_fwd_then_moe_lora_fwd_bit_for_bit)
     be->moe_count(be, counts, idx, N, E);
     be->moe_offsets(be, offsets, counts, E);
     be->moe_permute(be, row_slot, slot_row, idx, offsets, N, E);
-    float x[T * LDX], W[E * OUT * IN], b[E * OUT], A0[E * R * IN], B0[E * 6 * R], A1[E * R * IN], B1[E * 4 * R];
+    float x[N * LDX], W[E * OUT * IN], b[E * OUT], A0[E * R * IN], B0[E * 6 * R], A1[E * R * IN], B1[E * 4 * R];
     float Ad[E * R * IN], Bd[E * OUT * R], y0[N * LDY];
     float *all[] = {x, W, b, A0, B0, A1, B1, Ad, Bd, y0};
-    size_t sizes[] = {T * LDX, E * OUT * IN, E * OUT, E * R * IN, E * 6 * R, E * R * IN, E * 4 * R, E * R * IN,
+    size_t sizes[] = {N * LDX, E * OUT * IN, E * OUT, E * R * IN, E * 6 * R, E * R * IN, E * 4 * R, E * R * IN,
                       E * OUT * R, N * LDY};
     for (int t = 0; t < 10; t++)
         for (size_t i = 0; i < sizes[t]; i++) all[t][i] = ct_rng_normal(&rng);
@@ -296,6 +296,7 @@ TEST(moe_linear_lora_fwd_equals_moe_linear_fwd_then_moe_lora_fwd_bit_for_bit)
     be->moe_linear_lora_fwd(be, got, LDY, x, LDX, row_slot, K, W, b, offsets, E, IN, OUT, 1, two, 2, R, 2.0f);
     CHECK(!memcmp(want, got, sizeof want), "two modules through a gather: not the sequence's bits");
 
+    /* expert-ordered rows: x as N rows (through the gather it was T token rows) */
     const ct_moe_lora_cols one[1] = {{Ad, Bd, 0, OUT, NULL, NULL}};
     memcpy(want, y0, sizeof y0);
     be->moe_linear_fwd(be, want, LDY, x, LDX, NULL, K, W, NULL, offsets, E, IN, OUT, 0);

@@ -237,11 +237,8 @@ attn_fwd_sm90_2wg_kernel(const __grid_constant__ CUtensorMap tq, const __grid_co
 
 // ---- launchers ----
 
-/* The driver's cuTensorMapEncodeTiled, fetched by attn_fwd_sm90_2wg_init through
- * the runtime (no -lcuda); process-wide like the kernels' attributes. */
-typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+/* The driver's cuTensorMapEncodeTiled (hopper_sync.cuh), fetched by
+ * attn_fwd_sm90_2wg_init. */
 static encode_tiled_fn encode_tiled;
 
 template <int D> static void fwd_2wg_init_d()
@@ -255,13 +252,7 @@ void attn_fwd_sm90_2wg_init(void)
 {
     fwd_2wg_init_d<64>();
     fwd_2wg_init_d<128>();
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult found;
-    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    if (found != cudaDriverEntryPointSuccess || !fn)
-        ct_cuda_fatal(__FILE__, __LINE__, "cudaGetDriverEntryPointByVersion(\"cuTensorMapEncodeTiled\")",
-                      "the driver has no cuTensorMapEncodeTiled");
-    encode_tiled = (encode_tiled_fn)fn;
+    encode_tiled = tensor_map_encoder();
 }
 
 /* A TMA map over the (T, cols) bf16 matrix at base (token stride ld elements):

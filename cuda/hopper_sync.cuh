@@ -19,8 +19,30 @@
 #ifndef CT_HOPPER_SYNC_CUH
 #define CT_HOPPER_SYNC_CUH
 
+#include "ct_cuda.cuh"
+
 #include <cuda.h> /* CUtensorMap (types only: no -lcuda) */
 #include <stdint.h>
+
+/* The driver's cuTensorMapEncodeTiled, fetched through the runtime (no -lcuda)
+ * on the first call in each file that asks; fatal when the driver has none. */
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static inline encode_tiled_fn tensor_map_encoder(void)
+{
+    static encode_tiled_fn fn;
+    if (!fn) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult found;
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found));
+        if (found != cudaDriverEntryPointSuccess || !p)
+            ct_cuda_fatal(__FILE__, __LINE__, "cudaGetDriverEntryPointByVersion(\"cuTensorMapEncodeTiled\")",
+                          "the driver has no cuTensorMapEncodeTiled");
+        fn = (encode_tiled_fn)p;
+    }
+    return fn;
+}
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
 {

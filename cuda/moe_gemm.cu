@@ -292,8 +292,8 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_kernel(gemm_args p)
 
 // ---- launchers ----
 
-static void moe_gemm_check(const char *op, const void *y, int ldy, const void *x, int ldx, const void *W,
-                           const void *bias, int E, int in, int out)
+void moe_gemm_check(const char *op, const void *y, int ldy, const void *x, int ldx, const void *W, const void *bias,
+                    int E, int in, int out)
 {
     CT_ASSERT(E >= 1 && E <= MOE_MAX_E, "%s: E = %d experts (1..%d are supported)", op, E, MOE_MAX_E);
     CT_ASSERT(in > 0 && out > 0 && in % 8 == 0 && out % 8 == 0,

@@ -115,6 +115,11 @@ struct gemm_args {
  * y (=|+=) x W_e^T + bias (nn false: the forward) or y (=|+=) x W_e (nn true:
  * bwd_input) with p checked by the caller (moe_gemm_check: 16-byte alignment,
  * strides and sizes multiples of 8, which TMA needs too); p.gather must be NULL. */
+/* The grouped GEMMs' argument checks (moe_gemm.cu): E, in and out in range,
+ * 16-byte rows and operands, a 4-byte aligned bias (or NULL); input errors name op. */
+void moe_gemm_check(const char *op, const void *y, int ldy, const void *x, int ldx, const void *W, const void *bias,
+                    int E, int in, int out);
+
 void moe_gemm_tma_init(void);
 void moe_gemm_tma(const gemm_args &p, bool nn, int num_sms, cudaStream_t st);
 

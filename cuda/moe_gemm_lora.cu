@@ -280,12 +280,7 @@ static void cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const voi
                                      const ct_moe_lora_cols *lora, int n_lora, int R, float scale)
 {
     const char *op = "moe_linear_lora_fwd";
-    CT_ASSERT(E >= 1 && E <= MOE_MAX_E, "%s: E = %d experts (1..%d are supported)", op, E, MOE_MAX_E);
-    CT_ASSERT(in > 0 && out > 0 && in % 8 == 0 && out % 8 == 0,
-              "%s: in = %d and out = %d must be positive multiples of 8 (16-byte rows)", op, in, out);
-    CT_ASSERT(ldx % 8 == 0 && ldy % 8 == 0 && aligned16(x) && aligned16(y) && aligned16(W),
-              "%s: operands must be 16-byte aligned with row strides multiple of 8 (ldx %d, ldy %d)", op, ldx, ldy);
-    CT_ASSERT(!bias || ((uintptr_t)bias & 3) == 0, "%s: bias must be 4-byte aligned", op);
+    moe_gemm_check(op, y, ldy, x, ldx, W, bias, E, in, out);
     CT_ASSERT(!gather || K >= 1, "%s: K = %d experts per token with a gather", op, K);
     CT_ASSERT(n_lora >= 0 && n_lora <= fl::MAX_MODULES, "%s: %d LoRA modules (0..%d are supported)", op, n_lora,
               fl::MAX_MODULES);

@@ -211,24 +211,15 @@ moe_gemm_tma_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constan
 
 // ---- launchers ----
 
-/* The driver's cuTensorMapEncodeTiled through the runtime (no -lcuda), fetched by
- * moe_gemm_tma_init as attn_fwd_sm90_2wg_init fetches its own. */
-typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+/* The driver's cuTensorMapEncodeTiled (hopper_sync.cuh), fetched by
+ * moe_gemm_tma_init. */
 static encode_tiled_fn encode_tiled;
 
 void moe_gemm_tma_init(void)
 {
     occupancy_nt = kernel_setup((const void *)moe_gemm_tma_kernel<false>, tma::BLOCK, tma::smem_bytes());
     occupancy_nn = kernel_setup((const void *)moe_gemm_tma_kernel<true>, tma::BLOCK, tma::smem_bytes());
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult found;
-    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    if (found != cudaDriverEntryPointSuccess || !fn)
-        ct_cuda_fatal(__FILE__, __LINE__, "cudaGetDriverEntryPointByVersion(\"cuTensorMapEncodeTiled\")",
-                      "the driver has no cuTensorMapEncodeTiled");
-    encode_tiled = (encode_tiled_fn)fn;
+    encode_tiled = tensor_map_encoder();
 }
 
 /* A bf16 tensor map of `rank` dimensions (dim[0] innermost, byte strides of the

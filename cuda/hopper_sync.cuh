@@ -1,6 +1,7 @@
 /* hopper_sync.cuh — Hopper (sm_90a) plumbing for warp-specialized kernels, where a
  * producer warpgroup loads tiles with the Tensor Memory Accelerator (TMA) and
- * consumer warpgroups compute on them (attention_fwd_sm90_2wg.cu).
+ * consumer warpgroups compute on them (attention_fwd_sm90_2wg.cu, moe_gemm_tma.cu),
+ * and the host side of their tensor maps (tensor_map_encoder, tensor_map_bf16).
  *
  * mbarrier: a 64-bit object in shared memory that completes a phase when its
  * pending arrivals (set by mbar_init) and its pending transaction bytes (raised
@@ -23,6 +24,7 @@
 
 #include <cuda.h> /* CUtensorMap (types only: no -lcuda) */
 #include <stdint.h>
+#include <stdio.h>
 
 /* The driver's cuTensorMapEncodeTiled, fetched through the runtime (no -lcuda)
  * on the first call in each file that asks; fatal when the driver has none. */
@@ -42,6 +44,26 @@ static inline encode_tiled_fn tensor_map_encoder(void)
         fn = (encode_tiled_fn)p;
     }
     return fn;
+}
+
+/* A bf16 tensor map of `rank` dimensions (dim[0] innermost, byte strides of the
+ * outer ones), boxes of box[] elements written in the 128-byte swizzle (box[0] =
+ * 64: one 128-byte row); elements outside the tensor read as 0. */
+static inline CUtensorMap tensor_map_bf16(const bf16 *base, int rank, const cuuint64_t *dim,
+                                          const cuuint64_t *stride, const cuuint32_t *box)
+{
+    CUtensorMap map;
+    const cuuint32_t step[5] = {1, 1, 1, 1, 1};
+    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)base,
+                                            dim, stride, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        char why[64];
+        snprintf(why, sizeof why, "CUresult %d", (int)r);
+        ct_cuda_fatal(__FILE__, __LINE__, "cuTensorMapEncodeTiled", why);
+    }
+    return map;
 }
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)

@@ -26,8 +26,8 @@
  * The gate|up and down forwards run with their expert LoRA fused into the grouped
  * GEMM (moe_linear_lora_fwd) when lora_dropout is 0: on the H200 that is 5% more
  * tokens/s on the qwen3-30b-a3b shape than the GEMM and moe_lora_fwd apart, which
- * CTUNE_MOE_LORA=separate (read by moe_new) keeps for comparison. Backward is the
- * same either way. */
+ * CTUNE_MOE_LORA=separate (read by moe_new) keeps for comparison. Under the same
+ * conditions gate's and up's LoRA backward runs as one (moe_lora_bwd_cols). */
 #include "graph_moe.h"
 
 #include <stdio.h>
@@ -59,7 +59,7 @@ struct ct_moe {
     ct_backend *be;
     int capacity, E, K, I, H, n_sparse, n_ws;
     ct_moe_rule rule;
-    bool fused_lora;     /* CTUNE_MOE_LORA=fused */
+    bool fused_lora;     /* CTUNE_MOE_LORA is not separate */
     int *sparse_index;   /* (L): index among sparse layers, -1 for dense */
     moe_acts *ws;        /* (n_ws) */
     int32_t *counts;     /* (n_sparse, E): per layer, rewritten identically by a recompute */
@@ -178,6 +178,21 @@ static void lora_bwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod, const
                          graph_module_seed(ml->step_seed, l, mod));
 }
 
+/* The targeted ones of modules mods[i] (at most 2), in order, as the ops take
+ * them: masters, gradients, and their columns from col0[i]; returns how many. */
+static int targeted_cols(const moe_lora *ml, int l, const ct_module *mods, const int *col0, int n_mods,
+                         ct_moe_lora_cols *cols)
+{
+    int n = 0;
+    for (int i = 0; i < n_mods; i++) {
+        const ct_lora_slot *s = expert_lora(ml, l, mods[i]);
+        if (s)
+            cols[n++] = (ct_moe_lora_cols){lora_A(ml->lo, l, mods[i]), lora_B(ml->lo, l, mods[i]), col0[i], s->out,
+                                           lora_grad_A(ml->lo, l, mods[i]), lora_grad_B(ml->lo, l, mods[i])};
+    }
+    return n;
+}
+
 /* The expert LoRA backward of modules mods[i] on dy's columns from col0[i] (they
  * share x), in one moe_lora_bwd_cols when the fused forward would run (dropout 0,
  * CTUNE_MOE_LORA not separate) and at least two of them are targeted; else
@@ -187,13 +202,7 @@ static void lora_bwd_cols(ct_moe *mo, const moe_lora *ml, int l, const ct_module
                           int ldx, const int32_t *gather, int in)
 {
     ct_moe_lora_cols cols[2];
-    int n = 0;
-    for (int i = 0; i < n_mods; i++) {
-        const ct_lora_slot *s = expert_lora(ml, l, mods[i]);
-        if (s)
-            cols[n++] = (ct_moe_lora_cols){lora_A(ml->lo, l, mods[i]), lora_B(ml->lo, l, mods[i]), col0[i], s->out,
-                                           lora_grad_A(ml->lo, l, mods[i]), lora_grad_B(ml->lo, l, mods[i])};
-    }
+    const int n = targeted_cols(ml, l, mods, col0, n_mods, cols);
     if (n >= 2 && mo->fused_lora && ml->dropout == 0.0f && mo->be->moe_lora_bwd_cols) {
         mo->be->moe_lora_bwd_cols(mo->be, dx, lddx, dy, lddy, out, x, ldx, gather, mo->K, a->offsets, mo->E, in,
                                   cols, n, ml->lo->R, ml->lo->scale);
@@ -204,8 +213,8 @@ static void lora_bwd_cols(ct_moe *mo, const moe_lora *ml, int l, const ct_module
 }
 
 /* y = the grouped GEMM of x with W (bias) and the expert LoRA of modules mods[i]
- * on y's columns from col0[i], in one moe_linear_lora_fwd: when CTUNE_MOE_LORA=fused,
- * dropout is 0 and one of the modules is targeted. Returns false when it did not
+ * on y's columns from col0[i], in one moe_linear_lora_fwd: when CTUNE_MOE_LORA is
+ * not separate, dropout is 0 and one of the modules is targeted. Returns false when it did not
  * run (the caller runs moe_linear_fwd and lora_fwd per module). */
 static bool linear_lora_fwd(ct_moe *mo, const moe_lora *ml, int l, const ct_module *mods, const int *col0,
                             int n_mods, const moe_acts *a, void *y, int ldy, const void *x, int ldx,
@@ -213,12 +222,7 @@ static bool linear_lora_fwd(ct_moe *mo, const moe_lora *ml, int l, const ct_modu
 {
     if (!mo->fused_lora || ml->dropout != 0.0f || !mo->be->moe_linear_lora_fwd) return false;
     ct_moe_lora_cols cols[2];
-    int n = 0;
-    for (int i = 0; i < n_mods; i++) {
-        const ct_lora_slot *s = expert_lora(ml, l, mods[i]);
-        if (s) cols[n++] = (ct_moe_lora_cols){lora_A(ml->lo, l, mods[i]), lora_B(ml->lo, l, mods[i]), col0[i], s->out,
-                                               NULL, NULL};
-    }
+    const int n = targeted_cols(ml, l, mods, col0, n_mods, cols);
     if (n == 0) return false;
     mo->be->moe_linear_lora_fwd(mo->be, y, ldy, x, ldx, gather, mo->K, W, bias, a->offsets, mo->E, in, out, 0, cols,
                                 n, ml->lo->R, ml->lo->scale);

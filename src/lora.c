@@ -116,7 +116,7 @@ const ct_lora_slot *lora_slot(const ct_lora *lo, int layer, ct_module mod)
 static float *at(const ct_lora *lo, float *base, int layer, ct_module mod, bool is_B)
 {
     const ct_lora_slot *s = lora_slot(lo, layer, mod);
-    if (!s->experts) return NULL;
+    if (!s->experts || !base) return NULL; /* untargeted, or no gradients allocated */
     return base + s->offset + (is_B ? (size_t)s->experts * lo->R * s->in : 0);
 }
 

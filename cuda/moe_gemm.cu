@@ -309,7 +309,7 @@ template <int V> static void moe_gemm_launch(ct_backend *be, bool nn, const gemm
 {
     cuda_ctx *c = ctx_of(be);
     if (V == 3 && !p.gather) {
-        moe_gemm_tma(p, nn, c->num_sms, c->stream);
+        moe_gemm_tma(p, nn, NULL, c->num_sms, c->stream);
         return;
     }
     if (V >= 2 && nn)
@@ -347,6 +347,58 @@ static void cuda_moe_linear_bwd_input(ct_backend *be, void *dx, int lddx, const 
     moe_gemm_launch<V>(be, true, p);
 }
 
+/* The stacked, scaled LoRA A of moe_linear_lora_bwd_input: dst (E, 64, in) bf16,
+ * row q R + k of expert e = scale * A_q[e, k, :], rows from n R on zero. */
+struct lora_stack {
+    const float *A[2];
+    int n;
+};
+
+__global__ void lora_stack_kernel(bf16 *dst, lora_stack ls, int E, int R, int in, float scale)
+{
+    const size_t total = (size_t)E * 64 * in;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t e = i / ((size_t)64 * in), c = i % in;
+        const int k = (int)(i / in % 64), q = k / R;
+        dst[i] = __float2bfloat16_rn(q < ls.n ? scale * ls.A[q][(e * R + k % R) * in + c] : 0.0f);
+    }
+}
+
+/* dx = dy W_e + scale * g [A_1,e; A_2,e] (backend.h): the stacked A into scratch,
+ * then on V 3 one TMA GEMM with the LoRA as its last k-step; on V 1 and 2 the
+ * grouped GEMM, then g (64 columns) times the stacked A as a second one. */
+template <int V>
+static void cuda_moe_linear_lora_bwd_input(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
+                                           const void *W, const int32_t *offsets, int E, int in, int out,
+                                           int accumulate, const void *g, int ldg, const ct_moe_lora_cols *lora,
+                                           int n_lora, int R, float scale)
+{
+    const char *op = "moe_linear_lora_bwd_input";
+    moe_gemm_check(op, dx, lddx, dy, lddy, W, NULL, E, in, out);
+    CT_ASSERT(n_lora >= 1 && n_lora <= 2 && R >= 1 && n_lora * R <= 64,
+              "%s: %d LoRA modules of rank %d (1..2 modules, 64 ranks in all are supported)", op, n_lora, R);
+    CT_ASSERT(ldg >= 64 && ldg % 8 == 0 && aligned16(g), "%s: g needs a 16-byte aligned row stride >= 64 (%d)", op,
+              ldg);
+    cuda_ctx *c = ctx_of(be);
+    const size_t nA = (size_t)E * 64 * in;
+    bf16 *A = (bf16 *)cuda_scratch(c, nA * sizeof(bf16));
+    lora_stack ls = {{lora[0].A, n_lora > 1 ? lora[1].A : NULL}, n_lora};
+    lora_stack_kernel<<<grid_for(nA, 256) < 8192 ? grid_for(nA, 256) : 8192, 256, 0, c->stream>>>(A, ls, E, R, in,
+                                                                                                    scale);
+    LAUNCH_CHECK();
+    gemm_args p = {(bf16 *)dx, (const bf16 *)dy, NULL, (const bf16 *)W, NULL, offsets, lddx, lddy, 1, E, in, out,
+                   accumulate};
+    if (V == 3) {
+        const tma_lora tl = {(const bf16 *)g, A, ldg};
+        moe_gemm_tma(p, true, &tl, c->num_sms, c->stream);
+        LAUNCH_CHECK();
+        return;
+    }
+    moe_gemm_launch<V>(be, true, p);
+    gemm_args pg = {(bf16 *)dx, (const bf16 *)g, NULL, A, NULL, offsets, lddx, ldg, 1, E, in, 64, 1};
+    moe_gemm_launch<V>(be, true, pg);
+}
+
 /* The grouped GEMM version a new backend uses: CTUNE_MOE_GEMM=tma (v3, the
  * default: 1.3-1.5x v2 on the non-gathered calls on the H200), new (v2 for every
  * call) or old (v1), read once per backend; anything else is refused by name. */
@@ -374,4 +426,7 @@ void cuda_fill_moe_gemm_ops(ct_backend *be)
     be->moe_linear_bwd_input = v == 3   ? cuda_moe_linear_bwd_input<3>
                                : v == 2 ? cuda_moe_linear_bwd_input<2>
                                         : cuda_moe_linear_bwd_input<1>;
+    be->moe_linear_lora_bwd_input = v == 3   ? cuda_moe_linear_lora_bwd_input<3>
+                                    : v == 2 ? cuda_moe_linear_lora_bwd_input<2>
+                                             : cuda_moe_linear_lora_bwd_input<1>;
 }

@@ -121,7 +121,14 @@ void moe_gemm_check(const char *op, const void *y, int ldy, const void *x, int l
                     int E, int in, int out);
 
 void moe_gemm_tma_init(void);
-void moe_gemm_tma(const gemm_args &p, bool nn, int num_sms, cudaStream_t st);
+/* The LoRA input-gradient term of moe_linear_lora_bwd_input as one more k-step of
+ * the TMA kernel (nn only): y[r] += g[r] (64 columns at stride ldg) @ A_e, A (E,
+ * 64, in) the modules' A stacked and scaled (rows past their ranks zero). */
+struct tma_lora {
+    const bf16 *g, *A;
+    int ldg;
+};
+void moe_gemm_tma(const gemm_args &p, bool nn, const tma_lora *lora, int num_sms, cudaStream_t st);
 
 /* Raises the shared-memory limit of a kernel (more than 48 KB needs an opt-in) and
  * returns how many of its blocks one SM holds. */

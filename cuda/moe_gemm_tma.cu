@@ -103,9 +103,10 @@ static int occupancy_nt, occupancy_nn;
 
 /* The producer thread: every k-step of the block's tiles into the ring. */
 template <bool NN>
-__device__ __forceinline__ void tma_produce(const CUtensorMap *ta, const CUtensorMap *tb, const moe_sched &sch,
-                                            const gemm_args &p, uint32_t smem0, tma::ring rg, int n_rt, int n_ct,
-                                            int total, int KT)
+__device__ __forceinline__ void tma_produce(const CUtensorMap *ta, const CUtensorMap *tb, const CUtensorMap *tg,
+                                            const CUtensorMap *tl, const moe_sched &sch, const gemm_args &p,
+                                            uint32_t smem0, tma::ring rg, int n_rt, int n_ct, int total, int KT,
+                                            int lora_steps)
 {
     using namespace tma;
     int i = 0; /* the block's step */
@@ -117,11 +118,17 @@ __device__ __forceinline__ void tma_produce(const CUtensorMap *ta, const CUtenso
         /* NN: panels holding a column < N (the rest are never stored, so never loaded). */
         const int panels = NN ? min(BN / 64, (p.N - n0 + 63) / 64) : 0;
         const uint32_t bytes = NN ? A_BYTES + panels * NN_PANEL : STAGE_BYTES;
-        for (int kt = 0; kt < KT; kt++, i++) {
+        for (int kt = 0; kt < KT + lora_steps; kt++, i++) {
             const int s = i % STAGES;
             if (i >= STAGES) mbar_wait(rg.empty(s), ((i / STAGES) & 1) ^ 1);
             mbar_arrive_expect_tx(rg.full(s), bytes);
             const uint32_t sa = smem0 + s * STAGE_BYTES, sb = sa + A_BYTES;
+            if (kt == KT) { /* the LoRA step (NN only): g's 64 columns, A's 64 rows */
+                tma_load_2d(sa, tg, 0, a0, rg.full(s));
+                for (int pn = 0; pn < panels; pn++)
+                    tma_load_3d(sb + pn * NN_PANEL, tl, n0 + 64 * pn, 0, t.e, rg.full(s));
+                continue;
+            }
             tma_load_2d(sa, ta, kt * BK, a0, rg.full(s));
             if (!NN) {
                 tma_load_3d(sb, tb, kt * BK, n0, t.e, rg.full(s));
@@ -179,9 +186,13 @@ __device__ __forceinline__ void tma_consume(const moe_sched &sch, const gemm_arg
     }
 }
 
+/* lora_steps (0 or 1, nn only): one more k-step per tile from tg (g) and tl (the
+ * stacked A), the LoRA input-gradient term; tg and tl are unused without it. */
 template <bool NN>
 __global__ void __launch_bounds__(tma::BLOCK, 1)
-moe_gemm_tma_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb, gemm_args p)
+moe_gemm_tma_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                    const __grid_constant__ CUtensorMap tg, const __grid_constant__ CUtensorMap tl, gemm_args p,
+                    int lora_steps)
 {
     using namespace tma;
     extern __shared__ __align__(16) unsigned char dyn_smem[];
@@ -202,10 +213,10 @@ moe_gemm_tma_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constan
     const int wg = threadIdx.x / 128;
     if (wg == 0) {
         regs_dec<PRODUCER_REGS>();
-        if (threadIdx.x == 0) tma_produce<NN>(&ta, &tb, sch, p, smem0, rg, n_rt, n_ct, total, KT);
+        if (threadIdx.x == 0) tma_produce<NN>(&ta, &tb, &tg, &tl, sch, p, smem0, rg, n_rt, n_ct, total, KT, lora_steps);
     } else {
         regs_inc<CONSUMER_REGS>();
-        tma_consume<NN>(sch, p, smem0, rg, n_rt, n_ct, total, KT, wg - 1);
+        tma_consume<NN>(sch, p, smem0, rg, n_rt, n_ct, total, KT + lora_steps, wg - 1);
     }
 }
 
@@ -218,11 +229,13 @@ void moe_gemm_tma_init(void)
     (void)tensor_map_encoder(); /* a driver without one fails here, not mid-training */
 }
 
-void moe_gemm_tma(const gemm_args &p, bool nn, int num_sms, cudaStream_t st)
+void moe_gemm_tma(const gemm_args &p, bool nn, const tma_lora *lora, int num_sms, cudaStream_t st)
 {
     using namespace tma;
     CT_ASSERT(!p.gather, "moe_gemm_tma: a gathered input needs the cp.async kernel (v2)");
     CT_ASSERT(occupancy_nt > 0, "moe_gemm_tma: moe_gemm_tma_init was not called");
+    CT_ASSERT(!lora || (nn && lora->ldg >= 64 && lora->ldg % 8 == 0),
+              "moe_gemm_tma: the LoRA step needs bwd_input and g rows of >= 64 columns (ldg %d)", lora ? lora->ldg : 0);
     /* A: (rows, K) at stride ldx; INT_MAX rows, an extent no box reaches (each ends
      * at its tile's last row, < n). */
     const cuuint64_t a_dim[2] = {(cuuint64_t)p.K, (cuuint64_t)INT_MAX}, a_stride[1] = {(cuuint64_t)p.ldx * 2};
@@ -235,9 +248,21 @@ void moe_gemm_tma(const gemm_args &p, bool nn, int num_sms, cudaStream_t st)
     const cuuint64_t w_stride[2] = {(cuuint64_t)(nn ? p.N : p.K) * 2, (cuuint64_t)p.N * p.K * 2};
     const cuuint32_t b_box_nt[3] = {BK, BN, 1}, b_box_nn[3] = {64, BK, 1};
     const CUtensorMap tb = tensor_map_bf16(p.W, 3, nn ? w_dim_nn : w_dim_nt, w_stride, nn ? b_box_nn : b_box_nt);
+    /* The LoRA step: g as A (64 columns, the box's width, at stride ldg), the
+     * stacked A (E, 64, in) as NN panels (in, 64, E): boxes never leave them, and
+     * their zero columns / rows past the ranks add nothing. */
+    CUtensorMap tg = ta, tl = tb;
+    if (lora) {
+        const cuuint64_t g_dim[2] = {64, (cuuint64_t)INT_MAX}, g_stride[1] = {(cuuint64_t)lora->ldg * 2};
+        tg = tensor_map_bf16(lora->g, 2, g_dim, g_stride, a_box);
+        const cuuint64_t l_dim[3] = {(cuuint64_t)p.N, 64, (cuuint64_t)p.E};
+        const cuuint64_t l_stride[2] = {(cuuint64_t)p.N * 2, (cuuint64_t)p.N * 64 * 2};
+        tl = tensor_map_bf16(lora->A, 3, l_dim, l_stride, b_box_nn);
+    }
+    const int lora_steps = lora ? 1 : 0;
     if (nn)
-        moe_gemm_tma_kernel<true><<<occupancy_nn * num_sms, BLOCK, smem_bytes(), st>>>(ta, tb, p);
+        moe_gemm_tma_kernel<true><<<occupancy_nn * num_sms, BLOCK, smem_bytes(), st>>>(ta, tb, tg, tl, p, lora_steps);
     else
-        moe_gemm_tma_kernel<false><<<occupancy_nt * num_sms, BLOCK, smem_bytes(), st>>>(ta, tb, p);
+        moe_gemm_tma_kernel<false><<<occupancy_nt * num_sms, BLOCK, smem_bytes(), st>>>(ta, tb, tg, tl, p, 0);
     LAUNCH_CHECK();
 }

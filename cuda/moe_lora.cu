@@ -159,9 +159,9 @@ __device__ __forceinline__ void lora_pack(uint32_t (&a)[RP / 16][4], const float
     }
 }
 
-/* S (rows, RP) dense bf16 = this warp's packed rows (rows < `rows` only). */
+/* S (rows, RP) bf16 at row stride lds = this warp's packed rows (rows < `rows` only). */
 template <int RP>
-__device__ __forceinline__ void lora_store_rows(bf16 *S, const uint32_t (&a)[RP / 16][4], int rows)
+__device__ __forceinline__ void lora_store_rows(bf16 *S, int lds, const uint32_t (&a)[RP / 16][4], int rows)
 {
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 #pragma unroll
@@ -169,7 +169,7 @@ __device__ __forceinline__ void lora_store_rows(bf16 *S, const uint32_t (&a)[RP 
 #pragma unroll
         for (int h = 0; h < 2; h++)
             if (g + 8 * h < rows) {
-                bf16 *row = S + (size_t)(g + 8 * h) * RP + j * 16 + 2 * tq;
+                bf16 *row = S + (size_t)(g + 8 * h) * lds + j * 16 + 2 * tq;
                 *(uint32_t *)row = a[j][h];
                 *(uint32_t *)(row + 8) = a[j][2 + h];
             }
@@ -315,6 +315,8 @@ struct lora_args {
     lora_grads mod[2];       /* backward: the modules' gradients and dy columns */
     int n_mod;               /* modules (ranks q R .. q R + R - 1 are module q's) */
     bf16 *us, *gs;           /* (cap, RP) each: u and g of one backward chunk */
+    bf16 *g_out;             /* backward: (n, ldg) or NULL: g of every row, for the GEMM's dx term */
+    int ldg;
     const int32_t *offsets;
     int ldy, ldx, lddy, topk, E, in, out, R, cap;
     float scale, p;
@@ -464,12 +466,19 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
             lora_skinny<RP>(acc, smem, lora_x(a, t.m0), a.ldx, lora_gidx(a, t.m0), a.topk, t.rows,
                             a.Ap + (size_t)t.e * RP * a.in, a.in, d);
             lora_pack<RP>(f, acc);
-            if (rows_w > 0) lora_store_rows<RP>(a.us + (size_t)(t.m0 - c0 + warp * 16) * RP, f, rows_w);
+            if (rows_w > 0) lora_store_rows<RP>(a.us + (size_t)(t.m0 - c0 + warp * 16) * RP, RP, f, rows_w);
             lora_skinny<RP>(acc, smem, a.dy + (size_t)t.m0 * a.lddy, a.lddy, NULL, 1, t.rows,
                             a.Bt + (size_t)t.e * RP * a.out, a.out, none);
             lora_pack<RP>(f, acc);
             if (rows_w > 0) {
-                lora_store_rows<RP>(a.gs + (size_t)(t.m0 - c0 + warp * 16) * RP, f, rows_w);
+                lora_store_rows<RP>(a.gs + (size_t)(t.m0 - c0 + warp * 16) * RP, RP, f, rows_w);
+                if (a.g_out) { /* RP columns of g, then zeros to ldg: the GEMM's k-step reads all of them */
+                    bf16 *gr = a.g_out + (size_t)(t.m0 + warp * 16) * a.ldg;
+                    lora_store_rows<RP>(gr, a.ldg, f, rows_w);
+                    const int zc = (a.ldg - RP) / 8; /* 16-byte chunks per row past RP */
+                    for (int i = lane; i < 16 * zc; i += 32)
+                        if (i / zc < rows_w) *(uint4 *)(gr + (size_t)(i / zc) * a.ldg + RP + (i % zc) * 8) = uint4{};
+                }
                 if (a.y) {
                     drop_t dw = d;
                     dw.row0 += warp * 16;
@@ -527,10 +536,13 @@ static lora_args lora_prepare(ct_backend *be, const char *op, bool bwd, void *y,
     CT_ASSERT(R >= 1 && R * n_mod <= 64, "%s: LoRA rank %d x %d modules is not supported (1..64 in all are)", op, R,
               n_mod);
     const bool whole = n_mod == 1 && mods[0].col0 == 0 && mods[0].cols == out;
-    CT_ASSERT(whole || (bwd && n_mod == 2 && mods[0].col0 >= 0 && mods[0].cols > 0 &&
-                        mods[1].col0 >= mods[0].col0 + mods[0].cols && mods[1].cols > 0 &&
-                        mods[1].col0 + mods[1].cols <= out),
-              "%s: LoRA modules must cover out = %d columns, or be two in column order within it", op, out);
+    bool ranges = bwd && n_mod >= 1 && n_mod <= 2;
+    for (int q = 0; ranges && q < n_mod; q++)
+        ranges = mods[q].cols > 0 && mods[q].col0 >= (q ? mods[q - 1].col0 + mods[q - 1].cols : 0) &&
+                 mods[q].col0 + mods[q].cols <= out;
+    CT_ASSERT(whole || ranges,
+              "%s: LoRA modules must cover out = %d columns, or (backward) be one or two in column order within it",
+              op, out);
     CT_ASSERT(in > 0 && out > 0 && in % 8 == 0 && out % 8 == 0,
               "%s: in = %d and out = %d must be positive multiples of 8 (16-byte rows)", op, in, out);
     CT_ASSERT(ldx % 8 == 0 && ldy % 8 == 0 && (!bwd || lddy % 8 == 0) && aligned16(x) &&
@@ -646,18 +658,26 @@ static void cuda_moe_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, flo
  * 64 in all, or for one module, the modules run one by one. */
 static void cuda_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
                                    const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets,
-                                   int E, int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale)
+                                   int E, int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale,
+                                   void *g, int ldg)
 {
     CT_ASSERT(n_lora >= 1 && n_lora <= 2, "moe_lora_bwd_cols: %d LoRA modules (1..2 are supported)", n_lora);
-    if (n_lora == 1 || n_lora * R > 64) {
+    CT_ASSERT(!g || (!dx && n_lora * R <= 64 && ldg >= 64 && ldg % 8 == 0 && aligned16(g)),
+              "moe_lora_bwd_cols: g needs dx NULL, %d <= 64 ranks in all and a 16-byte aligned ldg >= 64 (%d)",
+              n_lora * R, ldg);
+    if (!g && (n_lora == 1 || n_lora * R > 64)) {
         for (int q = 0; q < n_lora; q++)
             cuda_moe_lora_bwd(be, dx, lddx, lora[q].dA, lora[q].dB, (const bf16 *)dy + lora[q].col0, lddy, x, ldx,
                               gather, K, lora[q].A, lora[q].B, offsets, E, in, lora[q].cols, R, scale, 0.0f, 0);
         return;
     }
+    /* one module on all of dy's columns keeps the one-module layout; else (or a
+     * module on part of them) the modules' ranks side by side */
     int RP;
     lora_args a = lora_prepare(be, "moe_lora_bwd_cols", true, dx, dx ? lddx : 8, x, ldx, gather, K, dy, lddy, lora,
                                n_lora, offsets, E, in, out, R, scale, 0.0f, 0, &RP);
+    a.g_out = (bf16 *)g;
+    a.ldg = ldg;
     lora_bwd_run(ctx_of(be), a, RP);
 }
 

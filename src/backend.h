@@ -307,10 +307,26 @@ struct ct_backend {
      * (its out = lora[q].cols) into lora[q].dA and dB. The CPU runs that sequence;
      * CUDA runs the modules as one LoRA of rank n_lora * R when that is <= 64 (x read
      * and dx read-modified-written once instead of once per module): dA and dB as
-     * the sequence's, dx different from it by bf16 rounding only. */
+     * the sequence's, dx different from it by bf16 rounding only.
+     * g non-NULL (then dx is NULL and n_lora * R <= 64): instead of adding the
+     * input-gradient term to dx, writes g (n, ldg) act, ldg >= 64: row r holds
+     * module q's dy_q[r] B_q,e in columns q R .. q R + R - 1 (rounded as the op
+     * rounds it internally; columns from n_lora * R on are scratch), for
+     * moe_linear_lora_bwd_input to add that term inside the grouped GEMM. */
     void (*moe_lora_bwd_cols)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
                               const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets, int E,
-                              int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale);
+                              int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale, void *g,
+                              int ldg);
+    /* moe_linear_bwd_input with the LoRA input-gradient term of n_lora (1..2)
+     * modules added: dx[r] (=|+=) dy[r] @ W_e + scale * sum_q g[r, q R .. q R + R)
+     * @ A_q,e, g as moe_lora_bwd_cols writes it (n_lora * R <= 64). Exactly
+     * moe_linear_bwd_input, then the term per module in order, on the CPU; CUDA
+     * adds it as one more k-step of the grouped GEMM (TMA version), so dx is
+     * written once instead of read-modified-written by the LoRA backward. */
+    void (*moe_linear_lora_bwd_input)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *W,
+                                      const int32_t *offsets, int E, int in, int out, int accumulate,
+                                      const void *g, int ldg, const ct_moe_lora_cols *lora, int n_lora, int R,
+                                      float scale);
     /* The grouped GEMM forward with the expert LoRA of n_lora (0..2) modules, without
      * dropout: exactly moe_linear_fwd (all arguments as there), then for each module
      * q in order moe_lora_fwd on y's columns [col0, col0 + cols) (its y = y + col0

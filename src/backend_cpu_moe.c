@@ -266,15 +266,44 @@ static void cpu_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void
                          lora[q].cols, R, scale, 0.0f, 0);
 }
 
-/* The sequence the op stands for: each module's LoRA backward on its columns. */
+/* The sequence the op stands for: each module's LoRA backward on its columns;
+ * with g, each module's g = dy_q B_q,e per expert (lora_bwd's own product, the
+ * same sgemm) into its columns of g instead of the dx term. */
 static void cpu_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
                                   const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets, int E,
-                                  int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale)
+                                  int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale, void *g,
+                                  int ldg)
 {
     (void)out;
+    CT_ASSERT(!g || (!dx && ldg >= n_lora * R), "moe_lora_bwd_cols: g needs dx NULL and ldg >= %d", n_lora * R);
+    for (int q = 0; q < n_lora; q++) {
+        const float *dyq = (const float *)dy + lora[q].col0;
+        be->moe_lora_bwd(be, dx, lddx, lora[q].dA, lora[q].dB, dyq, lddy, x, ldx, gather, K, lora[q].A, lora[q].B,
+                         offsets, E, in, lora[q].cols, R, scale, 0.0f, 0);
+        for (int e = 0; g && e < E; e++) {
+            int r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
+            if (rows > 0)
+                cpu_sgemm(0, 0, rows, R, lora[q].cols, 1.0f, dyq + (size_t)r0 * lddy, lddy,
+                          lora[q].B + (size_t)e * lora[q].cols * R, R, 0.0f, (float *)g + (size_t)r0 * ldg + q * R,
+                          ldg);
+        }
+    }
+}
+
+/* The GEMM, then each module's term as lora_bwd adds it (the same sgemm). */
+static void cpu_moe_linear_lora_bwd_input(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
+                                          const void *W, const int32_t *offsets, int E, int in, int out,
+                                          int accumulate, const void *g, int ldg, const ct_moe_lora_cols *lora,
+                                          int n_lora, int R, float scale)
+{
+    be->moe_linear_bwd_input(be, dx, lddx, dy, lddy, W, offsets, E, in, out, accumulate);
     for (int q = 0; q < n_lora; q++)
-        be->moe_lora_bwd(be, dx, lddx, lora[q].dA, lora[q].dB, (const float *)dy + lora[q].col0, lddy, x, ldx, gather,
-                         K, lora[q].A, lora[q].B, offsets, E, in, lora[q].cols, R, scale, 0.0f, 0);
+        for (int e = 0; e < E; e++) {
+            int r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
+            if (rows > 0)
+                cpu_sgemm(0, 0, rows, in, R, scale, (const float *)g + (size_t)r0 * ldg + q * R, ldg,
+                          lora[q].A + (size_t)e * R * in, in, 1.0f, (float *)dx + (size_t)r0 * lddx, lddx);
+        }
 }
 
 static void cpu_moe_clamped_swiglu_fwd(ct_backend *be, void *h, const void *gu, int n, int I,
@@ -388,6 +417,7 @@ void cpu_moe_install(ct_backend *be)
     be->moe_lora_bwd = cpu_moe_lora_bwd;
     be->moe_linear_lora_fwd = cpu_moe_linear_lora_fwd;
     be->moe_lora_bwd_cols = cpu_moe_lora_bwd_cols;
+    be->moe_linear_lora_bwd_input = cpu_moe_linear_lora_bwd_input;
     be->moe_clamped_swiglu_fwd = cpu_moe_clamped_swiglu_fwd;
     be->moe_clamped_swiglu_bwd = cpu_moe_clamped_swiglu_bwd;
     be->moe_route_bwd = cpu_moe_route_bwd;

@@ -34,6 +34,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Columns of mo->g: ranks of the modules of one linear_lora_bwd (the CUDA op
+ * stores its ranks padded to 16, 32 or 64). */
+#define MOE_G_COLS 64
+
 /* gpt_oss's clamped SwiGLU (FORMATS.md 2.6): alpha is fixed by the model code;
  * the limit is config.json's swiglu_limit. (HF transformers' GptOssExperts
  * hardcodes 7.0 and ignores swiglu_limit; every released gpt-oss has 7.0, and
@@ -72,6 +76,7 @@ struct ct_moe {
     void *dgu;           /* (n, 2I) */
     float *dw;           /* (n) */
     void *dlogits;       /* (T, E) */
+    void *g;             /* (n, MOE_G_COLS): the expert LoRA's dy B for the GEMM's input gradient */
 };
 
 /* CTUNE_MOE_LORA: fused (the default, also when unset) or separate; anything
@@ -136,6 +141,7 @@ void moe_layout(ct_moe *mo, ct_arena *ar)
     mo->dgu = arena_take(ar, n * 2 * I * A);
     mo->dw = arena_take(ar, n * F);
     mo->dlogits = arena_take(ar, T * E * A);
+    mo->g = arena_take(ar, n * MOE_G_COLS * A);
 }
 
 void moe_free(ct_moe *mo)
@@ -205,11 +211,42 @@ static void lora_bwd_cols(ct_moe *mo, const moe_lora *ml, int l, const ct_module
     const int n = targeted_cols(ml, l, mods, col0, n_mods, cols);
     if (n >= 2 && mo->fused_lora && ml->dropout == 0.0f && mo->be->moe_lora_bwd_cols) {
         mo->be->moe_lora_bwd_cols(mo->be, dx, lddx, dy, lddy, out, x, ldx, gather, mo->K, a->offsets, mo->E, in,
-                                  cols, n, ml->lo->R, ml->lo->scale);
+                                  cols, n, ml->lo->R, ml->lo->scale, NULL, 0);
         return;
     }
     for (int i = 0; i < n_mods; i++)
         lora_bwd(mo, ml, l, mods[i], a, dx, lddx, act_at(mo, dy, col0[i]), lddy, x, ldx, gather);
+}
+
+/* dx = dy W_e (the grouped GEMM's input gradient) plus the expert LoRA backward of
+ * modules mods[i] on dy's columns from col0[i] (x their input). With the fused
+ * forward (dropout 0, CTUNE_MOE_LORA not separate) and at most 64 ranks in all,
+ * the LoRA backward writes g (dy B per module) to mo->g and the GEMM adds the
+ * LoRA's input-gradient term (moe_linear_lora_bwd_input): dx written once. Else
+ * the GEMM, then lora_bwd_cols. */
+static void linear_lora_bwd(ct_moe *mo, const moe_lora *ml, int l, const ct_module *mods, const int *col0,
+                            int n_mods, const moe_acts *a, void *dx, int lddx, void *dy, int lddy, const void *W,
+                            int in, int out, const void *x, int ldx, const int32_t *gather)
+{
+    ct_backend *be = mo->be;
+    ct_moe_lora_cols cols[2];
+    int n = 0;
+    for (int i = 0; i < n_mods; i++) {
+        const ct_lora_slot *s = expert_lora(ml, l, mods[i]);
+        if (s)
+            cols[n++] = (ct_moe_lora_cols){lora_A(ml->lo, l, mods[i]), lora_B(ml->lo, l, mods[i]), col0[i], s->out,
+                                           lora_grad_A(ml->lo, l, mods[i]), lora_grad_B(ml->lo, l, mods[i])};
+    }
+    if (n >= 1 && n * ml->lo->R <= MOE_G_COLS && mo->fused_lora && ml->dropout == 0.0f &&
+        be->moe_linear_lora_bwd_input && be->moe_lora_bwd_cols) {
+        be->moe_lora_bwd_cols(be, NULL, 0, dy, lddy, out, x, ldx, gather, mo->K, a->offsets, mo->E, in, cols, n,
+                              ml->lo->R, ml->lo->scale, mo->g, MOE_G_COLS);
+        be->moe_linear_lora_bwd_input(be, dx, lddx, dy, lddy, W, a->offsets, mo->E, in, out, 0, mo->g, MOE_G_COLS,
+                                      cols, n, ml->lo->R, ml->lo->scale);
+        return;
+    }
+    be->moe_linear_bwd_input(be, dx, lddx, dy, lddy, W, a->offsets, mo->E, in, out, 0);
+    lora_bwd_cols(mo, ml, l, mods, col0, n_mods, a, dx, lddx, dy, lddy, out, x, ldx, gather, in);
 }
 
 /* y = the grouped GEMM of x with W (bias) and the expert LoRA of modules mods[i]
@@ -276,18 +313,16 @@ void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dou
 
     be->moe_scatter_bwd(be, mo->dye, mo->dw, dout, H, NULL, w->bdown_e, a->idx, a->row_slot, a->slot_row, a->w, T, K,
                         H);
-    be->moe_linear_bwd_input(be, mo->dact, I, mo->dye, H, w->wdown_e, a->offsets, E, I, H, 0);
-    lora_bwd(mo, ml, l, CT_MOD_DOWN, a, mo->dact, I, mo->dye, H, a->act, I, NULL);
+    const ct_module down[1] = {CT_MOD_DOWN}, gate_up[2] = {CT_MOD_GATE, CT_MOD_UP};
+    const int down_col0[1] = {0}, gate_up_col0[2] = {0, I};
+    linear_lora_bwd(mo, ml, l, down, down_col0, 1, a, mo->dact, I, mo->dye, H, w->wdown_e, I, H, a->act, I, NULL);
     be->moe_weight_grad(be, mo->dw, mo->dact, a->act, a->w, a->row_slot, n, I);
     if (c->arch == CT_ARCH_GPT_OSS)
         be->moe_clamped_swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I, GPT_OSS_ALPHA, (float)c->swiglu_limit);
     else
         be->swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I);
-    be->moe_linear_bwd_input(be, mo->dxe, H, mo->dgu, 2 * I, w->wgu_e, a->offsets, E, H, 2 * I, 0);
-    const ct_module gate_up[2] = {CT_MOD_GATE, CT_MOD_UP};
-    const int gate_up_col0[2] = {0, I};
-    lora_bwd_cols(mo, ml, l, gate_up, gate_up_col0, 2, a, mo->dxe, H, mo->dgu, 2 * I, 2 * I, a->hn, H, a->row_slot,
-                  H);
+    linear_lora_bwd(mo, ml, l, gate_up, gate_up_col0, 2, a, mo->dxe, H, mo->dgu, 2 * I, w->wgu_e, H, 2 * I, a->hn, H,
+                    a->row_slot);
     be->moe_scatter(be, dhn, H, mo->dxe, a->slot_row, NULL, T, K, H, 0);
 
     be->moe_route_bwd(be, mo->dlogits, mo->dw, a->logits, a->idx, a->w, aux ? mo->aux_grad : NULL, T, E, K, mo->rule);

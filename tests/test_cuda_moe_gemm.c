@@ -394,9 +394,9 @@ static void lora_cols_run(const lora_case *k, const int col0[2], const int cols[
     }
     const int32_t *gc = k->K > 0 ? pg.c : NULL, *gg = k->K > 0 ? pg.g : NULL;
     cpu->moe_lora_bwd_cols(cpu, pdx.c, k->ldx, pdy.c, k->ldy, k->out, px.c, k->ldx, gc, k->K, po.c, k->E, k->in, mc,
-                           2, k->R, 2.0f);
+                           2, k->R, 2.0f, NULL, 0);
     gpu->moe_lora_bwd_cols(gpu, pdx.g, k->ldx, pdy.g, k->ldy, k->out, px.g, k->ldx, gg, k->K, po.g, k->E, k->in, mg,
-                           2, k->R, 2.0f);
+                           2, k->R, 2.0f, NULL, 0);
     for (int q = 0; q < 2; q++) {
         double ea = f32_err(pdA[q], nA), eb = f32_err(pdB[q], nB[q]);
         CHECK(ea < 1e-2, "cols: module %d dA rel err %g (E %d, n %d, R %d, gather K %d)", q, ea, k->E, n, k->R, k->K);
@@ -432,6 +432,87 @@ TEST(moe_lora_bwd_cols_of_two_modules_matches_cpu)
     int big[4] = {15000, 0, 20000, 5000};
     lora_case kc = {4, 64, 200, 24, 64, 200, big, 0.0f, 1, 4};
     lora_cols_run(&kc, col0, cols);
+}
+
+/* The LoRA input-gradient term moved into the grouped GEMM: moe_lora_bwd_cols
+ * writing g (dx NULL) for n_mod modules, then moe_linear_lora_bwd_input adding
+ * scale g A to dy W, on both backends; g's module columns and dx against the CPU,
+ * dx with accumulate too. g starts as NaN: the columns past the ranks must be
+ * zeroed by the op (the GEMM's k-step reads all 64; the CPU reads the ranks only). */
+static void lora_dx_run(const lora_case *k, int n_mod, const int col0[2], const int cols[2])
+{
+    int32_t *off = ct_malloc((k->E + 1) * sizeof(int32_t));
+    int n = offsets_of(off, k->counts, k->E), rows = n + SPARE_ROWS, G = 64;
+    int32_t *gather = ct_malloc(((size_t)n + 1) * sizeof(int32_t));
+    int xrows = k->K > 0 ? gather_of(gather, n, k->K) : rows;
+    size_t nA = (size_t)k->E * k->R * k->in, nW = (size_t)k->E * k->out * k->in;
+    float *x = rnd((size_t)xrows * k->ldx, 1.0f), *dy = rnd((size_t)rows * k->ldy, 1.0f), *W = rnd(nW, 0.1f);
+    float *dx0 = rnd((size_t)rows * k->ldx, 1.0f), *g0 = rnd((size_t)rows * G, 1.0f), *A[2], *B[2], *dA0[2], *dB0[2];
+    for (size_t i = 0; i < (size_t)rows * G; i++) g0[i] = NAN; /* unwritten columns would poison dx */
+    pair px = put_act(x, (size_t)xrows * k->ldx), pdy = put_act(dy, (size_t)rows * k->ldy), pW = put_weight(W, nW);
+    pair po = put_raw(off, (k->E + 1) * sizeof(int32_t)), pg = put_raw(gather, ((size_t)n + 1) * sizeof(int32_t));
+    pair pgo = put_act(g0, (size_t)rows * G), pA[2], pB[2], pdA[2], pdB[2];
+    ct_moe_lora_cols mc[2], mg[2];
+    for (int q = 0; q < n_mod; q++) {
+        size_t nB = (size_t)k->E * cols[q] * k->R;
+        A[q] = rnd(nA, 0.1f);
+        B[q] = rnd(nB, 0.1f);
+        dA0[q] = rnd(nA, 0.5f);
+        dB0[q] = rnd(nB, 0.5f);
+        pA[q] = put_raw(A[q], nA * 4);
+        pB[q] = put_raw(B[q], nB * 4);
+        pdA[q] = put_raw(dA0[q], nA * 4);
+        pdB[q] = put_raw(dB0[q], nB * 4);
+        mc[q] = (ct_moe_lora_cols){pA[q].c, pB[q].c, col0[q], cols[q], pdA[q].c, pdB[q].c};
+        mg[q] = (ct_moe_lora_cols){pA[q].g, pB[q].g, col0[q], cols[q], pdA[q].g, pdB[q].g};
+    }
+    const int32_t *gc = k->K > 0 ? pg.c : NULL, *gg = k->K > 0 ? pg.g : NULL;
+    cpu->moe_lora_bwd_cols(cpu, NULL, 0, pdy.c, k->ldy, k->out, px.c, k->ldx, gc, k->K, po.c, k->E, k->in, mc, n_mod,
+                           k->R, 2.0f, pgo.c, G);
+    gpu->moe_lora_bwd_cols(gpu, NULL, 0, pdy.g, k->ldy, k->out, px.g, k->ldx, gg, k->K, po.g, k->E, k->in, mg, n_mod,
+                           k->R, 2.0f, pgo.g, G);
+    double eg = n > 0 ? act_err(pgo, n, n_mod * k->R, G) : 0.0;
+    CHECK(eg < 1e-2, "g rel err %g (E %d, n %d, R %d, modules %d)", eg, k->E, n, k->R, n_mod);
+    for (int q = 0; q < n_mod; q++) {
+        double ea = f32_err(pdA[q], nA), eb = f32_err(pdB[q], (size_t)k->E * cols[q] * k->R);
+        CHECK(ea < 1e-2 && eb < 1e-2, "module %d dA / dB rel err %g / %g with g out", q, ea, eb);
+    }
+    for (int acc = 0; acc <= 1; acc++) {
+        pair pdx = put_act(dx0, (size_t)rows * k->ldx);
+        cpu->moe_linear_lora_bwd_input(cpu, pdx.c, k->ldx, pdy.c, k->ldy, pW.c, po.c, k->E, k->in, k->out, acc, pgo.c, G,
+                                       mc, n_mod, k->R, 2.0f);
+        gpu->moe_linear_lora_bwd_input(gpu, pdx.g, k->ldx, pdy.g, k->ldy, pW.g, po.g, k->E, k->in, k->out, acc, pgo.g, G,
+                                       mg, n_mod, k->R, 2.0f);
+        double ex = n > 0 ? act_err(pdx, n, k->in, k->ldx) : 0.0;
+        CHECK(ex < 2e-2, "%s: dx rel err %g (E %d, n %d, R %d, modules %d, accumulate %d)", version, ex, k->E, n, k->R,
+              n_mod, acc);
+        CHECK(rows_unchanged(pdx, dx0, n, SPARE_ROWS, k->ldx, k->ldx), "%s: dx rows past offsets[E] were written",
+              version);
+        drop(pdx);
+    }
+    for (int q = 0; q < n_mod; q++) {
+        drop(pA[q]); drop(pB[q]); drop(pdA[q]); drop(pdB[q]);
+        free(A[q]); free(B[q]); free(dA0[q]); free(dB0[q]);
+    }
+    drop(px); drop(pdy); drop(pW); drop(po); drop(pg); drop(pgo);
+    free(off); free(gather); free(x); free(dy); free(W); free(dx0); free(g0);
+}
+
+/* gate and up (two modules, a column gap, through a gather) and down (one module
+ * on all columns, expert-ordered rows), edge tiles and 128 uneven experts; ranks
+ * 16 x 2 and 32 x 2 (64 in all) and 24 alone (padded to 32, zeros to 64). */
+TEST(moe_linear_lora_bwd_input_adds_the_lora_term_in_the_gemm)
+{
+    NEED_GPU();
+    const int col0[2] = {0, 136}, cols[2] = {120, 64}, whole[2] = {200, 0}, at0[2] = {0, 0};
+    lora_case k = {8, 72, 200, 16, 80, 216, COUNTS8, 0.0f, 1, 8};
+    lora_dx_run(&k, 2, col0, cols);
+    int counts[128];
+    uneven_counts(counts, 128, 5000);
+    lora_case k128 = {128, 136, 200, 32, 144, 200, counts, 0.0f, 1, 8};
+    lora_dx_run(&k128, 2, col0, cols);
+    lora_case kd = {128, 264, 200, 24, 264, 200, counts, 0.0f, 1, 0};
+    lora_dx_run(&kd, 1, at0, whole);
 }
 
 /* ---- grouped GEMM with the expert LoRA fused in ---- */
@@ -618,6 +699,7 @@ int main(void)
         RUN(moe_linear_fwd_and_bwd_input_with_many_tiles_per_block_and_one_k_step);
         RUN(moe_linear_bwd_input_matches_cpu_on_edge_tiles_overwrite_and_accumulate);
         RUN(moe_linear_bwd_input_matches_cpu_with_uneven_experts);
+        RUN(moe_linear_lora_bwd_input_adds_the_lora_term_in_the_gemm);
         if (v == 1) { /* LoRA has one version: once is enough */
             RUN(moe_lora_fwd_bwd_match_cpu_without_dropout);
             RUN(moe_lora_dropout_masks_match_cpu_per_expert);

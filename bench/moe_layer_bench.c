@@ -38,7 +38,7 @@ typedef struct {
     ct_backend *be;
     const shape *s;
     int T, n;
-    void *hn, *out, *dout, *dhn, *logits, *dlogits, *gu, *act, *ye, *dye, *dxe, *dact, *dgu, *Wr, *Wgu, *Wd, *g;
+    void *hn, *out, *dout, *dhn, *logits, *dlogits, *gu, *act, *ye, *dye, *dxe, *dact, *dgu, *Wr, *Wgu, *Wd, *g, *u_gu, *u_d;
     int32_t *idx, *counts, *offsets, *row_slot, *slot_row;
     float *w, *dw, *A_gu, *B_gu, *A_d, *B_d, *dA_gu, *dB_gu, *dA_d, *dB_d, *A_up, *dA_up;
 } layer;
@@ -103,7 +103,8 @@ static void permutation(layer *L)
 /* grouped GEMMs, activation, expert LoRA on gate_up and down, as graph_moe.c runs
  * them by default: the LoRA forwards fused into the GEMMs, gate and up (qwen3's
  * two modules on the halves of gate_up, B_gu's halves as their B) in one backward,
- * whose input-gradient term the grouped GEMM adds (g through L->g). */
+ * whose input-gradient term the grouped GEMM adds (g through L->g) and which reads
+ * the forwards' u. */
 static void experts(layer *L)
 {
     ct_backend *be = L->be;
@@ -116,15 +117,17 @@ static void experts(layer *L)
         gu[1] = (ct_moe_lora_cols){L->A_up, L->B_gu + half, I, I, L->dA_up, L->dB_gu + half};
     }
     const ct_moe_lora_cols d = {L->A_d, L->B_d, 0, H, L->dA_d, L->dB_d};
-    be->moe_linear_lora_fwd(be, L->gu, 2 * I, L->hn, H, L->row_slot, K, L->Wgu, NULL, L->offsets, E, H, 2 * I, 0, gu,
-                            s->gate_up_modules, R, 2.0f);
+    bool u_gu = be->moe_linear_lora_fwd(be, L->gu, 2 * I, L->hn, H, L->row_slot, K, L->Wgu, NULL, L->offsets, E, H,
+                                        2 * I, 0, gu, s->gate_up_modules, R, 2.0f, L->u_gu, 64);
     be->swiglu_fwd(be, L->act, L->gu, L->n, I);
-    be->moe_linear_lora_fwd(be, L->ye, H, L->act, I, NULL, K, L->Wd, NULL, L->offsets, E, I, H, 0, &d, 1, R, 2.0f);
-    be->moe_lora_bwd_cols(be, NULL, 0, L->dye, H, H, L->act, I, NULL, K, L->offsets, E, I, &d, 1, R, 2.0f, L->g, 64);
+    bool u_d = be->moe_linear_lora_fwd(be, L->ye, H, L->act, I, NULL, K, L->Wd, NULL, L->offsets, E, I, H, 0, &d, 1, R,
+                                       2.0f, L->u_d, 64);
+    be->moe_lora_bwd_cols(be, NULL, 0, L->dye, H, H, L->act, I, NULL, K, L->offsets, E, I, &d, 1, R, 2.0f, L->g, 64,
+                          u_d ? L->u_d : NULL, 64);
     be->moe_linear_lora_bwd_input(be, L->dact, I, L->dye, H, L->Wd, L->offsets, E, I, H, 0, L->g, 64, &d, 1, R, 2.0f);
     be->swiglu_bwd(be, L->dgu, L->dact, L->gu, L->n, I);
     be->moe_lora_bwd_cols(be, NULL, 0, L->dgu, 2 * I, 2 * I, L->hn, H, L->row_slot, K, L->offsets, E, H, gu,
-                          s->gate_up_modules, R, 2.0f, L->g, 64);
+                          s->gate_up_modules, R, 2.0f, L->g, 64, u_gu ? L->u_gu : NULL, 64);
     be->moe_linear_lora_bwd_input(be, L->dxe, H, L->dgu, 2 * I, L->Wgu, L->offsets, E, H, 2 * I, 0, L->g, 64, gu,
                                   s->gate_up_modules, R, 2.0f);
 }
@@ -162,6 +165,8 @@ static void bench(ct_backend *be, const shape *s, int reps)
     L.dact = zeros(be, n * I * A);
     L.dgu = zeros(be, n * 2 * I * A);
     L.g = zeros(be, n * 64 * A);
+    L.u_gu = zeros(be, n * 64 * A);
+    L.u_d = zeros(be, n * 64 * A);
     L.idx = zeros(be, n * 4);
     L.counts = zeros(be, E * 4);
     L.offsets = zeros(be, (E + 1) * 4);
@@ -189,7 +194,7 @@ static void bench(ct_backend *be, const shape *s, int reps)
            "routing+permutation %5.1f%% of %.3f ms\n",
            s->name, L.T, s->E, s->K, tr, tp, te, 100.0 * (tr + tp) / total, total);
     void *bufs[] = {L.hn, L.dout, L.Wr, L.Wgu, L.Wd, L.out, L.dhn, L.logits, L.dlogits, L.ye, L.dye, L.dxe,
-                    L.gu, L.act, L.dact, L.dgu, L.g, L.idx, L.counts, L.offsets, L.row_slot, L.slot_row, L.w, L.dw};
+                    L.gu, L.act, L.dact, L.dgu, L.g, L.u_gu, L.u_d, L.idx, L.counts, L.offsets, L.row_slot, L.slot_row, L.w, L.dw};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(be, bufs[i]);
     for (int i = 0; i < 10; i++) be->free(be, *lora[i]);
 }

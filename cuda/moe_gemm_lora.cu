@@ -81,6 +81,8 @@ struct fused_args {
     lora_module mod[fl::MAX_MODULES];
     int n_mod;
     float scale;
+    bf16 *u;    /* (n, ldu) or NULL: each module's u, ranks q R .. q R + R - 1 */
+    int ldu, R;
 };
 
 /* The module owning column tile n0 (all of its columns, see the header), or -1. */
@@ -161,6 +163,28 @@ __device__ __forceinline__ void lora_add(float (&acc)[128], const float (&u)[RP 
     wgmma_acc_fence(acc);
 #pragma unroll
     for (int i = 0; i < 128; i++) acc[i] *= scale;
+}
+
+/* u of this warpgroup's rows (< t.rows), rounded to bf16 as lora_add rounds it,
+ * into module q's ranks of f.u. Accumulator layout as lora_add reads it: u[8 j +
+ * 2 r + c] is row 16 warp + lane/4 + 8 (r & 1), rank 16 j + 8 (r >> 1) + 2 (lane
+ * % 4) + c. Scalar stores: q R + rank may be odd. */
+template <int RP>
+__device__ __forceinline__ void lora_store_u(const fused_args &f, const float (&u)[RP / 2], int q, const row_tile &t,
+                                             int wgi)
+{
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+#pragma unroll
+    for (int j = 0; j < RP / 16; j++)
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int row = wgi * 64 + warp * 16 + (lane >> 2) + 8 * (r & 1);
+                const int k = 16 * j + 8 * (r >> 1) + 2 * (lane & 3) + c;
+                if (row < t.rows && k < f.R)
+                    f.u[(size_t)(t.m0 + row) * f.ldu + q * f.R + k] = __float2bfloat16_rn(u[8 * j + 2 * r + c]);
+            }
 }
 
 /* moe_wgmma_kernel<false> (moe_gemm.cu: the step stream, AHEAD = stages - 2, the
@@ -252,6 +276,7 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_lora_kernel(fused_a
                 fence_proxy_async();
                 __syncthreads();
             }
+            if (live && f.u && n0 == f.mod[q].col0) lora_store_u<RP>(f, u, q, t, wgi); /* one column tile stores */
             if (live) lora_add<RP>(acc, u, slb, f.scale);
         }
         if (live) wg_epilogue(p, acc, t.e, t.m0, 0, t.rows, n0, wgi);
@@ -273,11 +298,11 @@ template <int RP> static void fused_launch(cuda_ctx *c, const fused_args &f)
 /* Fused when every module starts on a 256-column tile boundary (no tile straddles
  * two modules) and scale is a finite non-zero number (the epilogue divides by it);
  * otherwise the sequence the op stands for: moe_linear_fwd, then moe_lora_fwd per
- * module. */
-static void cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx,
+ * module, which writes no u. */
+static bool cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx,
                                      const int32_t *gather, int K, const void *W, const void *bias,
                                      const int32_t *offsets, int E, int in, int out, int accumulate,
-                                     const ct_moe_lora_cols *lora, int n_lora, int R, float scale)
+                                     const ct_moe_lora_cols *lora, int n_lora, int R, float scale, void *u, int ldu)
 {
     const char *op = "moe_linear_lora_fwd";
     moe_gemm_check(op, y, ldy, x, ldx, W, bias, E, in, out);
@@ -300,8 +325,9 @@ static void cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const voi
         for (int q = 0; q < n_lora; q++)
             be->moe_lora_fwd(be, (bf16 *)y + lora[q].col0, ldy, x, ldx, gather, K, lora[q].A, lora[q].B, offsets, E,
                              in, lora[q].cols, R, scale, 0.0f, 0);
-        return;
+        return false;
     }
+    CT_ASSERT(!u || ldu >= n_lora * R, "%s: ldu %d < %d ranks", op, ldu, n_lora * R);
 
     cuda_ctx *c = ctx_of(be);
     const int RP = 16 << rank_slot(R);
@@ -314,6 +340,9 @@ static void cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const voi
            ldy, ldx, gather ? K : 1, E, out, in, accumulate};
     f.n_mod = n_lora;
     f.scale = scale;
+    f.u = (bf16 *)u;
+    f.ldu = ldu;
+    f.R = R;
     for (int q = 0; q < n_lora; q++) {
         bf16 *Ap = (bf16 *)scratch_take(&sc, (size_t)E * RP * in * 2);
         bf16 *Bt = (bf16 *)scratch_take(&sc, (size_t)E * RP * lora[q].cols * 2);
@@ -326,6 +355,7 @@ static void cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const voi
     if (RP == 16) fused_launch<16>(c, f);
     else if (RP == 32) fused_launch<32>(c, f);
     else fused_launch<64>(c, f);
+    return u != NULL;
 }
 
 void cuda_fill_moe_gemm_lora_ops(ct_backend *be)

@@ -237,11 +237,11 @@ __device__ void lora_expand(bf16 *Y, int ldy, int rows, const uint32_t (&u)[RP /
 
 /* acc = P[0:nrows, n0 + 16 warp + (0..15)]^T @ Q[0:nrows, 0:RP] (this warp's 16
  * columns of P; the block covers 128): P rows at row stride ldp with ncols
- * columns, Q (nrows, RP) dense bf16. d.p > 0 masks P. Rows are summed in order.
+ * columns, Q (nrows, RP) bf16 at row stride ldq. d.p > 0 masks P. Rows are summed in order.
  * gidx non-NULL: row r of P is P[gidx[r] / topk] (P then points at the token rows). */
 template <int RP>
 __device__ void lora_wgrad(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *P, int ldp, const int32_t *gidx,
-                           int topk, int ncols, int n0, const bf16 *Q, int nrows, const drop_t &d)
+                           int topk, int ncols, int n0, const bf16 *Q, int ldq, int nrows, const drop_t &d)
 {
     using namespace lr;
     constexpr int LDQ = RP + 8, STAGE = BR * (LDP + LDQ), PCH = BR * BNB / 8 / NTHREADS, QCH = BR * RP / 8;
@@ -261,7 +261,7 @@ __device__ void lora_wgrad(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *P, i
         for (int c = tid; c < QCH; c += NTHREADS) {
             const int r = c / (RP / 8), qc = (c % (RP / 8)) * 8;
             const bool ok = r0 + r < nrows;
-            cp_async16(s + BR * LDP + r * LDQ + qc, ok ? Q + (size_t)(r0 + r) * RP + qc : Q, ok);
+            cp_async16(s + BR * LDP + r * LDQ + qc, ok ? Q + (size_t)(r0 + r) * ldq + qc : Q, ok);
         }
     };
     const int KT = (nrows + BR - 1) / BR;
@@ -317,6 +317,8 @@ struct lora_args {
     bf16 *us, *gs;           /* (cap, RP) each: u and g of one backward chunk */
     bf16 *g_out;             /* backward: (n, ldg) or NULL: g of every row, for the GEMM's dx term */
     int ldg;
+    const bf16 *u_in;        /* backward: (n, ldu) or NULL: u from the fused forward, not recomputed */
+    int ldu;
     const int32_t *offsets;
     int ldy, ldx, lddy, topk, E, in, out, R, cap;
     float scale, p;
@@ -463,10 +465,12 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
             const int rows_w = t.rows - warp * 16; /* this warp's rows */
             float acc[RP / 8][4];
             uint32_t f[RP / 16][4];
-            lora_skinny<RP>(acc, smem, lora_x(a, t.m0), a.ldx, lora_gidx(a, t.m0), a.topk, t.rows,
-                            a.Ap + (size_t)t.e * RP * a.in, a.in, d);
-            lora_pack<RP>(f, acc);
-            if (rows_w > 0) lora_store_rows<RP>(a.us + (size_t)(t.m0 - c0 + warp * 16) * RP, RP, f, rows_w);
+            if (!a.u_in) { /* u = drop(x) A^T, for phase B's dB */
+                lora_skinny<RP>(acc, smem, lora_x(a, t.m0), a.ldx, lora_gidx(a, t.m0), a.topk, t.rows,
+                                a.Ap + (size_t)t.e * RP * a.in, a.in, d);
+                lora_pack<RP>(f, acc);
+                if (rows_w > 0) lora_store_rows<RP>(a.us + (size_t)(t.m0 - c0 + warp * 16) * RP, RP, f, rows_w);
+            }
             lora_skinny<RP>(acc, smem, a.dy + (size_t)t.m0 * a.lddy, a.lddy, NULL, 1, t.rows,
                             a.Bt + (size_t)t.e * RP * a.out, a.out, none);
             lora_pack<RP>(f, acc);
@@ -497,10 +501,11 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
             float acc[RP / 8][4];
             if (is_b)
                 lora_wgrad<RP>(acc, smem, a.dy + (size_t)ra * a.lddy, a.lddy, NULL, 1, a.out, n0,
-                               a.us + (size_t)(ra - c0) * RP, rb - ra, none);
+                               a.u_in ? a.u_in + (size_t)ra * a.ldu : a.us + (size_t)(ra - c0) * RP,
+                               a.u_in ? a.ldu : RP, rb - ra, none);
             else
                 lora_wgrad<RP>(acc, smem, lora_x(a, ra), a.ldx, lora_gidx(a, ra), a.topk, a.in, n0,
-                               a.gs + (size_t)(ra - c0) * RP, rb - ra, lora_drop(a, sch, e, ra));
+                               a.gs + (size_t)(ra - c0) * RP, RP, rb - ra, lora_drop(a, sch, e, ra));
 #pragma unroll
             for (int jn = 0; jn < RP / 8; jn++)
 #pragma unroll
@@ -659,7 +664,7 @@ static void cuda_moe_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, flo
 static void cuda_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
                                    const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets,
                                    int E, int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale,
-                                   void *g, int ldg)
+                                   void *g, int ldg, const void *u, int ldu)
 {
     CT_ASSERT(n_lora >= 1 && n_lora <= 2, "moe_lora_bwd_cols: %d LoRA modules (1..2 are supported)", n_lora);
     CT_ASSERT(!g || (!dx && n_lora * R <= 64 && ldg >= 64 && ldg % 8 == 0 && aligned16(g)),
@@ -678,6 +683,10 @@ static void cuda_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const voi
                                n_lora, offsets, E, in, out, R, scale, 0.0f, 0, &RP);
     a.g_out = (bf16 *)g;
     a.ldg = ldg;
+    CT_ASSERT(!u || (ldu >= RP && ldu % 8 == 0 && aligned16(u)),
+              "moe_lora_bwd_cols: u needs a 16-byte aligned row stride >= %d (ldu %d)", RP, ldu);
+    a.u_in = (const bf16 *)u;
+    a.ldu = ldu;
     lora_bwd_run(ctx_of(be), a, RP);
 }
 

@@ -43,6 +43,14 @@ typedef struct ct_moe_lora_cols {
     float *dA, *dB; /* (E, R, in), (E, cols, R) fp32, accumulated */
 } ct_moe_lora_cols;
 
+/* The least ldu of moe_linear_lora_fwd's u: n_lora * R ranks rounded up to 16, 32
+ * or 64 (the CUDA kernels' padded ranks; 0 past 64: no u). */
+static inline int moe_u_cols(int n_lora, int R)
+{
+    int r = n_lora * R;
+    return r <= 16 ? 16 : r <= 32 ? 32 : r <= 64 ? 64 : 0;
+}
+
 struct ct_backend {
     const char *name;          /* "cpu" or "cuda" */
     size_t act_bytes;
@@ -312,11 +320,14 @@ struct ct_backend {
      * input-gradient term to dx, writes g (n, ldg) act, ldg >= 64: row r holds
      * module q's dy_q[r] B_q,e in columns q R .. q R + R - 1 (rounded as the op
      * rounds it internally; columns from n_lora * R on are scratch), for
-     * moe_linear_lora_bwd_input to add that term inside the grouped GEMM. */
+     * moe_linear_lora_bwd_input to add that term inside the grouped GEMM.
+     * u non-NULL: the modules' u as moe_linear_lora_fwd wrote it (the same modules,
+     * x and R, ldu as there): CUDA reads it instead of recomputing x A^T when it
+     * runs the modules as one LoRA (the CPU recomputes the same product). */
     void (*moe_lora_bwd_cols)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
                               const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets, int E,
                               int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale, void *g,
-                              int ldg);
+                              int ldg, const void *u, int ldu);
     /* moe_linear_bwd_input with the LoRA input-gradient term of n_lora (1..2)
      * modules added: dx[r] (=|+=) dy[r] @ W_e + scale * sum_q g[r, q R .. q R + R)
      * @ A_q,e, g as moe_lora_bwd_cols writes it (n_lora * R <= 64). Exactly
@@ -334,11 +345,15 @@ struct ct_backend {
      * gather, K, offsets, E, in, R and scale. Modules lie in column order without
      * overlap (gate and up of a gate|up GEMM, or one module). The CPU runs that
      * sequence; CUDA fuses the LoRA into the GEMM when it can (one bf16 rounding of
-     * y instead of two: results differ from the sequence by bf16 rounding only). */
-    void (*moe_linear_lora_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather,
+     * y instead of two: results differ from the sequence by bf16 rounding only).
+     * u non-NULL: also writes each module's u = x_r A_q,e^T (as the op computes
+     * it) into columns q R .. q R + R - 1 of u (n, ldu) act, ldu >= moe_u_cols(
+     * n_lora, R), for moe_lora_bwd_cols to read instead of recomputing; returns
+     * whether it wrote u (CUDA: only when it fuses). */
+    bool (*moe_linear_lora_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather,
                                 int K, const void *W, const void *bias, const int32_t *offsets, int E, int in,
                                 int out, int accumulate, const ct_moe_lora_cols *lora, int n_lora, int R,
-                                float scale);
+                                float scale, void *u, int ldu);
     /* gpt_oss's expert activation on interleaved columns (gate 2i, up 2i+1) of
      * gu (n, 2I): g = min(gate, limit), u = clamp(up, -limit, limit),
      * h (n, I) = (u + 1) * g * sigmoid(alpha * g). */

@@ -254,16 +254,30 @@ static void cpu_moe_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, floa
     free(buf);
 }
 
-/* The sequence the op stands for, spelled out: the GEMM, then each module's LoRA. */
-static void cpu_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather,
+/* The sequence the op stands for, spelled out: the GEMM, then each module's LoRA;
+ * u (if asked for) per expert with lora_fwd's own product, u = x A^T. */
+static bool cpu_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather,
                                     int K, const void *W, const void *bias, const int32_t *offsets, int E, int in,
                                     int out, int accumulate, const ct_moe_lora_cols *lora, int n_lora, int R,
-                                    float scale)
+                                    float scale, void *u, int ldu)
 {
     be->moe_linear_fwd(be, y, ldy, x, ldx, gather, K, W, bias, offsets, E, in, out, accumulate);
     for (int q = 0; q < n_lora; q++)
         be->moe_lora_fwd(be, (float *)y + lora[q].col0, ldy, x, ldx, gather, K, lora[q].A, lora[q].B, offsets, E, in,
                          lora[q].cols, R, scale, 0.0f, 0);
+    if (!u) return false;
+    CT_ASSERT(ldu >= n_lora * R, "moe_linear_lora_fwd: ldu %d < %d ranks", ldu, n_lora * R);
+    float *buf = expert_rows_buf(gather, offsets, E, in);
+    for (int e = 0; e < E; e++) {
+        int r0 = offsets[e], rows = offsets[e + 1] - offsets[e], ld;
+        if (rows <= 0) continue;
+        const float *xr = expert_rows(buf, &ld, x, ldx, gather, K, r0, rows, in);
+        for (int q = 0; q < n_lora; q++)
+            cpu_sgemm(0, 1, rows, R, in, 1.0f, xr, ld, lora[q].A + (size_t)e * R * in, in, 0.0f,
+                      (float *)u + (size_t)r0 * ldu + q * R, ldu);
+    }
+    free(buf);
+    return true;
 }
 
 /* The sequence the op stands for: each module's LoRA backward on its columns;
@@ -272,9 +286,9 @@ static void cpu_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void
 static void cpu_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
                                   const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets, int E,
                                   int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale, void *g,
-                                  int ldg)
+                                  int ldg, const void *u, int ldu)
 {
-    (void)out;
+    (void)out, (void)u, (void)ldu; /* u is recomputed: lora_bwd's product is the forward's */
     CT_ASSERT(!g || (!dx && ldg >= n_lora * R), "moe_lora_bwd_cols: g needs dx NULL and ldg >= %d", n_lora * R);
     for (int q = 0; q < n_lora; q++) {
         const float *dyq = (const float *)dy + lora[q].col0;

@@ -34,8 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Columns of mo->g: ranks of the modules of one linear_lora_bwd (the CUDA op
- * stores its ranks padded to 16, 32 or 64). */
+/* Columns of mo->g and of a workspace's u: ranks of the modules of one
+ * linear_lora_bwd (the CUDA ops store their ranks padded to 16, 32 or 64). */
 #define MOE_G_COLS 64
 
 /* gpt_oss's clamped SwiGLU (FORMATS.md 2.6): alpha is fixed by the model code;
@@ -56,6 +56,8 @@ typedef struct moe_acts {
     const void *hn;      /* (T, H): the block's input, the caller's buffer; gate|up read it through row_slot */
     void *gu;            /* (n, 2I) */
     void *act;           /* (n, I) */
+    void *u_gu, *u_d;    /* (n, MOE_G_COLS): the fused forwards' u of gate|up and of down */
+    bool u_gu_ok, u_d_ok; /* whether the last forward into this workspace wrote them */
 } moe_acts;
 
 struct ct_moe {
@@ -130,6 +132,8 @@ void moe_layout(ct_moe *mo, ct_arena *ar)
         a->slot_row = arena_take(ar, n * 4);
         a->gu = arena_take(ar, n * 2 * I * A);
         a->act = arena_take(ar, n * I * A);
+        a->u_gu = arena_take(ar, n * MOE_G_COLS * A);
+        a->u_d = arena_take(ar, n * MOE_G_COLS * A);
     }
     mo->ye = arena_take(ar, n * H * A);
     mo->counts = arena_take(ar, (size_t)mo->n_sparse * E * 4);
@@ -211,7 +215,7 @@ static void lora_bwd_cols(ct_moe *mo, const moe_lora *ml, int l, const ct_module
     const int n = targeted_cols(ml, l, mods, col0, n_mods, cols);
     if (n >= 2 && mo->fused_lora && ml->dropout == 0.0f && mo->be->moe_lora_bwd_cols) {
         mo->be->moe_lora_bwd_cols(mo->be, dx, lddx, dy, lddy, out, x, ldx, gather, mo->K, a->offsets, mo->E, in,
-                                  cols, n, ml->lo->R, ml->lo->scale, NULL, 0);
+                                  cols, n, ml->lo->R, ml->lo->scale, NULL, 0, NULL, 0);
         return;
     }
     for (int i = 0; i < n_mods; i++)
@@ -226,7 +230,7 @@ static void lora_bwd_cols(ct_moe *mo, const moe_lora *ml, int l, const ct_module
  * the GEMM, then lora_bwd_cols. */
 static void linear_lora_bwd(ct_moe *mo, const moe_lora *ml, int l, const ct_module *mods, const int *col0,
                             int n_mods, const moe_acts *a, void *dx, int lddx, void *dy, int lddy, const void *W,
-                            int in, int out, const void *x, int ldx, const int32_t *gather)
+                            int in, int out, const void *x, int ldx, const int32_t *gather, const void *u)
 {
     ct_backend *be = mo->be;
     ct_moe_lora_cols cols[2];
@@ -240,7 +244,7 @@ static void linear_lora_bwd(ct_moe *mo, const moe_lora *ml, int l, const ct_modu
     if (n >= 1 && n * ml->lo->R <= MOE_G_COLS && mo->fused_lora && ml->dropout == 0.0f &&
         be->moe_linear_lora_bwd_input && be->moe_lora_bwd_cols) {
         be->moe_lora_bwd_cols(be, NULL, 0, dy, lddy, out, x, ldx, gather, mo->K, a->offsets, mo->E, in, cols, n,
-                              ml->lo->R, ml->lo->scale, mo->g, MOE_G_COLS);
+                              ml->lo->R, ml->lo->scale, mo->g, MOE_G_COLS, u, MOE_G_COLS);
         be->moe_linear_lora_bwd_input(be, dx, lddx, dy, lddy, W, a->offsets, mo->E, in, out, 0, mo->g, MOE_G_COLS,
                                       cols, n, ml->lo->R, ml->lo->scale);
         return;
@@ -255,14 +259,17 @@ static void linear_lora_bwd(ct_moe *mo, const moe_lora *ml, int l, const ct_modu
  * run (the caller runs moe_linear_fwd and lora_fwd per module). */
 static bool linear_lora_fwd(ct_moe *mo, const moe_lora *ml, int l, const ct_module *mods, const int *col0,
                             int n_mods, const moe_acts *a, void *y, int ldy, const void *x, int ldx,
-                            const int32_t *gather, const void *W, const void *bias, int in, int out)
+                            const int32_t *gather, const void *W, const void *bias, int in, int out, void *u,
+                            bool *u_ok)
 {
+    *u_ok = false;
     if (!mo->fused_lora || ml->dropout != 0.0f || !mo->be->moe_linear_lora_fwd) return false;
     ct_moe_lora_cols cols[2];
     const int n = targeted_cols(ml, l, mods, col0, n_mods, cols);
     if (n == 0) return false;
-    mo->be->moe_linear_lora_fwd(mo->be, y, ldy, x, ldx, gather, mo->K, W, bias, a->offsets, mo->E, in, out, 0, cols,
-                                n, ml->lo->R, ml->lo->scale);
+    const bool want_u = moe_u_cols(n, ml->lo->R) > 0 && moe_u_cols(n, ml->lo->R) <= MOE_G_COLS;
+    *u_ok = mo->be->moe_linear_lora_fwd(mo->be, y, ldy, x, ldx, gather, mo->K, W, bias, a->offsets, mo->E, in, out, 0,
+                                        cols, n, ml->lo->R, ml->lo->scale, want_u ? u : NULL, MOE_G_COLS);
     return true;
 }
 
@@ -288,15 +295,19 @@ void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, 
     const ct_module gate_up[2] = {CT_MOD_GATE, CT_MOD_UP}, down[1] = {CT_MOD_DOWN};
     const int gate_up_col0[2] = {0, I}, down_col0[1] = {0};
     if (!linear_lora_fwd(mo, ml, l, gate_up, gate_up_col0, 2, a, a->gu, 2 * I, hn, H, a->row_slot, w->wgu_e, w->bgu_e,
-                         H, 2 * I)) {
+                         H, 2 * I, a->u_gu, &a->u_gu_ok)) {
         be->moe_linear_fwd(be, a->gu, 2 * I, hn, H, a->row_slot, K, w->wgu_e, w->bgu_e, a->offsets, E, H, 2 * I, 0);
         lora_fwd(mo, ml, l, CT_MOD_GATE, a, a->gu, 2 * I, hn, H, a->row_slot);
         lora_fwd(mo, ml, l, CT_MOD_UP, a, act_at(mo, a->gu, I), 2 * I, hn, H, a->row_slot);
     }
     if (gpt_oss) be->moe_clamped_swiglu_fwd(be, a->act, a->gu, n, I, GPT_OSS_ALPHA, (float)c->swiglu_limit);
     else be->swiglu_fwd(be, a->act, a->gu, n, I);
-    if (!out) return; /* a recompute for backward, which needs no ye */
-    if (!linear_lora_fwd(mo, ml, l, down, down_col0, 1, a, mo->ye, H, a->act, I, NULL, w->wdown_e, w->bdown_e, I, H)) {
+    if (!out) { /* a recompute for backward, which needs no ye (and so gets no u of down) */
+        a->u_d_ok = false;
+        return;
+    }
+    if (!linear_lora_fwd(mo, ml, l, down, down_col0, 1, a, mo->ye, H, a->act, I, NULL, w->wdown_e, w->bdown_e, I, H,
+                         a->u_d, &a->u_d_ok)) {
         be->moe_linear_fwd(be, mo->ye, H, a->act, I, NULL, K, w->wdown_e, w->bdown_e, a->offsets, E, I, H, 0);
         lora_fwd(mo, ml, l, CT_MOD_DOWN, a, mo->ye, H, a->act, I, NULL);
     }
@@ -315,14 +326,15 @@ void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dou
                         H);
     const ct_module down[1] = {CT_MOD_DOWN}, gate_up[2] = {CT_MOD_GATE, CT_MOD_UP};
     const int down_col0[1] = {0}, gate_up_col0[2] = {0, I};
-    linear_lora_bwd(mo, ml, l, down, down_col0, 1, a, mo->dact, I, mo->dye, H, w->wdown_e, I, H, a->act, I, NULL);
+    linear_lora_bwd(mo, ml, l, down, down_col0, 1, a, mo->dact, I, mo->dye, H, w->wdown_e, I, H, a->act, I, NULL,
+                    a->u_d_ok ? a->u_d : NULL);
     be->moe_weight_grad(be, mo->dw, mo->dact, a->act, a->w, a->row_slot, n, I);
     if (c->arch == CT_ARCH_GPT_OSS)
         be->moe_clamped_swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I, GPT_OSS_ALPHA, (float)c->swiglu_limit);
     else
         be->swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I);
     linear_lora_bwd(mo, ml, l, gate_up, gate_up_col0, 2, a, mo->dxe, H, mo->dgu, 2 * I, w->wgu_e, H, 2 * I, a->hn, H,
-                    a->row_slot);
+                    a->row_slot, a->u_gu_ok ? a->u_gu : NULL);
     be->moe_scatter(be, dhn, H, mo->dxe, a->slot_row, NULL, T, K, H, 0);
 
     be->moe_route_bwd(be, mo->dlogits, mo->dw, a->logits, a->idx, a->w, aux ? mo->aux_grad : NULL, T, E, K, mo->rule);

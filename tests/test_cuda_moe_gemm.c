@@ -394,9 +394,9 @@ static void lora_cols_run(const lora_case *k, const int col0[2], const int cols[
     }
     const int32_t *gc = k->K > 0 ? pg.c : NULL, *gg = k->K > 0 ? pg.g : NULL;
     cpu->moe_lora_bwd_cols(cpu, pdx.c, k->ldx, pdy.c, k->ldy, k->out, px.c, k->ldx, gc, k->K, po.c, k->E, k->in, mc,
-                           2, k->R, 2.0f, NULL, 0);
+                           2, k->R, 2.0f, NULL, 0, NULL, 0);
     gpu->moe_lora_bwd_cols(gpu, pdx.g, k->ldx, pdy.g, k->ldy, k->out, px.g, k->ldx, gg, k->K, po.g, k->E, k->in, mg,
-                           2, k->R, 2.0f, NULL, 0);
+                           2, k->R, 2.0f, NULL, 0, NULL, 0);
     for (int q = 0; q < 2; q++) {
         double ea = f32_err(pdA[q], nA), eb = f32_err(pdB[q], nB[q]);
         CHECK(ea < 1e-2, "cols: module %d dA rel err %g (E %d, n %d, R %d, gather K %d)", q, ea, k->E, n, k->R, k->K);
@@ -439,7 +439,7 @@ TEST(moe_lora_bwd_cols_of_two_modules_matches_cpu)
  * scale g A to dy W, on both backends; g's module columns and dx against the CPU,
  * dx with accumulate too. g starts as NaN: the columns past the ranks must be
  * zeroed by the op (the GEMM's k-step reads all 64; the CPU reads the ranks only). */
-static void lora_dx_run(const lora_case *k, int n_mod, const int col0[2], const int cols[2])
+static void lora_dx_run(const lora_case *k, int n_mod, const int col0[2], const int cols[2], bool use_u)
 {
     int32_t *off = ct_malloc((k->E + 1) * sizeof(int32_t));
     int n = offsets_of(off, k->counts, k->E), rows = n + SPARE_ROWS, G = 64;
@@ -467,10 +467,23 @@ static void lora_dx_run(const lora_case *k, int n_mod, const int col0[2], const 
         mg[q] = (ct_moe_lora_cols){pA[q].g, pB[q].g, col0[q], cols[q], pdA[q].g, pdB[q].g};
     }
     const int32_t *gc = k->K > 0 ? pg.c : NULL, *gg = k->K > 0 ? pg.g : NULL;
+    /* u (use_u): the CPU forward's, rounded to bf16 on the GPU, NaN past the ranks
+     * (which the GPU must not let into any stored gradient) */
+    float *u = rnd((size_t)rows * G, 1.0f);
+    for (size_t i = 0; i < (size_t)rows * G; i++) u[i] = NAN;
+    pair pu = put_act(u, (size_t)rows * G), py = put_act(dy, (size_t)rows * k->ldy);
+    if (use_u) {
+        CHECK(cpu->moe_linear_lora_fwd(cpu, py.c, k->ldy, px.c, k->ldx, gc, k->K, pW.c, NULL, po.c, k->E, k->in, k->out,
+                                       0, mc, n_mod, k->R, 2.0f, pu.c, G),
+              "the CPU forward wrote no u");
+        gpu->act_from_f32(gpu, pu.g, (const float *)pu.c, (size_t)rows * G);
+    }
     cpu->moe_lora_bwd_cols(cpu, NULL, 0, pdy.c, k->ldy, k->out, px.c, k->ldx, gc, k->K, po.c, k->E, k->in, mc, n_mod,
-                           k->R, 2.0f, pgo.c, G);
+                           k->R, 2.0f, pgo.c, G, use_u ? pu.c : NULL, G);
     gpu->moe_lora_bwd_cols(gpu, NULL, 0, pdy.g, k->ldy, k->out, px.g, k->ldx, gg, k->K, po.g, k->E, k->in, mg, n_mod,
-                           k->R, 2.0f, pgo.g, G);
+                           k->R, 2.0f, pgo.g, G, use_u ? pu.g : NULL, G);
+    drop(pu); drop(py);
+    free(u);
     double eg = n > 0 ? act_err(pgo, n, n_mod * k->R, G) : 0.0;
     CHECK(eg < 1e-2, "g rel err %g (E %d, n %d, R %d, modules %d)", eg, k->E, n, k->R, n_mod);
     for (int q = 0; q < n_mod; q++) {
@@ -500,19 +513,22 @@ static void lora_dx_run(const lora_case *k, int n_mod, const int col0[2], const 
 
 /* gate and up (two modules, a column gap, through a gather) and down (one module
  * on all columns, expert-ordered rows), edge tiles and 128 uneven experts; ranks
- * 16 x 2 and 32 x 2 (64 in all) and 24 alone (padded to 32, zeros to 64). */
+ * 16 x 2 and 32 x 2 (64 in all) and 24 alone (padded to 32, zeros to 64); with u
+ * recomputed, then with u given (the forward's, as graph_moe.c passes it). */
 TEST(moe_linear_lora_bwd_input_adds_the_lora_term_in_the_gemm)
 {
     NEED_GPU();
     const int col0[2] = {0, 136}, cols[2] = {120, 64}, whole[2] = {200, 0}, at0[2] = {0, 0};
     lora_case k = {8, 72, 200, 16, 80, 216, COUNTS8, 0.0f, 1, 8};
-    lora_dx_run(&k, 2, col0, cols);
-    int counts[128];
-    uneven_counts(counts, 128, 5000);
-    lora_case k128 = {128, 136, 200, 32, 144, 200, counts, 0.0f, 1, 8};
-    lora_dx_run(&k128, 2, col0, cols);
-    lora_case kd = {128, 264, 200, 24, 264, 200, counts, 0.0f, 1, 0};
-    lora_dx_run(&kd, 1, at0, whole);
+    for (int use_u = 0; use_u <= 1; use_u++) {
+        lora_dx_run(&k, 2, col0, cols, use_u);
+        int counts[128];
+        uneven_counts(counts, 128, 5000);
+        lora_case k128 = {128, 136, 200, 32, 144, 200, counts, 0.0f, 1, 8};
+        lora_dx_run(&k128, 2, col0, cols, use_u);
+        lora_case kd = {128, 264, 200, 24, 264, 200, counts, 0.0f, 1, 0};
+        lora_dx_run(&kd, 1, at0, whole, use_u);
+    }
 }
 
 /* ---- grouped GEMM with the expert LoRA fused in ---- */
@@ -552,13 +568,22 @@ static void fused_run(const fused_case *k)
         mg[q] = (ct_moe_lora_cols){pA[q].g, pB[q].g, k->col0[q], k->cols[q], NULL, NULL};
     }
     const int32_t *gc = k->K > 0 ? pg.c : NULL, *gg = k->K > 0 ? pg.g : NULL;
+    const int G = 64; /* u's columns (also asked for where R * modules > 64: then none come back) */
+    float *u0 = rnd((size_t)rows * G, 1.0f);
     for (int bias = 0; bias <= 1; bias++)
         for (int acc = 0; acc <= 1; acc++) {
-            pair py = put_act(y0, (size_t)rows * k->ldy);
+            pair py = put_act(y0, (size_t)rows * k->ldy), pu = put_act(u0, (size_t)rows * G);
+            const bool want_u = k->n_mod > 0 && k->n_mod * k->R <= G;
             cpu->moe_linear_lora_fwd(cpu, py.c, k->ldy, px.c, k->ldx, gc, k->K, pW.c, bias ? pb.c : NULL, po.c, k->E,
-                                     k->in, k->out, acc, mc, k->n_mod, k->R, k->scale);
-            gpu->moe_linear_lora_fwd(gpu, py.g, k->ldy, px.g, k->ldx, gg, k->K, pW.g, bias ? pb.g : NULL, po.g, k->E,
-                                     k->in, k->out, acc, mg, k->n_mod, k->R, k->scale);
+                                     k->in, k->out, acc, mc, k->n_mod, k->R, k->scale, want_u ? pu.c : NULL, G);
+            bool got_u = gpu->moe_linear_lora_fwd(gpu, py.g, k->ldy, px.g, k->ldx, gg, k->K, pW.g, bias ? pb.g : NULL,
+                                                  po.g, k->E, k->in, k->out, acc, mg, k->n_mod, k->R, k->scale,
+                                                  want_u ? pu.g : NULL, G);
+            if (got_u) {
+                double eu = n > 0 ? act_err(pu, n, k->n_mod * k->R, G) : 0.0;
+                CHECK(eu < 2e-2, "fused: u rel err %g (E %d, n %d, R %d, modules %d)", eu, k->E, n, k->R, k->n_mod);
+            }
+            drop(pu);
             double e = n > 0 ? act_err(py, n, k->out, k->ldy) : 0.0;
             CHECK(e < 2e-2, "fused: y rel err %g (E %d, n %d, in %d, out %d, gather K %d, R %d, modules %d, bias %d, "
                   "accumulate %d)", e, k->E, n, k->in, k->out, k->K, k->R, k->n_mod, bias, acc);
@@ -570,7 +595,7 @@ static void fused_run(const fused_case *k)
         free(A[q]); free(B[q]);
     }
     drop(px); drop(pW); drop(pb); drop(po); drop(pg);
-    free(off); free(gather); free(x); free(W); free(b); free(y0);
+    free(off); free(gather); free(x); free(W); free(b); free(y0); free(u0);
 }
 
 /* The down projection's shape: expert-ordered rows, one module over all columns,

@@ -293,7 +293,7 @@ TEST(moe_linear_lora_fwd_equals_moe_linear_fwd_then_moe_lora_fwd_bit_for_bit)
     be->moe_lora_fwd(be, want, LDY, x, LDX, row_slot, K, A0, B0, offsets, E, IN, 6, R, 2.0f, 0.0f, 0);
     be->moe_lora_fwd(be, want + 10, LDY, x, LDX, row_slot, K, A1, B1, offsets, E, IN, 4, R, 2.0f, 0.0f, 0);
     memcpy(got, y0, sizeof y0);
-    be->moe_linear_lora_fwd(be, got, LDY, x, LDX, row_slot, K, W, b, offsets, E, IN, OUT, 1, two, 2, R, 2.0f);
+    be->moe_linear_lora_fwd(be, got, LDY, x, LDX, row_slot, K, W, b, offsets, E, IN, OUT, 1, two, 2, R, 2.0f, NULL, 0);
     CHECK(!memcmp(want, got, sizeof want), "two modules through a gather: not the sequence's bits");
 
     /* expert-ordered rows: x as N rows (through the gather it was T token rows) */
@@ -302,7 +302,7 @@ TEST(moe_linear_lora_fwd_equals_moe_linear_fwd_then_moe_lora_fwd_bit_for_bit)
     be->moe_linear_fwd(be, want, LDY, x, LDX, NULL, K, W, NULL, offsets, E, IN, OUT, 0);
     be->moe_lora_fwd(be, want, LDY, x, LDX, NULL, K, Ad, Bd, offsets, E, IN, OUT, R, 0.5f, 0.0f, 0);
     memcpy(got, y0, sizeof y0);
-    be->moe_linear_lora_fwd(be, got, LDY, x, LDX, NULL, K, W, NULL, offsets, E, IN, OUT, 0, one, 1, R, 0.5f);
+    be->moe_linear_lora_fwd(be, got, LDY, x, LDX, NULL, K, W, NULL, offsets, E, IN, OUT, 0, one, 1, R, 0.5f, NULL, 0);
     CHECK(!memcmp(want, got, sizeof want), "one module over all columns: not the sequence's bits");
 }
 

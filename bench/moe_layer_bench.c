@@ -87,8 +87,8 @@ static void routing_bwd(layer *L)
     be->linear_bwd_input(be, L->dhn, s->H, L->dlogits, s->E, L->Wr, L->T, s->H, s->E, 1);
 }
 
-/* forward un-permute, its backward (dye, and dw from dact and act as graph_moe.c
- * computes it), and dhn = sum of dxe */
+/* forward un-permute, its backward (dye; dw comes with the activation's backward,
+ * in experts), and dhn = sum of dxe */
 static void permutation(layer *L)
 {
     ct_backend *be = L->be;
@@ -96,7 +96,6 @@ static void permutation(layer *L)
     be->moe_scatter(be, L->out, s->H, L->ye, L->slot_row, L->w, L->T, s->K, s->H, 1);
     be->moe_scatter_bwd(be, L->dye, L->dw, L->dout, s->H, NULL, NULL, L->idx, L->row_slot, L->slot_row, L->w, L->T,
                         s->K, s->H);
-    be->moe_weight_grad(be, L->dw, L->dact, L->act, L->w, L->row_slot, L->n, s->I);
     be->moe_scatter(be, L->dhn, s->H, L->dxe, L->slot_row, NULL, L->T, s->K, s->H, 0);
 }
 
@@ -125,7 +124,7 @@ static void experts(layer *L)
     be->moe_lora_bwd_cols(be, NULL, 0, L->dye, H, H, L->act, I, NULL, K, L->offsets, E, I, &d, 1, R, 2.0f, L->g, 64,
                           u_d ? L->u_d : NULL, 64);
     be->moe_linear_lora_bwd_input(be, L->dact, I, L->dye, H, L->Wd, L->offsets, E, I, H, 0, L->g, 64, &d, 1, R, 2.0f);
-    be->swiglu_bwd(be, L->dgu, L->dact, L->gu, L->n, I);
+    be->moe_act_bwd(be, L->dgu, L->dw, L->dact, L->gu, L->w, L->row_slot, L->n, I, 0, 0.0f, 0.0f); /* dgu and dw */
     be->moe_lora_bwd_cols(be, NULL, 0, L->dgu, 2 * I, 2 * I, L->hn, H, L->row_slot, K, L->offsets, E, H, gu,
                           s->gate_up_modules, R, 2.0f, L->g, 64, u_gu ? L->u_gu : NULL, 64);
     be->moe_linear_lora_bwd_input(be, L->dxe, H, L->dgu, 2 * I, L->Wgu, L->offsets, E, H, 2 * I, 0, L->g, 64, gu,

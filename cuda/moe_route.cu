@@ -480,6 +480,57 @@ static __global__ void moe_clamped_swiglu_bwd_kernel(bf16 *__restrict__ dgu, con
     store8(dst + 8, db);
 }
 
+/* One warp per row: dgu as swiglu_bwd_kernel (norm_rope.cu) or the clamped
+ * kernel above compute it, and dw[row_slot[r]] += (dh . h) / w with h recomputed
+ * in fp32 from the same gu values (the forward's formulas). */
+template <bool CLAMPED>
+static __global__ void moe_act_bwd_kernel(bf16 *__restrict__ dgu, float *__restrict__ dw, const bf16 *__restrict__ dh,
+                                          const bf16 *__restrict__ gu, const float *__restrict__ w,
+                                          const int32_t *__restrict__ row_slot, int n, int I, float alpha,
+                                          float limit)
+{
+    const size_t r = (size_t)blockIdx.x * MOE_WARPS + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (r >= (size_t)n) return;
+    const bf16 *src = gu + r * 2 * I, *dr = dh + r * I;
+    bf16 *dst = dgu + r * 2 * I;
+    float dot = 0.0f;
+    for (int i = lane * 8; i < I; i += 256) {
+        float d[8];
+        load8(d, dr + i);
+        if (!CLAMPED) { /* gate at [0, I), up at [I, 2I) */
+            float g[8], u[8], dg[8], du[8];
+            load8(g, src + i);
+            load8(u, src + I + i);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float sig = 1.0f / (1.0f + expf(-g[j]));
+                dg[j] = d[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
+                du[j] = d[j] * g[j] * sig;
+                dot += d[j] * (g[j] / (1.0f + expf(-g[j])) * u[j]);
+            }
+            store8(dst + i, dg);
+            store8(dst + I + i, du);
+        } else { /* interleaved: gate 2i, up 2i + 1 */
+            float a[8], b[8], da[8], db[8];
+            load8(a, src + 2 * i);
+            load8(b, src + 2 * i + 8);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                clamped_swiglu_grad(&da[2 * j], &da[2 * j + 1], d[j], a[2 * j], a[2 * j + 1], alpha, limit);
+                clamped_swiglu_grad(&db[2 * j], &db[2 * j + 1], d[4 + j], b[2 * j], b[2 * j + 1], alpha, limit);
+                dot += d[j] * clamped_swiglu(a[2 * j], a[2 * j + 1], alpha, limit) +
+                       d[4 + j] * clamped_swiglu(b[2 * j], b[2 * j + 1], alpha, limit);
+            }
+            store8(dst + 2 * i, da);
+            store8(dst + 2 * i + 8, db);
+        }
+    }
+    dot = moe_warp_sum(dot);
+    const int s = row_slot[r];
+    if (lane == 0 && w[s] != 0.0f) dw[s] += dot / w[s];
+}
+
 /* One warp per token: the router backward (backend.h), the CPU's arithmetic. */
 template <int V>
 static __global__ void moe_route_bwd_kernel(bf16 *__restrict__ dlogits, const float *__restrict__ dw,
@@ -730,6 +781,25 @@ static void cuda_moe_clamped_swiglu_bwd(ct_backend *be, void *dgu, const void *d
     LAUNCH_CHECK();
 }
 
+static void cuda_moe_act_bwd(ct_backend *be, void *dgu, float *dw, const void *dh, const void *gu, const float *w,
+                             const int32_t *row_slot, int n, int I, int clamped, float alpha, float limit)
+{
+    moe_check_vec8("moe_act_bwd", dgu, 2 * I, 2 * I);
+    moe_check_vec8("moe_act_bwd", dh, I, I);
+    moe_check_vec8("moe_act_bwd", gu, 2 * I, 2 * I);
+    if (n <= 0) return;
+    const dim3 grid(grid_for((size_t)n, MOE_WARPS)), block(MOE_WARPS * 32);
+    if (clamped)
+        moe_act_bwd_kernel<true><<<grid, block, 0, ctx_of(be)->stream>>>((bf16 *)dgu, dw, (const bf16 *)dh,
+                                                                          (const bf16 *)gu, w, row_slot, n, I, alpha,
+                                                                          limit);
+    else
+        moe_act_bwd_kernel<false><<<grid, block, 0, ctx_of(be)->stream>>>((bf16 *)dgu, dw, (const bf16 *)dh,
+                                                                           (const bf16 *)gu, w, row_slot, n, I,
+                                                                           alpha, limit);
+    LAUNCH_CHECK();
+}
+
 static void cuda_moe_route_bwd(ct_backend *be, void *dlogits, const float *dw, const void *logits,
                                const int32_t *topk_idx, const float *topk_w, const float *aux,
                                int T, int E, int K, ct_moe_rule rule)
@@ -775,6 +845,7 @@ void cuda_fill_moe_route_ops(ct_backend *be)
     be->moe_scatter = cuda_moe_scatter;
     be->moe_scatter_bwd = cuda_moe_scatter_bwd;
     be->moe_weight_grad = cuda_moe_weight_grad;
+    be->moe_act_bwd = cuda_moe_act_bwd;
     be->moe_clamped_swiglu_fwd = cuda_moe_clamped_swiglu_fwd;
     be->moe_clamped_swiglu_bwd = cuda_moe_clamped_swiglu_bwd;
     be->moe_route_bwd = cuda_moe_route_bwd;

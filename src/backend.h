@@ -278,6 +278,13 @@ struct ct_backend {
      * need not be kept for backward. */
     void (*moe_weight_grad)(ct_backend *be, float *dw, const void *dh, const void *h, const float *w,
                             const int32_t *row_slot, int n, int I);
+    /* The expert activation's backward with moe_weight_grad fused in: dgu (n, 2I)
+     * as swiglu_bwd (clamped 0) or moe_clamped_swiglu_bwd (clamped 1, alpha,
+     * limit) gives it, and dw[row_slot[r]] += (dh[r] . h[r]) / w as
+     * moe_weight_grad with h the activation of gu (recomputed: CUDA from gu in
+     * fp32, not the forward's rounded h; the CPU's is the forward's own). */
+    void (*moe_act_bwd)(ct_backend *be, void *dgu, float *dw, const void *dh, const void *gu, const float *w,
+                        const int32_t *row_slot, int n, int I, int clamped, float alpha, float limit);
     /* The grouped expert GEMM, one call for all experts: for each e, rows r in
      * [offsets[e], offsets[e+1]) (offsets read from device memory):
      *   y[r, 0:out] (=|+=) x_r @ W_e^T + bias_e ; W (E, out, in) weight (W_e at

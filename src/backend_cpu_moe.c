@@ -352,6 +352,23 @@ static void cpu_moe_clamped_swiglu_bwd(ct_backend *be, void *dgu, const void *dh
     }
 }
 
+/* The sequence the op stands for: the activation's backward, the activation
+ * itself again (the forward's function), moe_weight_grad. */
+static void cpu_moe_act_bwd(ct_backend *be, void *dgu, float *dw, const void *dh, const void *gu, const float *w,
+                            const int32_t *row_slot, int n, int I, int clamped, float alpha, float limit)
+{
+    float *h = ct_malloc(((size_t)n * I + 1) * sizeof(float));
+    if (clamped) {
+        be->moe_clamped_swiglu_bwd(be, dgu, dh, gu, n, I, alpha, limit);
+        be->moe_clamped_swiglu_fwd(be, h, gu, n, I, alpha, limit);
+    } else {
+        be->swiglu_bwd(be, dgu, dh, gu, n, I);
+        be->swiglu_fwd(be, h, gu, n, I);
+    }
+    be->moe_weight_grad(be, dw, dh, h, w, row_slot, n, I);
+    free(h);
+}
+
 static void cpu_moe_route_bwd(ct_backend *be, void *dlogits, const float *dw, const void *logits,
                               const int32_t *topk_idx, const float *topk_w, const float *aux,
                               int T, int E, int K, ct_moe_rule rule)
@@ -425,6 +442,7 @@ void cpu_moe_install(ct_backend *be)
     be->moe_scatter = cpu_moe_scatter;
     be->moe_scatter_bwd = cpu_moe_scatter_bwd;
     be->moe_weight_grad = cpu_moe_weight_grad;
+    be->moe_act_bwd = cpu_moe_act_bwd;
     be->moe_linear_fwd = cpu_moe_linear_fwd;
     be->moe_linear_bwd_input = cpu_moe_linear_bwd_input;
     be->moe_lora_fwd = cpu_moe_lora_fwd;

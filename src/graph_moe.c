@@ -5,7 +5,7 @@
  * Backward, with out = h + sum_k w_k ye_k:
  *   dye = w * dout (per row), dw = dout . bias_e       (moe_scatter_bwd)
  *   down backward: dact (n,I)
- *   dw += (dact . act) / w                             (moe_weight_grad)
+ *   dw += (dact . act) / w                             (moe_weight_grad, in moe_act_bwd)
  *   activation, gate|up backward over expert rows; dxe (n,H)
  *   dhn = sum_k dxe_k                                  (moe_scatter, weights 1)
  * dw is dout . ye: ye = act W_e^T + bias_e + LoRA is linear in act, and dact is
@@ -328,11 +328,17 @@ void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dou
     const int down_col0[1] = {0}, gate_up_col0[2] = {0, I};
     linear_lora_bwd(mo, ml, l, down, down_col0, 1, a, mo->dact, I, mo->dye, H, w->wdown_e, I, H, a->act, I, NULL,
                     a->u_d_ok ? a->u_d : NULL);
-    be->moe_weight_grad(be, mo->dw, mo->dact, a->act, a->w, a->row_slot, n, I);
-    if (c->arch == CT_ARCH_GPT_OSS)
-        be->moe_clamped_swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I, GPT_OSS_ALPHA, (float)c->swiglu_limit);
-    else
-        be->swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I);
+    const bool clamped = c->arch == CT_ARCH_GPT_OSS;
+    if (be->moe_act_bwd) { /* one pass over dact and gu for dgu and dw */
+        be->moe_act_bwd(be, mo->dgu, mo->dw, mo->dact, a->gu, a->w, a->row_slot, n, I, clamped, GPT_OSS_ALPHA,
+                        (float)c->swiglu_limit);
+    } else {
+        be->moe_weight_grad(be, mo->dw, mo->dact, a->act, a->w, a->row_slot, n, I);
+        if (clamped)
+            be->moe_clamped_swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I, GPT_OSS_ALPHA, (float)c->swiglu_limit);
+        else
+            be->swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I);
+    }
     linear_lora_bwd(mo, ml, l, gate_up, gate_up_col0, 2, a, mo->dxe, H, mo->dgu, 2 * I, w->wgu_e, H, 2 * I, a->hn, H,
                     a->row_slot, a->u_gu_ok ? a->u_gu : NULL);
     be->moe_scatter(be, dhn, H, mo->dxe, a->slot_row, NULL, T, K, H, 0);

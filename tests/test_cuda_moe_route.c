@@ -362,6 +362,33 @@ TEST(weight_grad_matches_cpu)
     }
 }
 
+/* moe_act_bwd: dgu and dw (onto random values; w = 0 every 7th slot) against the
+ * CPU's sequence, for SwiGLU (gate | up halves) and gpt_oss's clamped SwiGLU
+ * (interleaved, limit 7, inputs past it). */
+TEST(act_bwd_matches_cpu_for_both_activations)
+{
+    NEED_GPU();
+    const int cases[][4] = {{50, 4, 8, 256}, {9, 8, 32, 760}, {1, 8, 128, 64}}; /* T, K, E, I */
+    for (int clamped = 0; clamped <= 1; clamped++)
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            int T = cases[c][0], K = cases[c][1], E = cases[c][2], I = cases[c][3], n = T * K;
+            perm p = make_perm(T, K, E);
+            float *gu = rnd((size_t)n * 2 * I, clamped ? 10.0f : 3.0f), *dh = rnd((size_t)n * I, 1.0f);
+            float *w = rnd((size_t)n, 1.0f), *dw0 = rnd((size_t)n, 1.0f);
+            for (int s = 0; s < n; s += 7) w[s] = 0.0f;
+            for (int s = 1; s < n; s += 7) w[s] = w[s] < 0 ? w[s] - 0.5f : w[s] + 0.5f;
+            pair pgu = put_act(gu, (size_t)n * 2 * I), pdh = put_act(dh, (size_t)n * I), pw = put_raw(w, (size_t)n * 4);
+            pair pdw = put_raw(dw0, (size_t)n * 4), pdgu = put_act(gu, (size_t)n * 2 * I);
+            cpu->moe_act_bwd(cpu, pdgu.c, pdw.c, pdh.c, pgu.c, pw.c, p.row_slot.c, n, I, clamped, 1.702f, 7.0f);
+            gpu->moe_act_bwd(gpu, pdgu.g, pdw.g, pdh.g, pgu.g, pw.g, p.row_slot.g, n, I, clamped, 1.702f, 7.0f);
+            double eg = act_err(pdgu, n, 2 * I, 2 * I), ew = f32_err(pdw, n);
+            CHECK(eg < 1e-2, "dgu (T %d K %d I %d, clamped %d) rel err %g", T, K, I, clamped, eg);
+            CHECK(ew < 2e-2, "dw (T %d K %d I %d, clamped %d) rel err %g", T, K, I, clamped, ew);
+            drop(p.row_slot); drop(p.slot_row); drop(p.idx); drop(pgu); drop(pdh); drop(pw); drop(pdw); drop(pdgu);
+            free(gu); free(dh); free(w); free(dw0);
+        }
+}
+
 /* gpt_oss's limit 7 with inputs in [-10, 10], a fifth of them placed exactly on
  * a limit or one bf16 step either side of it. Where a clamp is active the
  * gradient must be exactly 0; exactly at a limit it must pass (torch.clamp). */
@@ -495,6 +522,7 @@ int main(void)
     RUN(gather_copies_rows_exactly_and_scatter_matches_cpu);
     RUN(scatter_bwd_matches_cpu);
     RUN(weight_grad_matches_cpu);
+    RUN(act_bwd_matches_cpu_for_both_activations);
     RUN(clamped_swiglu_matches_cpu_at_and_beyond_the_limits);
     RUN(route_bwd_matches_cpu_for_every_rule_with_and_without_aux);
     RUN(prob_sum_adds_softmax_sums_and_is_bit_reproducible);

@@ -234,13 +234,7 @@ static void linear_lora_bwd(ct_moe *mo, const moe_lora *ml, int l, const ct_modu
 {
     ct_backend *be = mo->be;
     ct_moe_lora_cols cols[2];
-    int n = 0;
-    for (int i = 0; i < n_mods; i++) {
-        const ct_lora_slot *s = expert_lora(ml, l, mods[i]);
-        if (s)
-            cols[n++] = (ct_moe_lora_cols){lora_A(ml->lo, l, mods[i]), lora_B(ml->lo, l, mods[i]), col0[i], s->out,
-                                           lora_grad_A(ml->lo, l, mods[i]), lora_grad_B(ml->lo, l, mods[i])};
-    }
+    const int n = targeted_cols(ml, l, mods, col0, n_mods, cols);
     if (n >= 1 && n * ml->lo->R <= MOE_G_COLS && mo->fused_lora && ml->dropout == 0.0f &&
         be->moe_linear_lora_bwd_input && be->moe_lora_bwd_cols) {
         be->moe_lora_bwd_cols(be, NULL, 0, dy, lddy, out, x, ldx, gather, mo->K, a->offsets, mo->E, in, cols, n,

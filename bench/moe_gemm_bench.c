@@ -10,12 +10,13 @@
  *
  * Rows: "fwd" reads expert-ordered x; "fwd_g" reads token rows through the
  * routing's row_slot (the gather fused into the loads, as graph_moe.c runs
- * gate_up; tma sends those calls to v2, so its column there times v2 again);
+ * gate_up; tma's producer warpgroup copies those rows with cp.async);
  * "bwd_in" is moe_linear_bwd_input. The gate_up LoRA rows read x through the
  * gather too. "lora_fused" times moe_linear_lora_fwd (the GEMM with the LoRA of
- * one module over all columns fused in, graph_moe.c's default) in the v2 column,
- * and the unfused pair it replaces (v2 GEMM, then moe_lora_fwd) in the dense
- * column. Each version's ops come from a backend created under its
+ * one module over all columns fused in, graph_moe.c's default) in every version's
+ * column (old and new both run v2's fused kernel, tma its own), its TFLOP/s
+ * counting the base GEMM's FLOPs only, and the unfused pair it replaces (v2 GEMM,
+ * then moe_lora_fwd) in the dense column. Each version's ops come from a backend created under its
  * CTUNE_MOE_GEMM; all share one set of buffers.
  *
  * Shapes (T = 16384 tokens, n = T*K routed rows):
@@ -324,10 +325,10 @@ static void bench_proj(ct_backend *be, const versions *v, const moe_model *m, co
         td = time_op(op_dense_lora_fwd, &b, reps);
         snprintf(what, sizeof what, "%s lora_f", name);
         row_lora(m->model, what, m->E, n, in, out, t, td);
-        t = time_op(op_moe_lora_fused_fwd, &b, reps);
+        time_versions(ms, op_moe_lora_fused_fwd, &b, v, reps);
         td = time_op(op_moe_lora_unfused_fwd, &b, reps);
         snprintf(what, sizeof what, "%s lora_fused", name);
-        row_lora(m->model, what, m->E, n, in, out, t, td);
+        row_gemm(m->model, what, m->E, n, in, out, ms, td);
         check_finite(be, b.y, m->model, what);
         t = time_op(op_moe_lora_bwd, &b, reps);
         td = time_op(op_dense_lora_bwd, &b, reps);
@@ -371,7 +372,7 @@ int main(int argc, char **argv)
     printf("# ctune CUDA grouped expert GEMM, bf16 in, fp32 accumulate; %d calls per trial, median of %d trials\n",
            reps, TRIALS);
     printf("# T = %d tokens, n = T*K rows; TF = 2*n*in*out / time (TFLOP/s); v1 = mma.sync (CTUNE_MOE_GEMM=old),\n"
-           "# v2 = wgmma (new), tma = warp-specialized TMA (tma; fwd_g falls back to v2); dense = one cuBLAS GEMM\n"
+           "# v2 = wgmma (new), tma = warp-specialized TMA (tma; fwd_g rows by cp.async); dense = one cuBLAS GEMM\n"
            "# (or dense LoRA, R %d) over all n rows with expert 0's weights; gain = v1_ms / v2_ms;\n"
            "# tma_x = v2_ms / tma_ms; ratio = dense_ms / v2_ms\n", T_TOKENS, LORA_R);
     printf("%-14s %-15s %4s %7s %6s %6s %8s %7s %8s %7s %8s %7s %8s %7s %6s %6s %6s\n", "model", "op", "E", "n", "in",

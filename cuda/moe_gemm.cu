@@ -31,7 +31,7 @@
  * flight while the next loads are queued; a warpgroup with no rows in a tile (an
  * expert's last, at most 64 rows) skips its MMAs. CTUNE_MOE_GEMM=old|new|tma (read
  * when a backend is created) picks v1, v2 or moe_gemm_tma.cu's warp-specialized
- * TMA kernel (v3, the default; gathered calls stay on v2);
+ * TMA kernel (v3, the default; it copies gathered rows with cp.async);
  * bench/moe_gemm_bench.c times all three.
  * Epilogue: 16-byte stores after an in-quad transpose of the accumulators (see
  * wg_epilogue, moe_gemm_v2.cuh, which moe_gemm_lora.cu and moe_gemm_tma.cu share).
@@ -304,11 +304,11 @@ void moe_gemm_check(const char *op, const void *y, int ldy, const void *x, int l
 }
 
 /* V 1: mma.sync (moe_gemm_kernel); V 2: wgmma (moe_wgmma_kernel); V 3: TMA
- * (moe_gemm_tma.cu), whose 2-D boxes cannot follow a gather: gathered calls run v2. */
+ * (moe_gemm_tma.cu; a gathered x is copied there by its producer warpgroup). */
 template <int V> static void moe_gemm_launch(ct_backend *be, bool nn, const gemm_args &p)
 {
     cuda_ctx *c = ctx_of(be);
-    if (V == 3 && !p.gather) {
+    if (V == 3) {
         moe_gemm_tma(p, nn, NULL, c->num_sms, c->stream);
         return;
     }
@@ -401,8 +401,9 @@ static void cuda_moe_linear_lora_bwd_input(ct_backend *be, void *dx, int lddx, c
 
 /* The grouped GEMM version a new backend uses: CTUNE_MOE_GEMM=tma (v3, the
  * default: 1.3-1.5x v2 on the non-gathered calls on the H200), new (v2 for every
- * call) or old (v1), read once per backend; anything else is refused by name. */
-static int gemm_version(void)
+ * call) or old (v1), read when a backend is created (cuda_fill_moe_gemm_ops and
+ * cuda_fill_moe_gemm_lora_ops); anything else is refused by name. */
+int moe_gemm_version(void)
 {
     const char *v = getenv("CTUNE_MOE_GEMM");
     if (!v || !*v || !strcmp(v, "tma")) return 3;
@@ -420,7 +421,7 @@ void cuda_fill_moe_gemm_ops(ct_backend *be)
     occupancy.gemm_nn = kernel_setup((const void *)moe_gemm_kernel<true>, gm::NTHREADS, gm::smem_bytes<true>());
     occupancy.wgmma_nt = kernel_setup((const void *)moe_wgmma_kernel<false>, wg::NTHREADS, wg::smem_bytes());
     occupancy.wgmma_nn = kernel_setup((const void *)moe_wgmma_kernel<true>, wg::NTHREADS, wg::smem_bytes());
-    const int v = gemm_version();
+    const int v = moe_gemm_version();
     if (v == 3) moe_gemm_tma_init();
     be->moe_linear_fwd = v == 3 ? cuda_moe_linear_fwd<3> : v == 2 ? cuda_moe_linear_fwd<2> : cuda_moe_linear_fwd<1>;
     be->moe_linear_bwd_input = v == 3   ? cuda_moe_linear_bwd_input<3>

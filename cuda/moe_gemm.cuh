@@ -130,6 +130,28 @@ struct tma_lora {
 };
 void moe_gemm_tma(const gemm_args &p, bool nn, const tma_lora *lora, int num_sms, cudaStream_t st);
 
+/* The expert LoRA of a grouped GEMM forward, fused in (moe_linear_lora_fwd, built
+ * by moe_gemm_lora.cu): y[r] += scale * (x_r A_q,e^T) B_q,e^T on the columns of
+ * module q (each starting on a 256-column tile), u = x A^T of each module into its
+ * ranks q R .. q R + R - 1 of u when u is not NULL. */
+#define FUSED_LORA_MODULES 2
+struct fused_lora {
+    const bf16 *Ap[FUSED_LORA_MODULES]; /* (E, RP, in): A rounded to bf16, zero ranks past R */
+    const bf16 *Bt[FUSED_LORA_MODULES]; /* (E, RP, cols[q]): B^T rounded to bf16, zero ranks past R */
+    int col0[FUSED_LORA_MODULES], cols[FUSED_LORA_MODULES];
+    int n_mod, R, RP, ldu;
+    float scale;
+    bf16 *u; /* (n, ldu) or NULL */
+};
+/* The TMA kernel with the LoRA fused in (and p.gather allowed): for RP where
+ * moe_gemm_tma_fuses says it fits (16 and 32). */
+bool moe_gemm_tma_fuses(int RP);
+void moe_gemm_tma_lora_fwd(const gemm_args &p, const fused_lora &l, int num_sms, cudaStream_t st);
+
+/* The version CTUNE_MOE_GEMM names (moe_gemm.cu): 3 tma (default), 2 new, 1 old;
+ * anything else exits with an input error. */
+int moe_gemm_version(void);
+
 /* Raises the shared-memory limit of a kernel (more than 48 KB needs an opt-in) and
  * returns how many of its blocks one SM holds. */
 static inline int kernel_setup(const void *fn, int threads, size_t smem)

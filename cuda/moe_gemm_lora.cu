@@ -41,12 +41,12 @@
  * at RP = 16 / 32 / 64 (128 accumulators + RP / 2 for u), no spills, no wgmma
  * serialization warnings.
  * Dropout is not supported: the caller uses the fused op only with dropout 0.
- * Not yet: straddling tiles (two modules' u per tile); the input gradient's LoRA
- * term in the grouped GEMM backward (moe_lora.cu's backward adds it, after
- * moe_linear_bwd_input). On the H200 (bench/moe_gemm_bench, qwen3-30b-a3b shape):
- * gate_up 2.02 ms against 2.39 for the GEMM and moe_lora_fwd apart, down 1.21
- * against 1.64. */
-#include "moe_gemm_v2.cuh"
+ * Not yet: straddling tiles (two modules' u per tile). On the H200
+ * (bench/moe_gemm_bench, qwen3-30b-a3b shape): gate_up 2.02 ms against 2.39 for
+ * the GEMM and moe_lora_fwd apart, down 1.21 against 1.64. Under CTUNE_MOE_GEMM=tma
+ * (the default) ranks up to 32 run on moe_gemm_tma.cu's kernel instead, with the
+ * same pieces (moe_gemm_lora.cuh): gate_up 1.82 ms, down 0.87. */
+#include "moe_gemm_lora.cuh"
 
 #include <climits>
 #include <cmath>
@@ -60,38 +60,19 @@ static struct {
 // ---- kernels ----
 
 namespace fl {
-constexpr int MAX_MODULES = 2;
+constexpr int MAX_MODULES = FUSED_LORA_MODULES;
 __host__ __device__ constexpr int stages(int RP) { return RP == 16 ? 4 : 3; }
 __host__ __device__ constexpr int a_bytes(int RP) { return RP * wg::ROW_BYTES; }     /* A_e's k-slice */
 __host__ __device__ constexpr int stage_bytes(int RP) { return wg::STAGE_BYTES + a_bytes(RP); }
 __host__ __device__ constexpr int b_bytes(int RP) { return RP * wg::BN * 2; }        /* B^T's column slice */
-__host__ __device__ constexpr int b_panel(int RP) { return RP * wg::ROW_BYTES; }     /* 64 columns x RP */
 constexpr size_t smem_bytes(int RP) { return (size_t)stages(RP) * stage_bytes(RP) + b_bytes(RP) + 1024; }
 }
 
-/* One LoRA module on y's columns [col0, col0 + cols). */
-struct lora_module {
-    const bf16 *Ap; /* (E, RP, in): A rounded to bf16, zero ranks past R */
-    const bf16 *Bt; /* (E, RP, cols): B^T rounded to bf16, zero ranks past R */
-    int col0, cols;
-};
-
+/* The call: the GEMM's arguments and its modules (moe_gemm.cuh). */
 struct fused_args {
     gemm_args p;
-    lora_module mod[fl::MAX_MODULES];
-    int n_mod;
-    float scale;
-    bf16 *u;    /* (n, ldu) or NULL: each module's u, ranks q R .. q R + R - 1 */
-    int ldu, R;
+    fused_lora l;
 };
-
-/* The module owning column tile n0 (all of its columns, see the header), or -1. */
-__device__ __forceinline__ int tile_module(const fused_args &f, int n0)
-{
-    const bool in0 = f.n_mod > 0 && n0 >= f.mod[0].col0 && n0 < f.mod[0].col0 + f.mod[0].cols;
-    const bool in1 = f.n_mod > 1 && n0 >= f.mod[1].col0 && n0 < f.mod[1].col0 + f.mod[1].cols;
-    return in0 ? 0 : in1 ? 1 : -1;
-}
 
 /* This thread's first A_e row of the stage copies (row tid/8 at column 8 (tid%8),
  * then rows + 32 i), or NULL when the tile has no module or the row is past RP. */
@@ -100,7 +81,7 @@ __device__ __forceinline__ const bf16 *lora_a_rows(const fused_args &f, int q, i
 {
     const int r = threadIdx.x >> 3;
     if (q < 0 || r >= RP) return NULL;
-    const bf16 *Ap = q == 0 ? f.mod[0].Ap : f.mod[1].Ap;
+    const bf16 *Ap = q == 0 ? f.l.Ap[0] : f.l.Ap[1];
     return Ap + ((size_t)e * RP + r) * f.p.K + (threadIdx.x & 7) * 8;
 }
 
@@ -121,70 +102,14 @@ __device__ __forceinline__ void lora_a_stage(const bf16 *la, int K, uint32_t s, 
 template <int RP>
 __device__ __forceinline__ void lora_b_slice(uint32_t slb, const fused_args &f, int q, int e, int n0)
 {
-    const lora_module &m = q == 0 ? f.mod[0] : f.mod[1];
-    const int tid = threadIdx.x, nc = tid & 31, c = n0 - m.col0 + nc * 8;
-    const bool ok = c < m.cols;
-    const bf16 *src = m.Bt + (size_t)e * RP * m.cols + (ok ? c : 0);
+    const int cols = f.l.cols[q], tid = threadIdx.x, nc = tid & 31, c = n0 - f.l.col0[q] + nc * 8;
+    const bool ok = c < cols;
+    const bf16 *src = (q == 0 ? f.l.Bt[0] : f.l.Bt[1]) + (size_t)e * RP * cols + (ok ? c : 0);
 #pragma unroll
     for (int i = 0; i < RP / 8; i++) {
         const int k = (tid >> 5) + 8 * i;
-        cp_async16_s(slb + (nc >> 3) * fl::b_panel(RP) + swz(k, nc & 7), src + (size_t)k * m.cols, ok);
+        cp_async16_s(slb + (nc >> 3) * lora_b_panel<RP>() + swz(k, nc & 7), src + (size_t)k * cols, ok);
     }
-}
-
-/* u (64 x RP) (=|+=) x rows (da) @ A_e slice (db, K-major like W's rows). */
-template <int RP>
-__device__ __forceinline__ void lora_u_mma(float (&u)[RP / 2], uint64_t da, uint64_t db, int scale_d)
-{
-    if constexpr (RP == 16) wgmma_m64n16k16_ss<false>(u, da, db, scale_d);
-    else if constexpr (RP == 32) wgmma_m64n32k16_ss<false>(u, da, db, scale_d);
-    else wgmma_m64n64k16_ss<false>(u, da, db, scale_d);
-}
-
-/* acc = scale * (acc / scale + bf16(u) @ B_slice): u's accumulator layout is the
- * RS A-fragment layout (wgmma.cuh), rank step j = u[8 j .. 8 j + 7] in pairs. */
-template <int RP>
-__device__ __forceinline__ void lora_add(float (&acc)[128], const float (&u)[RP / 2], uint32_t slb, float scale)
-{
-    uint32_t a[RP / 16][4];
-#pragma unroll
-    for (int j = 0; j < RP / 16; j++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) a[j][r] = pack_bf16(u[8 * j + 2 * r], u[8 * j + 2 * r + 1]);
-    const float inv = 1.0f / scale;
-#pragma unroll
-    for (int i = 0; i < 128; i++) acc[i] *= inv;
-    wgmma_fence();
-#pragma unroll
-    for (int j = 0; j < RP / 16; j++)
-        wgmma_m64n256k16_rs<true>(acc, a[j], wgmma_desc(slb + j * 16 * wg::ROW_BYTES, fl::b_panel(RP), 1024), 1);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_acc_fence(acc);
-#pragma unroll
-    for (int i = 0; i < 128; i++) acc[i] *= scale;
-}
-
-/* u of this warpgroup's rows (< t.rows), rounded to bf16 as lora_add rounds it,
- * into module q's ranks of f.u. Accumulator layout as lora_add reads it: u[8 j +
- * 2 r + c] is row 16 warp + lane/4 + 8 (r & 1), rank 16 j + 8 (r >> 1) + 2 (lane
- * % 4) + c. Scalar stores: q R + rank may be odd. */
-template <int RP>
-__device__ __forceinline__ void lora_store_u(const fused_args &f, const float (&u)[RP / 2], int q, const row_tile &t,
-                                             int wgi)
-{
-    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
-#pragma unroll
-    for (int j = 0; j < RP / 16; j++)
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int row = wgi * 64 + warp * 16 + (lane >> 2) + 8 * (r & 1);
-                const int k = 16 * j + 8 * (r >> 1) + 2 * (lane & 3) + c;
-                if (row < t.rows && k < f.R)
-                    f.u[(size_t)(t.m0 + row) * f.ldu + q * f.R + k] = __float2bfloat16_rn(u[8 * j + 2 * r + c]);
-            }
 }
 
 /* moe_wgmma_kernel<false> (moe_gemm.cu: the step stream, AHEAD = stages - 2, the
@@ -219,7 +144,7 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_lora_kernel(fused_a
                 tile_coords(l_tile, n_rt, n_ct, GROUP, rt, ct);
                 const row_tile t = sched_find(sch, p.E, BM, INT_MIN, INT_MAX, rt);
                 wg_loads_init<false>(ld, p, t, ct * BN);
-                la = lora_a_rows<RP>(f, tile_module(f, ct * BN), t.e);
+                la = lora_a_rows<RP>(f, lora_tile_module(f.l.col0, f.l.cols, f.l.n_mod, ct * BN), t.e);
             }
             const uint32_t s = smem0 + (l_step % ST) * SB;
             wg_load_stage<false>(ld, p, s, l_kt);
@@ -245,7 +170,7 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_lora_kernel(fused_a
         int rt, ct;
         tile_coords(tile, n_rt, n_ct, GROUP, rt, ct);
         const row_tile t = sched_find(sch, p.E, BM, INT_MIN, INT_MAX, rt);
-        const int n0 = ct * BN, q = tile_module(f, n0);
+        const int n0 = ct * BN, q = lora_tile_module(f.l.col0, f.l.cols, f.l.n_mod, n0);
         const bool live = wgi * 64 < t.rows;
         for (int kt = 0; kt < KT; kt++, s++) {
             cp_async_wait<AH - 1>();
@@ -276,8 +201,9 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_lora_kernel(fused_a
                 fence_proxy_async();
                 __syncthreads();
             }
-            if (live && f.u && n0 == f.mod[q].col0) lora_store_u<RP>(f, u, q, t, wgi); /* one column tile stores */
-            if (live) lora_add<RP>(acc, u, slb, f.scale);
+            if (live && f.l.u && n0 == f.l.col0[q])
+                lora_store_u<RP>(f.l.u, f.l.ldu, q * f.l.R, f.l.R, u, t.m0, 0, t.rows, wgi); /* one column tile stores */
+            if (live) lora_add<RP>(acc, u, slb, f.l.scale);
         }
         if (live) wg_epilogue(p, acc, t.e, t.m0, 0, t.rows, n0, wgi);
     }
@@ -298,7 +224,9 @@ template <int RP> static void fused_launch(cuda_ctx *c, const fused_args &f)
 /* Fused when every module starts on a 256-column tile boundary (no tile straddles
  * two modules) and scale is a finite non-zero number (the epilogue divides by it);
  * otherwise the sequence the op stands for: moe_linear_fwd, then moe_lora_fwd per
- * module, which writes no u. */
+ * module, which writes no u. TMA (CTUNE_MOE_GEMM=tma): the fused call runs on
+ * moe_gemm_tma.cu's kernel where it takes the rank (RP <= 32), else here. */
+template <bool TMA>
 static bool cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx,
                                      const int32_t *gather, int K, const void *W, const void *bias,
                                      const int32_t *offsets, int E, int in, int out, int accumulate,
@@ -338,11 +266,12 @@ static bool cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const voi
     fused_args f = {};
     f.p = {(bf16 *)y, (const bf16 *)x, gather, (const bf16 *)W, (const bf16 *)bias, offsets,
            ldy, ldx, gather ? K : 1, E, out, in, accumulate};
-    f.n_mod = n_lora;
-    f.scale = scale;
-    f.u = (bf16 *)u;
-    f.ldu = ldu;
-    f.R = R;
+    f.l.n_mod = n_lora;
+    f.l.scale = scale;
+    f.l.u = (bf16 *)u;
+    f.l.ldu = ldu;
+    f.l.R = R;
+    f.l.RP = RP;
     for (int q = 0; q < n_lora; q++) {
         bf16 *Ap = (bf16 *)scratch_take(&sc, (size_t)E * RP * in * 2);
         bf16 *Bt = (bf16 *)scratch_take(&sc, (size_t)E * RP * lora[q].cols * 2);
@@ -350,9 +279,13 @@ static bool cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const voi
         lora_convert_kernel<<<grid_for(n, 256) < 8192 ? grid_for(n, 256) : 8192, 256, 0, c->stream>>>(
             Ap, NULL, NULL, Bt, lora[q].A, lora[q].B, E, R, RP, in, lora[q].cols);
         LAUNCH_CHECK();
-        f.mod[q] = {Ap, Bt, lora[q].col0, lora[q].cols};
+        f.l.Ap[q] = Ap;
+        f.l.Bt[q] = Bt;
+        f.l.col0[q] = lora[q].col0;
+        f.l.cols[q] = lora[q].cols;
     }
-    if (RP == 16) fused_launch<16>(c, f);
+    if (TMA && moe_gemm_tma_fuses(RP)) moe_gemm_tma_lora_fwd(f.p, f.l, c->num_sms, c->stream);
+    else if (RP == 16) fused_launch<16>(c, f);
     else if (RP == 32) fused_launch<32>(c, f);
     else fused_launch<64>(c, f);
     return u != NULL;
@@ -363,5 +296,5 @@ void cuda_fill_moe_gemm_lora_ops(ct_backend *be)
     occupancy.fused[0] = kernel_setup((const void *)moe_wgmma_lora_kernel<16>, wg::NTHREADS, fl::smem_bytes(16));
     occupancy.fused[1] = kernel_setup((const void *)moe_wgmma_lora_kernel<32>, wg::NTHREADS, fl::smem_bytes(32));
     occupancy.fused[2] = kernel_setup((const void *)moe_wgmma_lora_kernel<64>, wg::NTHREADS, fl::smem_bytes(64));
-    be->moe_linear_lora_fwd = cuda_moe_linear_lora_fwd;
+    be->moe_linear_lora_fwd = moe_gemm_version() == 3 ? cuda_moe_linear_lora_fwd<true> : cuda_moe_linear_lora_fwd<false>;
 }

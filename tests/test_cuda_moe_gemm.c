@@ -2,8 +2,9 @@
  * (moe_linear_fwd, moe_linear_bwd_input, moe_lora_fwd, moe_lora_bwd) and the GEMM
  * forward with the LoRA fused in (moe_linear_lora_fwd) against the CPU reference,
  * which runs the dense ops once per expert. The GEMM tests run for every kernel
- * version (a backend created under CTUNE_MOE_GEMM=old, =new, then =tma; tma sends
- * gathered forwards to new, so its gather test checks that fallback);
+ * version (a backend created under CTUNE_MOE_GEMM=old, =new, then =tma; tma copies
+ * gathered rows with its producer warpgroup's cp.async), the fused forward under
+ * new (v2's fused kernel) and tma (its own at ranks 16 and 32, v2's at 64);
  * the input rows come either expert-ordered or through a gather (token rows read
  * as x[gather[r] / K], gather a permutation of slots as moe_permute makes).
  *
@@ -733,6 +734,8 @@ int main(void)
             RUN(moe_lora_through_a_gather_matches_cpu);
             RUN(moe_lora_bwd_cols_of_two_modules_matches_cpu);
             RUN(moe_lora_bwd_is_bit_reproducible);
+        }
+        if (v >= 1) { /* the fused forward: v2's kernel, and tma's at ranks <= 32 */
             RUN(moe_linear_lora_fwd_matches_cpu_without_gather);
             RUN(moe_linear_lora_fwd_matches_cpu_through_a_gather_with_gate_and_up);
             RUN(moe_linear_lora_fwd_matches_cpu_with_one_or_two_k_steps);

@@ -356,11 +356,14 @@ struct lora_stack {
 
 __global__ void lora_stack_kernel(bf16 *dst, lora_stack ls, int E, int R, int in, float scale)
 {
-    const size_t total = (size_t)E * 64 * in;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t e = i / ((size_t)64 * in), c = i % in;
-        const int k = (int)(i / in % 64), q = k / R;
-        dst[i] = __float2bfloat16_rn(q < ls.n ? scale * ls.A[q][(e * R + k % R) * in + c] : 0.0f);
+    /* one thread per (expert, column): each row's element, coalesced across columns */
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < E * in; i += gridDim.x * blockDim.x) {
+        const int e = i / in, c = i - e * in;
+        bf16 *d = dst + (size_t)e * 64 * in + c;
+        for (int k = 0; k < 64; k++) {
+            const int q = k / R;
+            d[(size_t)k * in] = __float2bfloat16_rn(q < ls.n ? scale * ls.A[q][((size_t)e * R + k % R) * in + c] : 0.0f);
+        }
     }
 }
 
@@ -383,8 +386,9 @@ static void cuda_moe_linear_lora_bwd_input(ct_backend *be, void *dx, int lddx, c
     const size_t nA = (size_t)E * 64 * in;
     bf16 *A = (bf16 *)cuda_scratch(c, nA * sizeof(bf16));
     lora_stack ls = {{lora[0].A, n_lora > 1 ? lora[1].A : NULL}, n_lora};
-    lora_stack_kernel<<<grid_for(nA, 256) < 8192 ? grid_for(nA, 256) : 8192, 256, 0, c->stream>>>(A, ls, E, R, in,
-                                                                                                    scale);
+    const size_t columns = (size_t)E * in;
+    lora_stack_kernel<<<grid_for(columns, 256) < 8192 ? grid_for(columns, 256) : 8192, 256, 0, c->stream>>>(
+        A, ls, E, R, in, scale);
     LAUNCH_CHECK();
     gemm_args p = {(bf16 *)dx, (const bf16 *)dy, NULL, (const bf16 *)W, NULL, offsets, lddx, lddy, 1, E, in, out,
                    accumulate};

@@ -275,7 +275,7 @@ static bool cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const voi
     for (int q = 0; q < n_lora; q++) {
         bf16 *Ap = (bf16 *)scratch_take(&sc, (size_t)E * RP * in * 2);
         bf16 *Bt = (bf16 *)scratch_take(&sc, (size_t)E * RP * lora[q].cols * 2);
-        const size_t n = (size_t)E * RP * ((size_t)in + lora[q].cols);
+        const size_t n = (size_t)E * ((size_t)in + lora[q].cols); /* one thread per column */
         lora_convert_kernel<<<grid_for(n, 256) < 8192 ? grid_for(n, 256) : 8192, 256, 0, c->stream>>>(
             Ap, NULL, NULL, Bt, lora[q].A, lora[q].B, E, R, RP, in, lora[q].cols);
         LAUNCH_CHECK();

@@ -121,14 +121,14 @@ static void experts(layer *L)
     be->swiglu_fwd(be, L->act, L->gu, L->n, I);
     bool u_d = be->moe_linear_lora_fwd(be, L->ye, H, L->act, I, NULL, K, L->Wd, NULL, L->offsets, E, I, H, 0, &d, 1, R,
                                        2.0f, L->u_d, 64);
+    be->moe_linear_lora_bwd_input(be, L->dact, I, L->dye, H, L->Wd, L->offsets, E, I, H, 0, L->g, 64, &d, 1, R, 2.0f);
     be->moe_lora_bwd_cols(be, NULL, 0, L->dye, H, H, L->act, I, NULL, K, L->offsets, E, I, &d, 1, R, 2.0f, L->g, 64,
                           u_d ? L->u_d : NULL, 64);
-    be->moe_linear_lora_bwd_input(be, L->dact, I, L->dye, H, L->Wd, L->offsets, E, I, H, 0, L->g, 64, &d, 1, R, 2.0f);
     be->moe_act_bwd(be, L->dgu, L->dw, L->dact, L->gu, L->w, L->row_slot, L->n, I, 0, 0.0f, 0.0f); /* dgu and dw */
-    be->moe_lora_bwd_cols(be, NULL, 0, L->dgu, 2 * I, 2 * I, L->hn, H, L->row_slot, K, L->offsets, E, H, gu,
-                          s->gate_up_modules, R, 2.0f, L->g, 64, u_gu ? L->u_gu : NULL, 64);
     be->moe_linear_lora_bwd_input(be, L->dxe, H, L->dgu, 2 * I, L->Wgu, L->offsets, E, H, 2 * I, 0, L->g, 64, gu,
                                   s->gate_up_modules, R, 2.0f);
+    be->moe_lora_bwd_cols(be, NULL, 0, L->dgu, 2 * I, 2 * I, L->hn, H, L->row_slot, K, L->offsets, E, H, gu,
+                          s->gate_up_modules, R, 2.0f, L->g, 64, u_gu ? L->u_gu : NULL, 64);
 }
 
 static double time_group(layer *L, void (*fn)(layer *), int reps)

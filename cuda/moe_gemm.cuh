@@ -109,44 +109,54 @@ struct gemm_args {
     int ldy, ldx, topk, E, N, K, accumulate;
 };
 
-/* The TMA grouped GEMM (moe_gemm_tma.cu), CTUNE_MOE_GEMM=tma. moe_gemm_tma_init
- * raises its kernels' shared-memory limit and fetches the driver's tensor-map
- * encoder (once per process, before the first moe_gemm_tma). moe_gemm_tma runs
- * y (=|+=) x W_e^T + bias (nn false: the forward) or y (=|+=) x W_e (nn true:
- * bwd_input) with p checked by the caller (moe_gemm_check: 16-byte alignment,
- * strides and sizes multiples of 8, which TMA needs too); p.gather must be NULL. */
 /* The grouped GEMMs' argument checks (moe_gemm.cu): E, in and out in range,
  * 16-byte rows and operands, a 4-byte aligned bias (or NULL); input errors name op. */
 void moe_gemm_check(const char *op, const void *y, int ldy, const void *x, int ldx, const void *W, const void *bias,
                     int E, int in, int out);
 
+/* The TMA grouped GEMM (moe_gemm_tma.cu), CTUNE_MOE_GEMM=tma. moe_gemm_tma_init
+ * raises its kernels' shared-memory limit and fetches the driver's tensor-map
+ * encoder (once per process, before the first moe_gemm_tma). moe_gemm_tma runs
+ * y (=|+=) x W_e^T + bias (nn false: the forward, p.gather allowed) or y (=|+=)
+ * x W_e (nn true: bwd_input) with p checked by the caller (moe_gemm_check: 16-byte
+ * alignment, strides and sizes multiples of 8, which TMA needs too). */
 void moe_gemm_tma_init(void);
-/* The LoRA input-gradient term of moe_linear_lora_bwd_input as one more k-step of
- * the TMA kernel (nn only): y[r] += g[r] (64 columns at stride ldg) @ A_e, A (E,
- * 64, in) the modules' A stacked and scaled (rows past their ranks zero). */
-struct tma_lora {
-    const bf16 *g, *A;
-    int ldg;
-};
-void moe_gemm_tma(const gemm_args &p, bool nn, const tma_lora *lora, int num_sms, cudaStream_t st);
+void moe_gemm_tma(const gemm_args &p, bool nn, int num_sms, cudaStream_t st);
 
-/* The expert LoRA of a grouped GEMM forward, fused in (moe_linear_lora_fwd, built
- * by moe_gemm_lora.cu): y[r] += scale * (x_r A_q,e^T) B_q,e^T on the columns of
- * module q (each starting on a 256-column tile), u = x A^T of each module into its
- * ranks q R .. q R + R - 1 of u when u is not NULL. */
+/* The expert LoRA of n_mod modules fused into a grouped GEMM call (built by
+ * moe_gemm_lora.cu for moe_linear_lora_fwd and by moe_gemm.cu for
+ * moe_linear_lora_bwd_input): per row, u = x_r Au_q,e^T (x_r the call's input row,
+ * reduced over its K), and y[r] (=|+=) x_r W_e (+ bias) + scale * bf16(u) Bu_q,e on
+ * module q's columns (each module starting on a 256-column tile); u (bf16, as it
+ * is multiplied) into columns q R .. q R + ucols - 1 of u when u is not NULL (one
+ * column tile of each module stores). Forward: Au = A, Bu = B^T. bwd_input, the
+ * modules as one LoRA of rank n R on all of dx's columns: Au = the stacked B^T over
+ * dy's columns (so u = g = dy B), Bu = the stacked A. */
 #define FUSED_LORA_MODULES 2
 struct fused_lora {
-    const bf16 *Ap[FUSED_LORA_MODULES]; /* (E, RP, in): A rounded to bf16, zero ranks past R */
-    const bf16 *Bt[FUSED_LORA_MODULES]; /* (E, RP, cols[q]): B^T rounded to bf16, zero ranks past R */
+    const bf16 *Au[FUSED_LORA_MODULES]; /* (E, RP, K): zero ranks past R */
+    const bf16 *Bu[FUSED_LORA_MODULES]; /* (E, RP, cols[q]): zero ranks past R */
     int col0[FUSED_LORA_MODULES], cols[FUSED_LORA_MODULES];
-    int n_mod, R, RP, ldu;
+    int n_mod, R, RP, ucols, ldu;       /* ucols: u's columns stored per module (R, or RP with zeros) */
     float scale;
     bf16 *u; /* (n, ldu) or NULL */
 };
-/* The TMA kernel with the LoRA fused in (and p.gather allowed): for RP where
- * moe_gemm_tma_fuses says it fits (16 and 32). */
+/* The TMA kernel with the LoRA fused in: for RP where moe_gemm_tma_fuses says it
+ * fits (16 and 32); nn false (forward, p.gather allowed) or true (bwd_input). */
 bool moe_gemm_tma_fuses(int RP);
-void moe_gemm_tma_lora_fwd(const gemm_args &p, const fused_lora &l, int num_sms, cudaStream_t st);
+void moe_gemm_tma_lora(const gemm_args &p, bool nn, const fused_lora &l, int num_sms, cudaStream_t st);
+
+/* The masters of n (1..2) modules as one LoRA of rank n R (moe_lora.cu): Ap
+ * (E,RP,in) and At (its transpose, or NULL) hold module q's A in ranks q R .. q R +
+ * R - 1, Bt (E,RP,out) module q's B^T on its columns [col0, col0 + cols) of those
+ * ranks; everything else zero. One thread per column of the masters: launch it
+ * over E (in + out) threads (any grid: it strides). */
+struct lora_cvt {
+    const float *A[2], *B[2];
+    int col0[2], cols[2], n;
+};
+__global__ void lora_convert_cols_kernel(bf16 *Ap, bf16 *At, bf16 *Bt, lora_cvt cv, int E, int R, int RP, int in,
+                                         int out);
 
 /* The version CTUNE_MOE_GEMM names (moe_gemm.cu): 3 tma (default), 2 new, 1 old;
  * anything else exits with an input error. */

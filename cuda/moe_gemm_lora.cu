@@ -81,7 +81,7 @@ __device__ __forceinline__ const bf16 *lora_a_rows(const fused_args &f, int q, i
 {
     const int r = threadIdx.x >> 3;
     if (q < 0 || r >= RP) return NULL;
-    const bf16 *Ap = q == 0 ? f.l.Ap[0] : f.l.Ap[1];
+    const bf16 *Ap = q == 0 ? f.l.Au[0] : f.l.Au[1];
     return Ap + ((size_t)e * RP + r) * f.p.K + (threadIdx.x & 7) * 8;
 }
 
@@ -104,7 +104,7 @@ __device__ __forceinline__ void lora_b_slice(uint32_t slb, const fused_args &f, 
 {
     const int cols = f.l.cols[q], tid = threadIdx.x, nc = tid & 31, c = n0 - f.l.col0[q] + nc * 8;
     const bool ok = c < cols;
-    const bf16 *src = (q == 0 ? f.l.Bt[0] : f.l.Bt[1]) + (size_t)e * RP * cols + (ok ? c : 0);
+    const bf16 *src = (q == 0 ? f.l.Bu[0] : f.l.Bu[1]) + (size_t)e * RP * cols + (ok ? c : 0);
 #pragma unroll
     for (int i = 0; i < RP / 8; i++) {
         const int k = (tid >> 5) + 8 * i;
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_lora_kernel(fused_a
                 __syncthreads();
             }
             if (live && f.l.u && n0 == f.l.col0[q])
-                lora_store_u<RP>(f.l.u, f.l.ldu, q * f.l.R, f.l.R, u, t.m0, 0, t.rows, wgi); /* one column tile stores */
+                lora_store_u<RP>(f.l.u, f.l.ldu, q * f.l.R, f.l.ucols, u, t.m0, 0, t.rows, wgi); /* one column tile stores */
             if (live) lora_add<RP>(acc, u, slb, f.l.scale);
         }
         if (live) wg_epilogue(p, acc, t.e, t.m0, 0, t.rows, n0, wgi);
@@ -272,6 +272,7 @@ static bool cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const voi
     f.l.ldu = ldu;
     f.l.R = R;
     f.l.RP = RP;
+    f.l.ucols = R;
     for (int q = 0; q < n_lora; q++) {
         bf16 *Ap = (bf16 *)scratch_take(&sc, (size_t)E * RP * in * 2);
         bf16 *Bt = (bf16 *)scratch_take(&sc, (size_t)E * RP * lora[q].cols * 2);
@@ -279,12 +280,12 @@ static bool cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const voi
         lora_convert_kernel<<<grid_for(n, 256) < 8192 ? grid_for(n, 256) : 8192, 256, 0, c->stream>>>(
             Ap, NULL, NULL, Bt, lora[q].A, lora[q].B, E, R, RP, in, lora[q].cols);
         LAUNCH_CHECK();
-        f.l.Ap[q] = Ap;
-        f.l.Bt[q] = Bt;
+        f.l.Au[q] = Ap;
+        f.l.Bu[q] = Bt;
         f.l.col0[q] = lora[q].col0;
         f.l.cols[q] = lora[q].cols;
     }
-    if (TMA && moe_gemm_tma_fuses(RP)) moe_gemm_tma_lora_fwd(f.p, f.l, c->num_sms, c->stream);
+    if (TMA && moe_gemm_tma_fuses(RP)) moe_gemm_tma_lora(f.p, false, f.l, c->num_sms, c->stream);
     else if (RP == 16) fused_launch<16>(c, f);
     else if (RP == 32) fused_launch<32>(c, f);
     else fused_launch<64>(c, f);

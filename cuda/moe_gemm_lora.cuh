@@ -59,7 +59,7 @@ __device__ __forceinline__ void lora_add(float (&acc)[128], const float (&u)[RP 
 
 /* u of this warpgroup's tile rows (64 wgi .. 64 wgi + 63; tile row r is u row row0
  * + r, stored only when row_lo <= r < row_hi), rounded to bf16 as lora_add rounds
- * it, into ranks [col, col + R) of u (row stride ldu). Accumulator layout as
+ * it, its ranks [0, R) into columns [col, col + R) of u (row stride ldu). Accumulator layout as
  * lora_add reads it: u[8 j + 2 r + c] is row 16 warp + lane/4 + 8 (r & 1), rank
  * 16 j + 8 (r >> 1) + 2 (lane % 4) + c. Scalar stores: col + rank may be odd. */
 template <int RP>

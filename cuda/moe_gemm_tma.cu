@@ -1,10 +1,10 @@
 /* moe_gemm_tma.cu — the grouped expert GEMM (moe_gemm.cu's ops, CTUNE_MOE_GEMM=tma)
  * in the warp-specialized form of attention_fwd_sm90_2wg.cu: a producer warpgroup
  * loads every operand with TMA into an mbarrier-guarded ring, two consumer
- * warpgroups multiply. It covers moe_linear_fwd, moe_linear_bwd_input (with the
- * LoRA input-gradient term as one more k-step) and moe_linear_lora_fwd at ranks
- * up to 32 (moe_gemm_lora.cuh's u product and epilogue term, see "Fused LoRA"
- * below). The default since it was measured on the H200 (1.3-1.5x v2).
+ * warpgroups multiply. It covers moe_linear_fwd, moe_linear_bwd_input, and with
+ * the expert LoRA fused in (moe_gemm_lora.cuh's u product and epilogue term, see
+ * "Fused LoRA" below) moe_linear_lora_fwd and moe_linear_lora_bwd_input at ranks
+ * up to 32. The default since it was measured on the H200 (1.3-1.5x v2).
  *
  * Gathered forwards (gate|up reads token rows through the routing). A tile's rows
  * are scattered over x, which a box cannot follow (sm_90 has no TMA gather), so
@@ -15,10 +15,12 @@
  * consumers fence the async proxy after the wait (cp.async writes are generic
  * proxy writes; wgmma reads through the async proxy).
  *
- * Fused LoRA (RP = ranks padded to 16 or 32). Each stage also holds A_e's k-slice
- * of the tile's module (RP rows x 64, a TMA box of the (in, RP, E) map), and the
- * consumers accumulate u = x A_e^T beside the base product. The B^T slice (RP x
- * 256 columns, 4 boxes of 64) has two buffers, one per tile parity among the
+ * Fused LoRA (RP = ranks padded to 16 or 32; fused_lora in moe_gemm.cuh). Each
+ * stage also holds Au_e's k-slice of the tile's module (RP rows x 64, a TMA box of
+ * the (K, RP, E) map), and the consumers accumulate u = x Au_e^T beside the base
+ * product (forward: u = x A^T; bwd_input: g = dy B, Au the stacked B^T, so dy is
+ * read once for the GEMM and g). The Bu slice (RP x 256 columns, 4 boxes of 64:
+ * B^T forward, the stacked A in bwd_input) has two buffers, one per tile parity among the
  * tiles with a module, each with a full barrier (the producer's arrival + bytes,
  * loaded when the producer starts the tile) and an empty one (256 consumer
  * arrivals after lora_add). Two because the consumers run LAG steps apart: one
@@ -139,17 +141,15 @@ template <int RP> struct ring {
 /* Everything a launch needs; the maps must live in parameter space (__grid_constant__). */
 struct tma_params {
     CUtensorMap a, b;                         /* x (or dy) unless gathered; W */
-    CUtensorMap g, l;                         /* bwd_input's LoRA step: g, the stacked A */
-    CUtensorMap la[FUSED_LORA_MODULES];       /* fused forward: A_q as (in, RP, E) */
-    CUtensorMap lb[FUSED_LORA_MODULES];       /* fused forward: B^T_q as (cols, RP, E) */
+    CUtensorMap la[FUSED_LORA_MODULES];       /* fused LoRA: Au_q as (K, RP, E) */
+    CUtensorMap lb[FUSED_LORA_MODULES];       /* fused LoRA: Bu_q as (cols, RP, E) */
     gemm_args p;
     fused_lora f;                             /* n_mod 0: no fused LoRA */
-    int lora_steps;                           /* 1: bwd_input's LoRA step */
 };
 
 /* Blocks per SM (1, checked by kernel_setup) of each instantiation. */
 static struct {
-    int nt, nn, nt_gather, fused[2][2]; /* fused[RP 16, 32][gather] */
+    int nt, nn, nt_gather, fused[2][3]; /* fused[RP 16, 32][forward, gathered forward, bwd_input] */
 } occupancy;
 
 // ---- kernels ----
@@ -207,18 +207,11 @@ __device__ __forceinline__ void tma_produce(const tma_params &P, const moe_sched
         const int panels = NN ? min(BN / 64, (p.N - n0 + 63) / 64) : 0;
         const uint32_t bytes = (GATHER ? 0 : A_BYTES) + (NN ? panels * NN_PANEL : B_BYTES) +
                                (q >= 0 ? RP * ROW_BYTES : 0);
-        for (int kt = 0; kt < KT + P.lora_steps; kt++, i++) {
+        for (int kt = 0; kt < KT; kt++, i++) {
             const int s = i % stages<RP>();
             if (i >= stages<RP>()) mbar_wait(rg.empty(s), ((i / stages<RP>()) & 1) ^ 1);
             const uint32_t sa = rg.stage(s), sb = sa + A_BYTES;
             if (pt == 0) {
-                if (NN && kt == KT) { /* the LoRA step (NN only): g's 64 columns, A's 64 rows */
-                    mbar_arrive_expect_tx(rg.full(s), A_BYTES + panels * NN_PANEL);
-                    tma_load_2d(sa, &P.g, 0, a0, rg.full(s));
-                    for (int pn = 0; pn < panels; pn++)
-                        tma_load_3d(sb + pn * NN_PANEL, &P.l, n0 + 64 * pn, 0, t.e, rg.full(s));
-                    continue;
-                }
                 mbar_arrive_expect_tx(rg.full(s), bytes);
                 if (!GATHER) tma_load_2d(sa, &P.a, kt * BK, a0, rg.full(s));
                 if (!NN) {
@@ -300,8 +293,8 @@ __device__ __forceinline__ void tma_consume(const tma_params &P, const moe_sched
                 const int b = j & 1;
                 if (live) {
                     mbar_wait(rg.bfull(b), (j >> 1) & 1);
-                    if (P.f.u && n0 == P.f.col0[q])
-                        lora_store_u<RP>(P.f.u, P.f.ldu, q * P.f.R, P.f.R, u, a0, lo, BM, c); /* one column tile stores */
+                    if (P.f.u && n0 == P.f.col0[q]) /* one column tile stores */
+                        lora_store_u<RP>(P.f.u, P.f.ldu, q * P.f.R, P.f.ucols, u, a0, lo, BM, c);
                     lora_add<RP>(acc, u, rg.slice(b), P.f.scale);
                 }
                 mbar_arrive(rg.bempty(b));
@@ -341,7 +334,7 @@ __global__ void __launch_bounds__(tma::BLOCK, 1) moe_gemm_tma_kernel(const __gri
         if (GATHER || threadIdx.x == 0) tma_produce<NN, RP, GATHER>(P, sch, rg, n_rt, n_ct, total, KT);
     } else {
         regs_inc<consumer_regs<GATHER>()>();
-        tma_consume<NN, RP, GATHER>(P, sch, rg, n_rt, n_ct, total, KT + P.lora_steps, wg - 1);
+        tma_consume<NN, RP, GATHER>(P, sch, rg, n_rt, n_ct, total, KT, wg - 1);
     }
 }
 
@@ -360,8 +353,10 @@ void moe_gemm_tma_init(void)
     occupancy.nt_gather = setup<false, 0, true>();
     occupancy.fused[0][0] = setup<false, 16, false>();
     occupancy.fused[0][1] = setup<false, 16, true>();
+    occupancy.fused[0][2] = setup<true, 16, false>();
     occupancy.fused[1][0] = setup<false, 32, false>();
     occupancy.fused[1][1] = setup<false, 32, true>();
+    occupancy.fused[1][2] = setup<true, 32, false>();
     (void)tensor_map_encoder(); /* a driver without one fails here, not mid-training */
 }
 
@@ -393,54 +388,42 @@ template <bool NN, int RP, bool GATHER> static void launch(const tma_params &P, 
     LAUNCH_CHECK();
 }
 
-void moe_gemm_tma(const gemm_args &p, bool nn, const tma_lora *lora, int num_sms, cudaStream_t st)
+void moe_gemm_tma(const gemm_args &p, bool nn, int num_sms, cudaStream_t st)
 {
-    using namespace tma;
     CT_ASSERT(!nn || !p.gather, "moe_gemm_tma: bwd_input has no gather");
-    CT_ASSERT(!lora || (nn && lora->ldg >= 64 && lora->ldg % 8 == 0),
-              "moe_gemm_tma: the LoRA step needs bwd_input and g rows of >= 64 columns (ldg %d)", lora ? lora->ldg : 0);
     tma_params P = {};
     P.p = p;
     base_maps(P, nn);
-    /* The LoRA step: g as A (64 columns, the box's width, at stride ldg), the
-     * stacked A (E, 64, in) as NN panels (in, 64, E): boxes never leave them, and
-     * their zero columns / rows past the ranks add nothing. */
-    if (lora) {
-        const cuuint64_t g_dim[2] = {64, (cuuint64_t)INT_MAX}, g_stride[1] = {(cuuint64_t)lora->ldg * 2};
-        const cuuint32_t a_box[2] = {BK, BM}, l_box[3] = {64, BK, 1};
-        P.g = tensor_map_bf16(lora->g, 2, g_dim, g_stride, a_box);
-        const cuuint64_t l_dim[3] = {(cuuint64_t)p.N, 64, (cuuint64_t)p.E};
-        const cuuint64_t l_stride[2] = {(cuuint64_t)p.N * 2, (cuuint64_t)p.N * 64 * 2};
-        P.l = tensor_map_bf16(lora->A, 3, l_dim, l_stride, l_box);
-        P.lora_steps = 1;
-    }
     if (nn) launch<true, 0, false>(P, occupancy.nn, num_sms, st);
     else if (p.gather) launch<false, 0, true>(P, occupancy.nt_gather, num_sms, st);
     else launch<false, 0, false>(P, occupancy.nt, num_sms, st);
 }
 
-void moe_gemm_tma_lora_fwd(const gemm_args &p, const fused_lora &f, int num_sms, cudaStream_t st)
+void moe_gemm_tma_lora(const gemm_args &p, bool nn, const fused_lora &f, int num_sms, cudaStream_t st)
 {
-    CT_ASSERT(moe_gemm_tma_fuses(f.RP) && f.n_mod >= 1 && f.n_mod <= FUSED_LORA_MODULES,
-              "moe_gemm_tma_lora_fwd: %d modules at padded rank %d", f.n_mod, f.RP);
+    CT_ASSERT(moe_gemm_tma_fuses(f.RP) && f.n_mod >= 1 && f.n_mod <= FUSED_LORA_MODULES && !(nn && p.gather),
+              "moe_gemm_tma_lora: %d modules at padded rank %d (nn %d, gather %d)", f.n_mod, f.RP, nn, !!p.gather);
     tma_params P = {};
     P.p = p;
     P.f = f;
-    base_maps(P, false);
-    /* A_q (E, RP, in) as (in, RP, E) and B^T_q (E, RP, cols) as (cols, RP, E), in
-     * boxes of 64 x RP: zero-filled past in and past the module's columns. */
+    base_maps(P, nn);
+    /* Au_q (E, RP, K) as (K, RP, E) and Bu_q (E, RP, cols) as (cols, RP, E), in
+     * boxes of 64 x RP: zero-filled past K and past the module's columns. */
     const cuuint32_t box[3] = {64, (cuuint32_t)f.RP, 1};
     for (int q = 0; q < f.n_mod; q++) {
         const cuuint64_t a_dim[3] = {(cuuint64_t)p.K, (cuuint64_t)f.RP, (cuuint64_t)p.E};
         const cuuint64_t a_stride[2] = {(cuuint64_t)p.K * 2, (cuuint64_t)f.RP * p.K * 2};
-        P.la[q] = tensor_map_bf16(f.Ap[q], 3, a_dim, a_stride, box);
+        P.la[q] = tensor_map_bf16(f.Au[q], 3, a_dim, a_stride, box);
         const cuuint64_t b_dim[3] = {(cuuint64_t)f.cols[q], (cuuint64_t)f.RP, (cuuint64_t)p.E};
         const cuuint64_t b_stride[2] = {(cuuint64_t)f.cols[q] * 2, (cuuint64_t)f.RP * f.cols[q] * 2};
-        P.lb[q] = tensor_map_bf16(f.Bt[q], 3, b_dim, b_stride, box);
+        P.lb[q] = tensor_map_bf16(f.Bu[q], 3, b_dim, b_stride, box);
     }
-    const int g = p.gather ? 1 : 0;
-    if (f.RP == 16 && g) launch<false, 16, true>(P, occupancy.fused[0][1], num_sms, st);
-    else if (f.RP == 16) launch<false, 16, false>(P, occupancy.fused[0][0], num_sms, st);
-    else if (g) launch<false, 32, true>(P, occupancy.fused[1][1], num_sms, st);
-    else launch<false, 32, false>(P, occupancy.fused[1][0], num_sms, st);
+    const int r = f.RP == 16 ? 0 : 1, kind = nn ? 2 : p.gather ? 1 : 0;
+    const int occ = occupancy.fused[r][kind];
+    if (f.RP == 16 && kind == 0) launch<false, 16, false>(P, occ, num_sms, st);
+    else if (f.RP == 16 && kind == 1) launch<false, 16, true>(P, occ, num_sms, st);
+    else if (f.RP == 16) launch<true, 16, false>(P, occ, num_sms, st);
+    else if (kind == 0) launch<false, 32, false>(P, occ, num_sms, st);
+    else if (kind == 1) launch<false, 32, true>(P, occ, num_sms, st);
+    else launch<true, 32, false>(P, occ, num_sms, st);
 }

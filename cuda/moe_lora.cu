@@ -315,7 +315,7 @@ struct lora_args {
     lora_grads mod[2];       /* backward: the modules' gradients and dy columns */
     int n_mod;               /* modules (ranks q R .. q R + R - 1 are module q's) */
     bf16 *us, *gs;           /* (cap, RP) each: u and g of one backward chunk */
-    bf16 *g_out;             /* backward: (n, ldg) or NULL: g of every row, for the GEMM's dx term */
+    const bf16 *g_in;        /* backward: (n, ldg) or NULL: g from moe_linear_lora_bwd_input, not recomputed */
     int ldg;
     const bf16 *u_in;        /* backward: (n, ldu) or NULL: u from the fused forward, not recomputed */
     int ldu;
@@ -403,15 +403,8 @@ __global__ void lora_convert_kernel(bf16 *Ap, bf16 *At, bf16 *Bp, bf16 *Bt, cons
     }
 }
 
-/* The masters of n (1..2) modules as one LoRA of rank n R for the backward: Ap
- * (E,RP,in) and At (its transpose) hold module q's A in ranks q R .. q R + R - 1,
- * Bt (E,RP,out) module q's B^T on its columns [col0, col0 + cols) of those ranks;
- * everything else zero (so g = dy Bt^T sums each module's columns only). */
-struct lora_cvt {
-    const float *A[2], *B[2];
-    int col0[2], cols[2], n;
-};
-
+/* lora_convert_cols_kernel (moe_gemm.cuh has what it writes): the backward's
+ * modules as one LoRA of rank n R, so g = dy Bt^T sums each module's columns only. */
 __global__ void lora_convert_cols_kernel(bf16 *Ap, bf16 *At, bf16 *Bt, lora_cvt cv, int E, int R, int RP, int in,
                                          int out)
 {
@@ -420,7 +413,7 @@ __global__ void lora_convert_cols_kernel(bf16 *Ap, bf16 *At, bf16 *Bt, lora_cvt 
         if (i < nA) {
             const int e = i / in, c = i - e * in;
             for (int k0 = 0; k0 < RP; k0 += 8)
-                put_run(Ap + ((size_t)e * RP + k0) * in + c, in, At + ((size_t)e * in + c) * RP + k0,
+                put_run(Ap + ((size_t)e * RP + k0) * in + c, in, At ? At + ((size_t)e * in + c) * RP + k0 : NULL,
                         rank_run(k0, [&](int k) {
                             const int q = k / R;
                             return q < cv.n ? cv.A[q][((size_t)e * R + k % R) * in + c] : 0.0f;
@@ -494,9 +487,10 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
     sched_load(sch, a.offsets, a.E);
     const int lo = sch.offs[0], hi = sch.offs[a.E];
     const int nb_out = (a.out + BNB - 1) / BNB, nb = nb_out + (a.in + BNB - 1) / BNB;
+    const bool phase_a = !a.u_in || !a.g_in || a.y; /* else u and g come in: one chunk, no grid barriers */
     for (int c0 = lo; c0 < hi; c0 += a.cap) {
-        const int c1 = min(hi, c0 + a.cap);
-        const int n_rt = sched_tiles(sch, a.E, BM, c0, c1);
+        const int c1 = a.cap >= hi - c0 ? hi : c0 + a.cap;
+        const int n_rt = phase_a ? sched_tiles(sch, a.E, BM, c0, c1) : 0;
         for (int rt = blockIdx.x; rt < n_rt; rt += gridDim.x) {
             const row_tile t = sched_find(sch, a.E, BM, c0, c1, rt);
             const drop_t d = lora_drop(a, sch, t.e, t.m0);
@@ -509,18 +503,12 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
                 lora_pack<RP>(f, acc);
                 if (rows_w > 0) lora_store_rows<RP>(a.us + (size_t)(t.m0 - c0 + warp * 16) * RP, RP, f, rows_w);
             }
+            if (a.g_in) continue; /* then dx is NULL: nothing needs g here */
             lora_skinny<RP>(acc, smem, a.dy + (size_t)t.m0 * a.lddy, a.lddy, NULL, 1, t.rows,
                             a.Bt + (size_t)t.e * RP * a.out, a.out, none);
             lora_pack<RP>(f, acc);
             if (rows_w > 0) {
                 lora_store_rows<RP>(a.gs + (size_t)(t.m0 - c0 + warp * 16) * RP, RP, f, rows_w);
-                if (a.g_out) { /* RP columns of g, then zeros to ldg: the GEMM's k-step reads all of them */
-                    bf16 *gr = a.g_out + (size_t)(t.m0 + warp * 16) * a.ldg;
-                    lora_store_rows<RP>(gr, a.ldg, f, rows_w);
-                    const int zc = (a.ldg - RP) / 8; /* 16-byte chunks per row past RP */
-                    for (int i = lane; i < 16 * zc; i += 32)
-                        if (i / zc < rows_w) *(uint4 *)(gr + (size_t)(i / zc) * a.ldg + RP + (i % zc) * 8) = uint4{};
-                }
                 if (a.y) {
                     drop_t dw = d;
                     dw.row0 += warp * 16;
@@ -529,7 +517,7 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
                 }
             }
         }
-        grid.sync(); /* u and g of the whole chunk are in scratch */
+        if (phase_a) grid.sync(); /* u and g of the whole chunk are in scratch */
         for (int it = blockIdx.x; it < a.E * nb; it += gridDim.x) {
             const int e = it / nb, j = it % nb;
             const int ra = max(sch.offs[e], c0), rb = min(sch.offs[e + 1], c1);
@@ -543,7 +531,8 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
                                a.u_in ? a.ldu : RP, rb - ra, none);
             else
                 lora_wgrad<RP>(acc, smem, lora_x(a, ra), a.ldx, lora_gidx(a, ra), a.topk, a.in, n0,
-                               a.gs + (size_t)(ra - c0) * RP, RP, rb - ra, lora_drop(a, sch, e, ra));
+                               a.g_in ? a.g_in + (size_t)ra * a.ldg : a.gs + (size_t)(ra - c0) * RP,
+                               a.g_in ? a.ldg : RP, rb - ra, lora_drop(a, sch, e, ra));
 #pragma unroll
             for (int jn = 0; jn < RP / 8; jn++)
 #pragma unroll
@@ -699,16 +688,18 @@ static void cuda_moe_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, flo
 
 /* Two modules sharing x as one LoRA of rank 2R (lora_prepare's conversion, phase
  * B's grad_at): x is read and dx read-modified-written once, not twice. Past rank
- * 64 in all, or for one module, the modules run one by one. */
+ * 64 in all, or for one module, the modules run one by one. With u and g given
+ * (the fused forward's u, moe_linear_lora_bwd_input's g) only phase B runs: one
+ * pass of weight gradients over dy, x, u and g, without grid barriers. */
 static void cuda_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
                                    const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets,
                                    int E, int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale,
-                                   void *g, int ldg, const void *u, int ldu)
+                                   const void *g, int ldg, const void *u, int ldu)
 {
     CT_ASSERT(n_lora >= 1 && n_lora <= 2, "moe_lora_bwd_cols: %d LoRA modules (1..2 are supported)", n_lora);
-    CT_ASSERT(!g || (!dx && n_lora * R <= 64 && ldg >= 64 && ldg % 8 == 0 && aligned16(g)),
-              "moe_lora_bwd_cols: g needs dx NULL, %d <= 64 ranks in all and a 16-byte aligned ldg >= 64 (%d)",
-              n_lora * R, ldg);
+    CT_ASSERT(!g || (!dx && n_lora * R <= 64 && ldg >= moe_u_cols(n_lora, R) && ldg % 8 == 0 && aligned16(g)),
+              "moe_lora_bwd_cols: g needs dx NULL, %d <= 64 ranks in all and a 16-byte aligned ldg >= %d (%d)",
+              n_lora * R, moe_u_cols(n_lora, R), ldg);
     if (!g && (n_lora == 1 || n_lora * R > 64)) {
         for (int q = 0; q < n_lora; q++)
             cuda_moe_lora_bwd(be, dx, lddx, lora[q].dA, lora[q].dB, (const bf16 *)dy + lora[q].col0, lddy, x, ldx,
@@ -720,12 +711,13 @@ static void cuda_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const voi
     int RP;
     lora_args a = lora_prepare(be, "moe_lora_bwd_cols", true, dx, dx ? lddx : 8, x, ldx, gather, K, dy, lddy, lora,
                                n_lora, offsets, E, in, out, R, scale, 0.0f, 0, &RP);
-    a.g_out = (bf16 *)g;
-    a.ldg = ldg;
     CT_ASSERT(!u || (ldu >= RP && ldu % 8 == 0 && aligned16(u)),
               "moe_lora_bwd_cols: u needs a 16-byte aligned row stride >= %d (ldu %d)", RP, ldu);
     a.u_in = (const bf16 *)u;
     a.ldu = ldu;
+    a.g_in = (const bf16 *)g;
+    a.ldg = ldg;
+    if (u && g) a.cap = INT_MAX; /* no phase A: every row in one chunk */
     lora_bwd_run(ctx_of(be), a, RP);
 }
 

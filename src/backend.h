@@ -323,28 +323,28 @@ struct ct_backend {
      * CUDA runs the modules as one LoRA of rank n_lora * R when that is <= 64 (x read
      * and dx read-modified-written once instead of once per module): dA and dB as
      * the sequence's, dx different from it by bf16 rounding only.
-     * g non-NULL (then dx is NULL and n_lora * R <= 64): instead of adding the
-     * input-gradient term to dx, writes g (n, ldg) act, ldg >= 64: row r holds
-     * module q's dy_q[r] B_q,e in columns q R .. q R + R - 1 (rounded as the op
-     * rounds it internally; columns from n_lora * R on are scratch), for
-     * moe_linear_lora_bwd_input to add that term inside the grouped GEMM.
+     * g non-NULL (then dx is NULL and n_lora * R <= 64): g as
+     * moe_linear_lora_bwd_input wrote it for the same modules and dy, which CUDA
+     * reads instead of recomputing dy B (the CPU recomputes the same product).
      * u non-NULL: the modules' u as moe_linear_lora_fwd wrote it (the same modules,
      * x and R, ldu as there): CUDA reads it instead of recomputing x A^T when it
      * runs the modules as one LoRA (the CPU recomputes the same product). */
     void (*moe_lora_bwd_cols)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
                               const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets, int E,
-                              int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale, void *g,
+                              int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale, const void *g,
                               int ldg, const void *u, int ldu);
     /* moe_linear_bwd_input with the LoRA input-gradient term of n_lora (1..2)
-     * modules added: dx[r] (=|+=) dy[r] @ W_e + scale * sum_q g[r, q R .. q R + R)
-     * @ A_q,e, g as moe_lora_bwd_cols writes it (n_lora * R <= 64). Exactly
-     * moe_linear_bwd_input, then the term per module in order, on the CPU; CUDA
-     * adds it as one more k-step of the grouped GEMM (TMA version), so dx is
-     * written once instead of read-modified-written by the LoRA backward. */
+     * modules added: dx[r] (=|+=) dy[r] @ W_e + scale * sum_q g_q[r] @ A_q,e with
+     * g_q[r] = dy[r, col0_q .. col0_q + cols_q) @ B_q,e (n_lora * R <= 64), and g
+     * written to g (n, ldg) act, ldg >= moe_u_cols(n_lora, R): module q's in
+     * columns q R .. q R + R - 1 (CUDA: rounded to bf16 as it multiplies them;
+     * the columns up to moe_u_cols zero), for moe_lora_bwd_cols to read. The CPU
+     * runs the GEMM, then per module the two products; CUDA computes g beside the
+     * grouped GEMM's product and adds the term before its epilogue (TMA version,
+     * up to 32 ranks in all), so dy is read once for both and dx written once. */
     void (*moe_linear_lora_bwd_input)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *W,
-                                      const int32_t *offsets, int E, int in, int out, int accumulate,
-                                      const void *g, int ldg, const ct_moe_lora_cols *lora, int n_lora, int R,
-                                      float scale);
+                                      const int32_t *offsets, int E, int in, int out, int accumulate, void *g,
+                                      int ldg, const ct_moe_lora_cols *lora, int n_lora, int R, float scale);
     /* The grouped GEMM forward with the expert LoRA of n_lora (0..2) modules, without
      * dropout: exactly moe_linear_fwd (all arguments as there), then for each module
      * q in order moe_lora_fwd on y's columns [col0, col0 + cols) (its y = y + col0

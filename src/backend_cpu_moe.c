@@ -280,43 +280,38 @@ static bool cpu_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void
     return true;
 }
 
-/* The sequence the op stands for: each module's LoRA backward on its columns;
- * with g, each module's g = dy_q B_q,e per expert (lora_bwd's own product, the
- * same sgemm) into its columns of g instead of the dx term. */
+/* The sequence the op stands for: each module's LoRA backward on its columns (g,
+ * when given, is not read: lora_bwd recomputes the same product). */
 static void cpu_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
                                   const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets, int E,
-                                  int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale, void *g,
+                                  int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale, const void *g,
                                   int ldg, const void *u, int ldu)
 {
-    (void)out, (void)u, (void)ldu; /* u is recomputed: lora_bwd's product is the forward's */
-    CT_ASSERT(!g || (!dx && ldg >= n_lora * R), "moe_lora_bwd_cols: g needs dx NULL and ldg >= %d", n_lora * R);
-    for (int q = 0; q < n_lora; q++) {
-        const float *dyq = (const float *)dy + lora[q].col0;
-        be->moe_lora_bwd(be, dx, lddx, lora[q].dA, lora[q].dB, dyq, lddy, x, ldx, gather, K, lora[q].A, lora[q].B,
-                         offsets, E, in, lora[q].cols, R, scale, 0.0f, 0);
-        for (int e = 0; g && e < E; e++) {
-            int r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
-            if (rows > 0)
-                cpu_sgemm(0, 0, rows, R, lora[q].cols, 1.0f, dyq + (size_t)r0 * lddy, lddy,
-                          lora[q].B + (size_t)e * lora[q].cols * R, R, 0.0f, (float *)g + (size_t)r0 * ldg + q * R,
-                          ldg);
-        }
-    }
+    (void)out, (void)u, (void)ldu, (void)ldg; /* u is recomputed: lora_bwd's product is the forward's */
+    CT_ASSERT(!g || !dx, "moe_lora_bwd_cols: g needs dx NULL");
+    for (int q = 0; q < n_lora; q++)
+        be->moe_lora_bwd(be, dx, lddx, lora[q].dA, lora[q].dB, (const float *)dy + lora[q].col0, lddy, x, ldx, gather,
+                         K, lora[q].A, lora[q].B, offsets, E, in, lora[q].cols, R, scale, 0.0f, 0);
 }
 
-/* The GEMM, then each module's term as lora_bwd adds it (the same sgemm). */
+/* The GEMM, then per module g = dy_q B_q,e into its columns of g and its term as
+ * lora_bwd adds it (the same sgemms). */
 static void cpu_moe_linear_lora_bwd_input(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
                                           const void *W, const int32_t *offsets, int E, int in, int out,
-                                          int accumulate, const void *g, int ldg, const ct_moe_lora_cols *lora,
+                                          int accumulate, void *g, int ldg, const ct_moe_lora_cols *lora,
                                           int n_lora, int R, float scale)
 {
+    CT_ASSERT(g && ldg >= n_lora * R, "moe_linear_lora_bwd_input: g needs ldg >= %d", n_lora * R);
     be->moe_linear_bwd_input(be, dx, lddx, dy, lddy, W, offsets, E, in, out, accumulate);
     for (int q = 0; q < n_lora; q++)
         for (int e = 0; e < E; e++) {
             int r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
-            if (rows > 0)
-                cpu_sgemm(0, 0, rows, in, R, scale, (const float *)g + (size_t)r0 * ldg + q * R, ldg,
-                          lora[q].A + (size_t)e * R * in, in, 1.0f, (float *)dx + (size_t)r0 * lddx, lddx);
+            if (rows <= 0) continue;
+            float *gq = (float *)g + (size_t)r0 * ldg + q * R;
+            cpu_sgemm(0, 0, rows, R, lora[q].cols, 1.0f, (const float *)dy + (size_t)r0 * lddy + lora[q].col0, lddy,
+                      lora[q].B + (size_t)e * lora[q].cols * R, R, 0.0f, gq, ldg);
+            cpu_sgemm(0, 0, rows, in, R, scale, gq, ldg, lora[q].A + (size_t)e * R * in, in, 1.0f,
+                      (float *)dx + (size_t)r0 * lddx, lddx);
         }
 }
 

@@ -225,9 +225,10 @@ static void lora_bwd_cols(ct_moe *mo, const moe_lora *ml, int l, const ct_module
 /* dx = dy W_e (the grouped GEMM's input gradient) plus the expert LoRA backward of
  * modules mods[i] on dy's columns from col0[i] (x their input). With the fused
  * forward (dropout 0, CTUNE_MOE_LORA not separate) and at most 64 ranks in all,
- * the LoRA backward writes g (dy B per module) to mo->g and the GEMM adds the
- * LoRA's input-gradient term (moe_linear_lora_bwd_input): dx written once. Else
- * the GEMM, then lora_bwd_cols. */
+ * the GEMM also computes g = dy B per module into mo->g and adds the LoRA's
+ * input-gradient term (moe_linear_lora_bwd_input: dy read once for both, dx
+ * written once), then the LoRA's weight gradients read g and u instead of
+ * recomputing them (moe_lora_bwd_cols). Else the GEMM, then lora_bwd_cols. */
 static void linear_lora_bwd(ct_moe *mo, const moe_lora *ml, int l, const ct_module *mods, const int *col0,
                             int n_mods, const moe_acts *a, void *dx, int lddx, void *dy, int lddy, const void *W,
                             int in, int out, const void *x, int ldx, const int32_t *gather, const void *u)
@@ -237,10 +238,10 @@ static void linear_lora_bwd(ct_moe *mo, const moe_lora *ml, int l, const ct_modu
     const int n = targeted_cols(ml, l, mods, col0, n_mods, cols);
     if (n >= 1 && n * ml->lo->R <= MOE_G_COLS && mo->fused_lora && ml->dropout == 0.0f &&
         be->moe_linear_lora_bwd_input && be->moe_lora_bwd_cols) {
-        be->moe_lora_bwd_cols(be, NULL, 0, dy, lddy, out, x, ldx, gather, mo->K, a->offsets, mo->E, in, cols, n,
-                              ml->lo->R, ml->lo->scale, mo->g, MOE_G_COLS, u, MOE_G_COLS);
         be->moe_linear_lora_bwd_input(be, dx, lddx, dy, lddy, W, a->offsets, mo->E, in, out, 0, mo->g, MOE_G_COLS,
                                       cols, n, ml->lo->R, ml->lo->scale);
+        be->moe_lora_bwd_cols(be, NULL, 0, dy, lddy, out, x, ldx, gather, mo->K, a->offsets, mo->E, in, cols, n,
+                              ml->lo->R, ml->lo->scale, mo->g, MOE_G_COLS, u, MOE_G_COLS);
         return;
     }
     be->moe_linear_bwd_input(be, dx, lddx, dy, lddy, W, a->offsets, mo->E, in, out, 0);

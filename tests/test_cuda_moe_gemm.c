@@ -435,11 +435,12 @@ TEST(moe_lora_bwd_cols_of_two_modules_matches_cpu)
     lora_cols_run(&kc, col0, cols);
 }
 
-/* The LoRA input-gradient term moved into the grouped GEMM: moe_lora_bwd_cols
- * writing g (dx NULL) for n_mod modules, then moe_linear_lora_bwd_input adding
- * scale g A to dy W, on both backends; g's module columns and dx against the CPU,
- * dx with accumulate too. g starts as NaN: the columns past the ranks must be
- * zeroed by the op (the GEMM's k-step reads all 64; the CPU reads the ranks only). */
+/* The LoRA input-gradient term inside the grouped GEMM: moe_linear_lora_bwd_input
+ * computing g = dy B per module (into g) and adding scale g A to dy W, then
+ * moe_lora_bwd_cols reading that g (dx NULL) for the weight gradients, on both
+ * backends: dx (overwrite and accumulate), g's module columns, dA and dB against
+ * the CPU. g starts as NaN: the GPU must write its columns up to moe_u_cols
+ * (zeros past the ranks), which its weight-gradient pass reads. */
 static void lora_dx_run(const lora_case *k, int n_mod, const int col0[2], const int cols[2], bool use_u)
 {
     int32_t *off = ct_malloc((k->E + 1) * sizeof(int32_t));
@@ -479,18 +480,6 @@ static void lora_dx_run(const lora_case *k, int n_mod, const int col0[2], const 
               "the CPU forward wrote no u");
         gpu->act_from_f32(gpu, pu.g, (const float *)pu.c, (size_t)rows * G);
     }
-    cpu->moe_lora_bwd_cols(cpu, NULL, 0, pdy.c, k->ldy, k->out, px.c, k->ldx, gc, k->K, po.c, k->E, k->in, mc, n_mod,
-                           k->R, 2.0f, pgo.c, G, use_u ? pu.c : NULL, G);
-    gpu->moe_lora_bwd_cols(gpu, NULL, 0, pdy.g, k->ldy, k->out, px.g, k->ldx, gg, k->K, po.g, k->E, k->in, mg, n_mod,
-                           k->R, 2.0f, pgo.g, G, use_u ? pu.g : NULL, G);
-    drop(pu); drop(py);
-    free(u);
-    double eg = n > 0 ? act_err(pgo, n, n_mod * k->R, G) : 0.0;
-    CHECK(eg < 1e-2, "g rel err %g (E %d, n %d, R %d, modules %d)", eg, k->E, n, k->R, n_mod);
-    for (int q = 0; q < n_mod; q++) {
-        double ea = f32_err(pdA[q], nA), eb = f32_err(pdB[q], (size_t)k->E * cols[q] * k->R);
-        CHECK(ea < 1e-2 && eb < 1e-2, "module %d dA / dB rel err %g / %g with g out", q, ea, eb);
-    }
     for (int acc = 0; acc <= 1; acc++) {
         pair pdx = put_act(dx0, (size_t)rows * k->ldx);
         cpu->moe_linear_lora_bwd_input(cpu, pdx.c, k->ldx, pdy.c, k->ldy, pW.c, po.c, k->E, k->in, k->out, acc, pgo.c, G,
@@ -503,6 +492,26 @@ static void lora_dx_run(const lora_case *k, int n_mod, const int col0[2], const 
         CHECK(rows_unchanged(pdx, dx0, n, SPARE_ROWS, k->ldx, k->ldx), "%s: dx rows past offsets[E] were written",
               version);
         drop(pdx);
+    }
+    double eg = n > 0 ? act_err(pgo, n, n_mod * k->R, G) : 0.0;
+    CHECK(eg < 1e-2, "%s: g rel err %g (E %d, n %d, R %d, modules %d)", version, eg, k->E, n, k->R, n_mod);
+    const int ucols = moe_u_cols(n_mod, k->R);
+    float *gh = ct_malloc((size_t)rows * G * sizeof(float));
+    gpu->act_to_f32(gpu, gh, pgo.g, (size_t)rows * G);
+    int bad = 0;
+    for (int r = 0; r < n; r++)
+        for (int c = n_mod * k->R; c < ucols; c++) bad += gh[(size_t)r * G + c] != 0.0f;
+    CHECK(bad == 0, "%s: %d elements of g past the ranks (up to column %d) are not zero", version, bad, ucols);
+    free(gh);
+    cpu->moe_lora_bwd_cols(cpu, NULL, 0, pdy.c, k->ldy, k->out, px.c, k->ldx, gc, k->K, po.c, k->E, k->in, mc, n_mod,
+                           k->R, 2.0f, pgo.c, G, use_u ? pu.c : NULL, G);
+    gpu->moe_lora_bwd_cols(gpu, NULL, 0, pdy.g, k->ldy, k->out, px.g, k->ldx, gg, k->K, po.g, k->E, k->in, mg, n_mod,
+                           k->R, 2.0f, pgo.g, G, use_u ? pu.g : NULL, G);
+    drop(pu); drop(py);
+    free(u);
+    for (int q = 0; q < n_mod; q++) {
+        double ea = f32_err(pdA[q], nA), eb = f32_err(pdB[q], (size_t)k->E * cols[q] * k->R);
+        CHECK(ea < 1e-2 && eb < 1e-2, "%s: module %d dA / dB rel err %g / %g with g given", version, q, ea, eb);
     }
     for (int q = 0; q < n_mod; q++) {
         drop(pA[q]); drop(pB[q]); drop(pdA[q]); drop(pdB[q]);

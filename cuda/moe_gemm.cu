@@ -309,7 +309,7 @@ template <int V> static void moe_gemm_launch(ct_backend *be, bool nn, const gemm
 {
     cuda_ctx *c = ctx_of(be);
     if (V == 3) {
-        moe_gemm_tma(p, nn, c->num_sms, c->stream);
+        moe_gemm_tma(p, nn, NULL, c->num_sms, c->stream);
         return;
     }
     if (V >= 2 && nn)
@@ -347,21 +347,21 @@ static void cuda_moe_linear_bwd_input(ct_backend *be, void *dx, int lddx, const 
     moe_gemm_launch<V>(be, true, p);
 }
 
-/* The stacked, scaled A of moe_linear_lora_bwd_input's second GEMM on v1 and v2:
- * dst (E, RP, in) bf16, row q R + k of expert e = scale * A_q[e, k, :], rows from
- * n R on zero. One thread per (expert, column): each row's element, coalesced
- * across columns. */
+/* The stacked, scaled A of moe_linear_lora_bwd_input when g comes from
+ * moe_lora_g: dst (E, rows, in) bf16, row q R + k of expert e = scale * A_q[e, k,
+ * :], rows from n R on zero. One thread per (expert, column): each row's element,
+ * coalesced across columns. */
 struct lora_stack {
     const float *A[2];
     int n;
 };
 
-__global__ void lora_stack_kernel(bf16 *dst, lora_stack ls, int E, int R, int RP, int in, float scale)
+__global__ void lora_stack_kernel(bf16 *dst, lora_stack ls, int E, int R, int rows, int in, float scale)
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < E * in; i += gridDim.x * blockDim.x) {
         const int e = i / in, c = i - e * in;
-        bf16 *d = dst + (size_t)e * RP * in + c;
-        for (int k = 0; k < RP; k++) {
+        bf16 *d = dst + (size_t)e * rows * in + c;
+        for (int k = 0; k < rows; k++) {
             const int q = k / R;
             d[(size_t)k * in] = __float2bfloat16_rn(q < ls.n ? scale * ls.A[q][((size_t)e * R + k % R) * in + c] : 0.0f);
         }
@@ -370,11 +370,21 @@ __global__ void lora_stack_kernel(bf16 *dst, lora_stack ls, int E, int R, int RP
 
 static int grid_cap(size_t threads) { return grid_for(threads, 256) < 8192 ? grid_for(threads, 256) : 8192; }
 
-/* dx = dy W_e + scale * g [A_1,e; A_2,e] with g = dy [B_1,e; B_2,e] (backend.h),
- * the modules as one LoRA of rank RP (lora_convert_cols_kernel: Ap (E, RP, in),
- * Bt (E, RP, out)). V 3 at RP <= 32: one TMA GEMM computes g beside the product
- * (moe_gemm_tma_lora: Au = Bt, Bu = Ap), adds its term before the epilogue and
- * stores g. Else three grouped GEMMs: g = dy Bt^T, dx = dy W_e, dx += g (scale A). */
+/* Whether g is computed inside the TMA GEMM (every column tile of dx recomputes
+ * its rows' g: extra MMAs in proportion to the input width) rather than by
+ * moe_lora_g (one more pass over dy). Measured on the H200 (bench/moe_layer_bench,
+ * one MoE layer forward + backward): qwen3-30b-a3b (in 2048 at 32 ranks and 768
+ * at 16) 6.33 ms with moe_lora_g, 6.18 with g in the GEMM; gpt-oss-20b (in 2880
+ * at 16 ranks, both projections) 13.90 ms with moe_lora_g, 14.48 in the GEMM. */
+#define MOE_G_IN_GEMM_MAX_IN 2048
+static bool g_in_gemm(int in, int RP) { return moe_gemm_tma_fuses(RP) && in <= MOE_G_IN_GEMM_MAX_IN; }
+
+/* dx = dy W_e + scale * g [A_1,e; A_2,e] with g = dy [B_1,e; B_2,e] (backend.h).
+ * V 3 where g_in_gemm: one TMA GEMM computes g beside the product
+ * (moe_gemm_tma_lora, the modules as one LoRA of rank RP: Au = the stacked B^T, Bu
+ * = the stacked A, from lora_convert_cols_kernel), adds its term before the
+ * epilogue and stores g. Else g by moe_lora_g, then V 3: the TMA GEMM with the
+ * term as one more k-step; V 1, 2: the grouped GEMM and a second one, g (scale A). */
 template <int V>
 static void cuda_moe_linear_lora_bwd_input(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
                                            const void *W, const int32_t *offsets, int E, int in, int out,
@@ -385,27 +395,27 @@ static void cuda_moe_linear_lora_bwd_input(ct_backend *be, void *dx, int lddx, c
     moe_gemm_check(op, dx, lddx, dy, lddy, W, NULL, E, in, out);
     CT_ASSERT(n_lora >= 1 && n_lora <= 2 && R >= 1 && n_lora * R <= 64,
               "%s: %d LoRA modules of rank %d (1..2 modules, 64 ranks in all are supported)", op, n_lora, R);
-    const int RP = moe_u_cols(n_lora, R);
-    CT_ASSERT(ldg >= RP && ldg % 8 == 0 && aligned16(g), "%s: g needs a 16-byte aligned row stride >= %d (%d)", op,
-              RP, ldg);
+    CT_ASSERT(ldg >= 64 && ldg % 8 == 0 && aligned16(g), "%s: g needs a 16-byte aligned row stride >= 64 (%d)", op,
+              ldg);
     cuda_ctx *c = ctx_of(be);
-    const size_t nA = (size_t)E * RP * in, nB = (size_t)E * RP * out;
-    scratch_carver sc = {(char *)cuda_scratch(c, scratch_round(nA * 2) + scratch_round(nB * 2)), 0};
-    bf16 *Ap = (bf16 *)scratch_take(&sc, nA * 2), *Bt = (bf16 *)scratch_take(&sc, nB * 2);
-    lora_cvt cv = {};
-    cv.n = n_lora;
-    for (int q = 0; q < n_lora; q++) {
-        cv.A[q] = lora[q].A;
-        cv.B[q] = lora[q].B;
-        cv.col0[q] = lora[q].col0;
-        cv.cols[q] = lora[q].cols;
-    }
-    lora_convert_cols_kernel<<<grid_cap((size_t)E * (in + out)), 256, 0, c->stream>>>(Ap, NULL, Bt, cv, E, R, RP, in,
-                                                                                       out);
-    LAUNCH_CHECK();
+    const int RP = moe_u_cols(n_lora, R);
     gemm_args p = {(bf16 *)dx, (const bf16 *)dy, NULL, (const bf16 *)W, NULL, offsets, lddx, lddy, 1, E, in, out,
                    accumulate};
-    if (V == 3 && moe_gemm_tma_fuses(RP)) {
+    if (V == 3 && g_in_gemm(in, RP)) {
+        const size_t nA = (size_t)E * RP * in, nB = (size_t)E * RP * out;
+        scratch_carver sc = {(char *)cuda_scratch(c, scratch_round(nA * 2) + scratch_round(nB * 2)), 0};
+        bf16 *Ap = (bf16 *)scratch_take(&sc, nA * 2), *Bt = (bf16 *)scratch_take(&sc, nB * 2);
+        lora_cvt cv = {};
+        cv.n = n_lora;
+        for (int q = 0; q < n_lora; q++) {
+            cv.A[q] = lora[q].A;
+            cv.B[q] = lora[q].B;
+            cv.col0[q] = lora[q].col0;
+            cv.cols[q] = lora[q].cols;
+        }
+        lora_convert_cols_kernel<<<grid_cap((size_t)E * (in + out)), 256, 0, c->stream>>>(Ap, NULL, Bt, cv, E, R, RP,
+                                                                                           in, out);
+        LAUNCH_CHECK();
         fused_lora f = {};
         f.Au[0] = Bt;
         f.Bu[0] = Ap;
@@ -414,20 +424,27 @@ static void cuda_moe_linear_lora_bwd_input(ct_backend *be, void *dx, int lddx, c
         f.n_mod = 1;
         f.R = RP;
         f.RP = RP;
-        f.ucols = RP; /* g's padded ranks too (zero: Bt's are), as phase B of moe_lora_bwd_cols reads them */
+        f.ucols = RP; /* g's padded ranks too (zero: Bt's are), as moe_lora_bwd_cols reads them */
         f.ldu = ldg;
         f.scale = scale;
         f.u = (bf16 *)g;
         moe_gemm_tma_lora(p, true, f, c->num_sms, c->stream);
         return;
     }
-    const gemm_args pg = {(bf16 *)g, (const bf16 *)dy, NULL, Bt, NULL, offsets, ldg, lddy, 1, E, RP, out, 0};
-    moe_gemm_launch<V>(be, false, pg);
-    moe_gemm_launch<V>(be, true, p);
+    moe_lora_g(be, g, ldg, dy, lddy, out, offsets, E, in, lora, n_lora, R);
+    const int rows = V == 3 ? 64 : RP; /* the k-step reads 64 columns of g; the second GEMM RP */
+    const size_t nA = (size_t)E * rows * in;
+    bf16 *A = (bf16 *)cuda_scratch(c, nA * sizeof(bf16));
     lora_stack ls = {{lora[0].A, n_lora > 1 ? lora[1].A : NULL}, n_lora};
-    lora_stack_kernel<<<grid_cap((size_t)E * in), 256, 0, c->stream>>>(Ap, ls, E, R, RP, in, scale); /* Ap reused */
+    lora_stack_kernel<<<grid_cap((size_t)E * in), 256, 0, c->stream>>>(A, ls, E, R, rows, in, scale);
     LAUNCH_CHECK();
-    const gemm_args pa = {(bf16 *)dx, (const bf16 *)g, NULL, Ap, NULL, offsets, lddx, ldg, 1, E, in, RP, 1};
+    if (V == 3) {
+        const tma_lora tl = {(const bf16 *)g, A, ldg};
+        moe_gemm_tma(p, true, &tl, c->num_sms, c->stream);
+        return;
+    }
+    moe_gemm_launch<V>(be, true, p);
+    const gemm_args pa = {(bf16 *)dx, (const bf16 *)g, NULL, A, NULL, offsets, lddx, ldg, 1, E, in, RP, 1};
     moe_gemm_launch<V>(be, true, pa);
 }
 

@@ -121,7 +121,14 @@ void moe_gemm_check(const char *op, const void *y, int ldy, const void *x, int l
  * x W_e (nn true: bwd_input) with p checked by the caller (moe_gemm_check: 16-byte
  * alignment, strides and sizes multiples of 8, which TMA needs too). */
 void moe_gemm_tma_init(void);
-void moe_gemm_tma(const gemm_args &p, bool nn, int num_sms, cudaStream_t st);
+/* lora (nn only, or NULL): the LoRA input-gradient term as one more k-step, y[r] +=
+ * g[r] (64 columns at stride ldg) @ A_e, A (E, 64, in) the modules' A stacked and
+ * scaled (rows past their ranks zero). */
+struct tma_lora {
+    const bf16 *g, *A;
+    int ldg;
+};
+void moe_gemm_tma(const gemm_args &p, bool nn, const tma_lora *lora, int num_sms, cudaStream_t st);
 
 /* The expert LoRA of n_mod modules fused into a grouped GEMM call (built by
  * moe_gemm_lora.cu for moe_linear_lora_fwd and by moe_gemm.cu for
@@ -157,6 +164,12 @@ struct lora_cvt {
 };
 __global__ void lora_convert_cols_kernel(bf16 *Ap, bf16 *At, bf16 *Bt, lora_cvt cv, int E, int R, int RP, int in,
                                          int out);
+
+/* g = dy [B_1; B_2] of n_lora modules as one LoRA (moe_lora.cu: its backward's
+ * first phase alone), into g (n, ldg >= 64): module q's in columns q R .. q R + R -
+ * 1, zeros up to 64 (what moe_linear_lora_bwd_input's k-step reads). */
+void moe_lora_g(ct_backend *be, void *g, int ldg, const void *dy, int lddy, int out, const int32_t *offsets, int E,
+                int in, const ct_moe_lora_cols *lora, int n_lora, int R);
 
 /* The version CTUNE_MOE_GEMM names (moe_gemm.cu): 3 tma (default), 2 new, 1 old;
  * anything else exits with an input error. */

@@ -141,10 +141,12 @@ template <int RP> struct ring {
 /* Everything a launch needs; the maps must live in parameter space (__grid_constant__). */
 struct tma_params {
     CUtensorMap a, b;                         /* x (or dy) unless gathered; W */
+    CUtensorMap g, l;                         /* bwd_input's LoRA k-step: g, the stacked A */
     CUtensorMap la[FUSED_LORA_MODULES];       /* fused LoRA: Au_q as (K, RP, E) */
     CUtensorMap lb[FUSED_LORA_MODULES];       /* fused LoRA: Bu_q as (cols, RP, E) */
     gemm_args p;
     fused_lora f;                             /* n_mod 0: no fused LoRA */
+    int lora_steps;                           /* 1: bwd_input's LoRA k-step (tma_lora) */
 };
 
 /* Blocks per SM (1, checked by kernel_setup) of each instantiation. */
@@ -207,11 +209,18 @@ __device__ __forceinline__ void tma_produce(const tma_params &P, const moe_sched
         const int panels = NN ? min(BN / 64, (p.N - n0 + 63) / 64) : 0;
         const uint32_t bytes = (GATHER ? 0 : A_BYTES) + (NN ? panels * NN_PANEL : B_BYTES) +
                                (q >= 0 ? RP * ROW_BYTES : 0);
-        for (int kt = 0; kt < KT; kt++, i++) {
+        for (int kt = 0; kt < KT + P.lora_steps; kt++, i++) {
             const int s = i % stages<RP>();
             if (i >= stages<RP>()) mbar_wait(rg.empty(s), ((i / stages<RP>()) & 1) ^ 1);
             const uint32_t sa = rg.stage(s), sb = sa + A_BYTES;
             if (pt == 0) {
+                if (NN && kt == KT) { /* the LoRA k-step (NN only): g's 64 columns, the stacked A's 64 rows */
+                    mbar_arrive_expect_tx(rg.full(s), A_BYTES + panels * NN_PANEL);
+                    tma_load_2d(sa, &P.g, 0, a0, rg.full(s));
+                    for (int pn = 0; pn < panels; pn++)
+                        tma_load_3d(sb + pn * NN_PANEL, &P.l, n0 + 64 * pn, 0, t.e, rg.full(s));
+                    continue;
+                }
                 mbar_arrive_expect_tx(rg.full(s), bytes);
                 if (!GATHER) tma_load_2d(sa, &P.a, kt * BK, a0, rg.full(s));
                 if (!NN) {
@@ -334,7 +343,7 @@ __global__ void __launch_bounds__(tma::BLOCK, 1) moe_gemm_tma_kernel(const __gri
         if (GATHER || threadIdx.x == 0) tma_produce<NN, RP, GATHER>(P, sch, rg, n_rt, n_ct, total, KT);
     } else {
         regs_inc<consumer_regs<GATHER>()>();
-        tma_consume<NN, RP, GATHER>(P, sch, rg, n_rt, n_ct, total, KT, wg - 1);
+        tma_consume<NN, RP, GATHER>(P, sch, rg, n_rt, n_ct, total, KT + P.lora_steps, wg - 1);
     }
 }
 
@@ -388,12 +397,27 @@ template <bool NN, int RP, bool GATHER> static void launch(const tma_params &P, 
     LAUNCH_CHECK();
 }
 
-void moe_gemm_tma(const gemm_args &p, bool nn, int num_sms, cudaStream_t st)
+void moe_gemm_tma(const gemm_args &p, bool nn, const tma_lora *lora, int num_sms, cudaStream_t st)
 {
+    using namespace tma;
     CT_ASSERT(!nn || !p.gather, "moe_gemm_tma: bwd_input has no gather");
+    CT_ASSERT(!lora || (nn && lora->ldg >= 64 && lora->ldg % 8 == 0),
+              "moe_gemm_tma: the LoRA k-step needs bwd_input and g rows of >= 64 columns (ldg %d)", lora ? lora->ldg : 0);
     tma_params P = {};
     P.p = p;
     base_maps(P, nn);
+    /* The LoRA k-step: g as A (64 columns, the box's width, at stride ldg), the
+     * stacked A (E, 64, in) as NN panels (in, 64, E): boxes never leave them, and
+     * their zero columns / rows past the ranks add nothing. */
+    if (lora) {
+        const cuuint64_t g_dim[2] = {64, (cuuint64_t)INT_MAX}, g_stride[1] = {(cuuint64_t)lora->ldg * 2};
+        const cuuint32_t g_box[2] = {BK, BM}, l_box[3] = {64, BK, 1};
+        P.g = tensor_map_bf16(lora->g, 2, g_dim, g_stride, g_box);
+        const cuuint64_t l_dim[3] = {(cuuint64_t)p.N, 64, (cuuint64_t)p.E};
+        const cuuint64_t l_stride[2] = {(cuuint64_t)p.N * 2, (cuuint64_t)p.N * 64 * 2};
+        P.l = tensor_map_bf16(lora->A, 3, l_dim, l_stride, l_box);
+        P.lora_steps = 1;
+    }
     if (nn) launch<true, 0, false>(P, occupancy.nn, num_sms, st);
     else if (p.gather) launch<false, 0, true>(P, occupancy.nt_gather, num_sms, st);
     else launch<false, 0, false>(P, occupancy.nt, num_sms, st);

@@ -316,7 +316,9 @@ struct lora_args {
     int n_mod;               /* modules (ranks q R .. q R + R - 1 are module q's) */
     bf16 *us, *gs;           /* (cap, RP) each: u and g of one backward chunk */
     const bf16 *g_in;        /* backward: (n, ldg) or NULL: g from moe_linear_lora_bwd_input, not recomputed */
+    bf16 *g_out;             /* backward: (n, ldg) or NULL: g of every row written (moe_lora_g) */
     int ldg;
+    bool wgrad;              /* backward: phase B (dA, dB); false: phase A alone (moe_lora_g) */
     const bf16 *u_in;        /* backward: (n, ldu) or NULL: u from the fused forward, not recomputed */
     int ldu;
     const int32_t *offsets;
@@ -487,7 +489,8 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
     sched_load(sch, a.offsets, a.E);
     const int lo = sch.offs[0], hi = sch.offs[a.E];
     const int nb_out = (a.out + BNB - 1) / BNB, nb = nb_out + (a.in + BNB - 1) / BNB;
-    const bool phase_a = !a.u_in || !a.g_in || a.y; /* else u and g come in: one chunk, no grid barriers */
+    const bool need_u = !a.u_in && a.wgrad;          /* phase A's products: u for dB, g unless it came in */
+    const bool phase_a = need_u || !a.g_in || a.y;    /* else u and g come in: one chunk, no grid barriers */
     for (int c0 = lo; c0 < hi; c0 += a.cap) {
         const int c1 = a.cap >= hi - c0 ? hi : c0 + a.cap;
         const int n_rt = phase_a ? sched_tiles(sch, a.E, BM, c0, c1) : 0;
@@ -497,7 +500,7 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
             const int rows_w = t.rows - warp * 16; /* this warp's rows */
             float acc[RP / 8][4];
             uint32_t f[RP / 16][4];
-            if (!a.u_in) { /* u = drop(x) A^T, for phase B's dB */
+            if (need_u) { /* u = drop(x) A^T, for phase B's dB */
                 lora_skinny<RP>(acc, smem, lora_x(a, t.m0), a.ldx, lora_gidx(a, t.m0), a.topk, t.rows,
                                 a.Ap + (size_t)t.e * RP * a.in, a.in, d);
                 lora_pack<RP>(f, acc);
@@ -508,7 +511,14 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
                             a.Bt + (size_t)t.e * RP * a.out, a.out, none);
             lora_pack<RP>(f, acc);
             if (rows_w > 0) {
-                lora_store_rows<RP>(a.gs + (size_t)(t.m0 - c0 + warp * 16) * RP, RP, f, rows_w);
+                if (a.wgrad) lora_store_rows<RP>(a.gs + (size_t)(t.m0 - c0 + warp * 16) * RP, RP, f, rows_w);
+                if (a.g_out) { /* RP columns of g, then zeros to ldg: the GEMM's LoRA k-step reads all of them */
+                    bf16 *gr = a.g_out + (size_t)(t.m0 + warp * 16) * a.ldg;
+                    lora_store_rows<RP>(gr, a.ldg, f, rows_w);
+                    const int zc = (a.ldg - RP) / 8; /* 16-byte chunks per row past RP */
+                    for (int i = lane; i < 16 * zc; i += 32)
+                        if (i / zc < rows_w) *(uint4 *)(gr + (size_t)(i / zc) * a.ldg + RP + (i % zc) * 8) = uint4{};
+                }
                 if (a.y) {
                     drop_t dw = d;
                     dw.row0 += warp * 16;
@@ -517,6 +527,7 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
                 }
             }
         }
+        if (!a.wgrad) continue; /* moe_lora_g: g is out, no weight gradients */
         if (phase_a) grid.sync(); /* u and g of the whole chunk are in scratch */
         for (int it = blockIdx.x; it < a.E * nb; it += gridDim.x) {
             const int e = it / nb, j = it % nb;
@@ -630,6 +641,7 @@ static lora_args lora_prepare(ct_backend *be, const char *op, bool bwd, void *y,
     a.n_mod = n_mod;
     for (int q = 0; q < n_mod; q++) a.mod[q] = {mods[q].dA, mods[q].dB, mods[q].col0, mods[q].cols};
     a.cap = cap;
+    a.wgrad = bwd;
     a.scale = scale;
     a.p = p;
     a.seed = seed;
@@ -718,6 +730,22 @@ static void cuda_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const voi
     a.g_in = (const bf16 *)g;
     a.ldg = ldg;
     if (u && g) a.cap = INT_MAX; /* no phase A: every row in one chunk */
+    lora_bwd_run(ctx_of(be), a, RP);
+}
+
+/* g alone (moe_gemm.cuh): phase A of the backward without u, dx or phase B. */
+void moe_lora_g(ct_backend *be, void *g, int ldg, const void *dy, int lddy, int out, const int32_t *offsets, int E,
+                int in, const ct_moe_lora_cols *lora, int n_lora, int R)
+{
+    CT_ASSERT(n_lora >= 1 && n_lora <= 2 && n_lora * R <= 64 && ldg >= 64 && ldg % 8 == 0 && aligned16(g),
+              "moe_lora_g: %d modules of rank %d (64 ranks in all) into a 16-byte aligned g of >= 64 columns (%d)",
+              n_lora, R, ldg);
+    int RP;
+    lora_args a = lora_prepare(be, "moe_lora_g", true, NULL, 8, NULL, 8, NULL, 1, dy, lddy, lora, n_lora, offsets, E,
+                               in, out, R, 1.0f, 0.0f, 0, &RP);
+    a.g_out = (bf16 *)g;
+    a.ldg = ldg;
+    a.wgrad = false;
     lora_bwd_run(ctx_of(be), a, RP);
 }
 

@@ -34,10 +34,12 @@ size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
             /* the largest expert-LoRA request: gate and up's backward as one LoRA
              * of rank 2R (moe_lora_bwd_cols) with A, A^T and B^T padded to RP
              * ranks over in and 2 out, u and g of one row chunk (8 MiB), the tile
-             * list; it also bounds the fused forward's and the one-module ops' */
-            size_t rp = 2 * R <= 16 ? 16 : 2 * R <= 32 ? 32 : 64;
-            b += round256((size_t)c->num_experts * rp * (2 * (size_t)in + 2 * (size_t)out) * 2) + ((size_t)8 << 20) +
-                 round256(rows * 16);
+             * list; it also bounds the fused forward's and the one-module ops'.
+             * Or the input gradient's stacked A, (E, 64, in), which reuses it. */
+            size_t rp = 2 * R <= 16 ? 16 : 2 * R <= 32 ? 32 : 64, E = c->num_experts;
+            b += max_sz(round256(E * rp * (2 * (size_t)in + 2 * (size_t)out) * 2) + ((size_t)8 << 20) +
+                            round256(rows * 16),
+                        round256(E * 64 * (size_t)in * 2));
         }
         if (lo->dropout > 0) b += round256(rows * in * 2);
         need = max_sz(need, b);

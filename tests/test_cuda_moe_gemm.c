@@ -524,7 +524,10 @@ static void lora_dx_run(const lora_case *k, int n_mod, const int col0[2], const 
 /* gate and up (two modules, a column gap, through a gather) and down (one module
  * on all columns, expert-ordered rows), edge tiles and 128 uneven experts; ranks
  * 16 x 2 and 32 x 2 (64 in all) and 24 alone (padded to 32, zeros to 64); with u
- * recomputed, then with u given (the forward's, as graph_moe.c passes it). */
+ * recomputed, then with u given (the forward's, as graph_moe.c passes it). Under
+ * tma, g is computed inside the GEMM up to in = 2048 at 16 or 32 padded ranks (the
+ * 72- and 264-column cases) and by the LoRA kernel with the GEMM's k-step
+ * otherwise (64 ranks; the 2056-column case at 32). */
 TEST(moe_linear_lora_bwd_input_adds_the_lora_term_in_the_gemm)
 {
     NEED_GPU();
@@ -538,6 +541,8 @@ TEST(moe_linear_lora_bwd_input_adds_the_lora_term_in_the_gemm)
         lora_dx_run(&k128, 2, col0, cols, use_u);
         lora_case kd = {128, 264, 200, 24, 264, 200, counts, 0.0f, 1, 0};
         lora_dx_run(&kd, 1, at0, whole, use_u);
+        lora_case kw = {32, 2056, 200, 16, 2056, 200, counts, 0.0f, 1, 4};
+        lora_dx_run(&kw, 2, col0, cols, use_u);
     }
 }
 

@@ -363,7 +363,8 @@ __global__ void lora_stack_kernel(bf16 *dst, lora_stack ls, int E, int R, int ro
         bf16 *d = dst + (size_t)e * rows * in + c;
         for (int k = 0; k < rows; k++) {
             const int q = k / R;
-            d[(size_t)k * in] = __float2bfloat16_rn(q < ls.n ? scale * ls.A[q][((size_t)e * R + k % R) * in + c] : 0.0f);
+            const float a = q < ls.n ? scale * ls.A[q][((size_t)e * R + k % R) * in + c] : 0.0f;
+            d[(size_t)k * in] = __float2bfloat16_rn(a);
         }
     }
 }
@@ -382,7 +383,7 @@ static bool g_in_gemm(int in, int RP) { return moe_gemm_tma_fuses(RP) && in <= M
 /* dx = dy W_e + scale * g [A_1,e; A_2,e] with g = dy [B_1,e; B_2,e] (backend.h).
  * V 3 where g_in_gemm: one TMA GEMM computes g beside the product
  * (moe_gemm_tma_lora, the modules as one LoRA of rank RP: Au = the stacked B^T, Bu
- * = the stacked A, from lora_convert_cols_kernel), adds its term before the
+ * = the stacked A, from lora_convert_cols), adds its term before the
  * epilogue and stores g. Else g by moe_lora_g, then V 3: the TMA GEMM with the
  * term as one more k-step; V 1, 2: the grouped GEMM and a second one, g (scale A). */
 template <int V>
@@ -405,17 +406,7 @@ static void cuda_moe_linear_lora_bwd_input(ct_backend *be, void *dx, int lddx, c
         const size_t nA = (size_t)E * RP * in, nB = (size_t)E * RP * out;
         scratch_carver sc = {(char *)cuda_scratch(c, scratch_round(nA * 2) + scratch_round(nB * 2)), 0};
         bf16 *Ap = (bf16 *)scratch_take(&sc, nA * 2), *Bt = (bf16 *)scratch_take(&sc, nB * 2);
-        lora_cvt cv = {};
-        cv.n = n_lora;
-        for (int q = 0; q < n_lora; q++) {
-            cv.A[q] = lora[q].A;
-            cv.B[q] = lora[q].B;
-            cv.col0[q] = lora[q].col0;
-            cv.cols[q] = lora[q].cols;
-        }
-        lora_convert_cols_kernel<<<grid_cap((size_t)E * (in + out)), 256, 0, c->stream>>>(Ap, NULL, Bt, cv, E, R, RP,
-                                                                                           in, out);
-        LAUNCH_CHECK();
+        lora_convert_cols(c->stream, Ap, NULL, Bt, lora, n_lora, E, R, RP, in, out);
         fused_lora f = {};
         f.Au[0] = Bt;
         f.Bu[0] = Ap;

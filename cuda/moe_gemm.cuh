@@ -153,17 +153,12 @@ struct fused_lora {
 bool moe_gemm_tma_fuses(int RP);
 void moe_gemm_tma_lora(const gemm_args &p, bool nn, const fused_lora &l, int num_sms, cudaStream_t st);
 
-/* The masters of n (1..2) modules as one LoRA of rank n R (moe_lora.cu): Ap
- * (E,RP,in) and At (its transpose, or NULL) hold module q's A in ranks q R .. q R +
- * R - 1, Bt (E,RP,out) module q's B^T on its columns [col0, col0 + cols) of those
- * ranks; everything else zero. One thread per column of the masters: launch it
- * over E (in + out) threads (any grid: it strides). */
-struct lora_cvt {
-    const float *A[2], *B[2];
-    int col0[2], cols[2], n;
-};
-__global__ void lora_convert_cols_kernel(bf16 *Ap, bf16 *At, bf16 *Bt, lora_cvt cv, int E, int R, int RP, int in,
-                                         int out);
+/* The fp32 masters of n_mod (1..2) modules as one LoRA of rank n_mod R, padded
+ * bf16 (moe_lora.cu), queued on st: Ap (E,RP,in) and At (its transpose, or NULL)
+ * hold module q's A in ranks q R .. q R + R - 1, Bt (E,RP,out) module q's B^T on
+ * its columns [col0, col0 + cols) of those ranks; everything else zero. */
+void lora_convert_cols(cudaStream_t st, bf16 *Ap, bf16 *At, bf16 *Bt, const ct_moe_lora_cols *mods, int n_mod, int E,
+                       int R, int RP, int in, int out);
 
 /* g = dy [B_1; B_2] of n_lora modules as one LoRA (moe_lora.cu: its backward's
  * first phase alone), into g (n, ldg >= 64): module q's in columns q R .. q R + R -

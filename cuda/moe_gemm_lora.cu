@@ -201,8 +201,8 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_lora_kernel(fused_a
                 fence_proxy_async();
                 __syncthreads();
             }
-            if (live && f.l.u && n0 == f.l.col0[q])
-                lora_store_u<RP>(f.l.u, f.l.ldu, q * f.l.R, f.l.ucols, u, t.m0, 0, t.rows, wgi); /* one column tile stores */
+            if (live && f.l.u && n0 == f.l.col0[q]) /* one column tile stores */
+                lora_store_u<RP>(f.l.u, f.l.ldu, q * f.l.R, f.l.ucols, u, t.m0, 0, t.rows, wgi);
             if (live) lora_add<RP>(acc, u, slb, f.l.scale);
         }
         if (live) wg_epilogue(p, acc, t.e, t.m0, 0, t.rows, n0, wgi);
@@ -297,5 +297,6 @@ void cuda_fill_moe_gemm_lora_ops(ct_backend *be)
     occupancy.fused[0] = kernel_setup((const void *)moe_wgmma_lora_kernel<16>, wg::NTHREADS, fl::smem_bytes(16));
     occupancy.fused[1] = kernel_setup((const void *)moe_wgmma_lora_kernel<32>, wg::NTHREADS, fl::smem_bytes(32));
     occupancy.fused[2] = kernel_setup((const void *)moe_wgmma_lora_kernel<64>, wg::NTHREADS, fl::smem_bytes(64));
-    be->moe_linear_lora_fwd = moe_gemm_version() == 3 ? cuda_moe_linear_lora_fwd<true> : cuda_moe_linear_lora_fwd<false>;
+    be->moe_linear_lora_fwd =
+        moe_gemm_version() == 3 ? cuda_moe_linear_lora_fwd<true> : cuda_moe_linear_lora_fwd<false>;
 }

@@ -119,7 +119,8 @@ template <bool GATHER> __host__ __device__ constexpr int consumer_regs() { retur
 /* Per rank padding RP (0: no LoRA): the ring's depth and a stage (x, W, A_e). */
 template <int RP> __host__ __device__ constexpr int stages() { return RP <= 16 ? 4 : 3; }
 template <int RP> __host__ __device__ constexpr uint32_t stage_bytes() { return A_BYTES + B_BYTES + RP * ROW_BYTES; }
-template <int RP> __host__ __device__ constexpr uint32_t slice_bytes() { return RP * BN * 2; } /* one B^T slice buffer */
+/* one Bu slice buffer */
+template <int RP> __host__ __device__ constexpr uint32_t slice_bytes() { return RP * BN * 2; }
 template <int RP> __host__ __device__ constexpr size_t smem_bytes()
 {
     return (size_t)stages<RP>() * stage_bytes<RP>() + 2 * slice_bytes<RP>() + (2 * stages<RP>() + 4) * 8 + 1024;
@@ -402,7 +403,8 @@ void moe_gemm_tma(const gemm_args &p, bool nn, const tma_lora *lora, int num_sms
     using namespace tma;
     CT_ASSERT(!nn || !p.gather, "moe_gemm_tma: bwd_input has no gather");
     CT_ASSERT(!lora || (nn && lora->ldg >= 64 && lora->ldg % 8 == 0),
-              "moe_gemm_tma: the LoRA k-step needs bwd_input and g rows of >= 64 columns (ldg %d)", lora ? lora->ldg : 0);
+              "moe_gemm_tma: the LoRA k-step needs bwd_input and g rows of >= 64 columns (ldg %d)",
+              lora ? lora->ldg : 0);
     tma_params P = {};
     P.p = p;
     base_maps(P, nn);

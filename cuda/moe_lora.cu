@@ -405,10 +405,15 @@ __global__ void lora_convert_kernel(bf16 *Ap, bf16 *At, bf16 *Bp, bf16 *Bt, cons
     }
 }
 
-/* lora_convert_cols_kernel (moe_gemm.cuh has what it writes): the backward's
- * modules as one LoRA of rank n R, so g = dy Bt^T sums each module's columns only. */
-__global__ void lora_convert_cols_kernel(bf16 *Ap, bf16 *At, bf16 *Bt, lora_cvt cv, int E, int R, int RP, int in,
-                                         int out)
+/* The backward's modules as one LoRA of rank n R (lora_convert_cols, moe_gemm.cuh,
+ * has what it writes), so g = dy Bt^T sums each module's columns only. */
+struct lora_cvt {
+    const float *A[2], *B[2];
+    int col0[2], cols[2], n;
+};
+
+static __global__ void lora_convert_cols_kernel(bf16 *Ap, bf16 *At, bf16 *Bt, lora_cvt cv, int E, int R, int RP,
+                                                int in, int out)
 {
     const int nA = E * in, nB = E * out;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nA + nB; i += gridDim.x * blockDim.x) {
@@ -430,6 +435,23 @@ __global__ void lora_convert_cols_kernel(bf16 *Ap, bf16 *At, bf16 *Bt, lora_cvt 
                         }));
         }
     }
+}
+
+void lora_convert_cols(cudaStream_t st, bf16 *Ap, bf16 *At, bf16 *Bt, const ct_moe_lora_cols *mods, int n_mod, int E,
+                       int R, int RP, int in, int out)
+{
+    lora_cvt cv = {};
+    cv.n = n_mod;
+    for (int q = 0; q < n_mod; q++) {
+        cv.A[q] = mods[q].A;
+        cv.B[q] = mods[q].B;
+        cv.col0[q] = mods[q].col0;
+        cv.cols[q] = mods[q].cols;
+    }
+    const size_t columns = (size_t)E * (in + out); /* one thread per column of the masters */
+    const int blocks = grid_for(columns, 256) < 8192 ? grid_for(columns, 256) : 8192;
+    lora_convert_cols_kernel<<<blocks, 256, 0, st>>>(Ap, At, Bt, cv, E, R, RP, in, out);
+    LAUNCH_CHECK();
 }
 
 /* y += scale * (drop(x) A_e^T) B_e^T over 128-row tiles. */
@@ -604,23 +626,15 @@ static lora_args lora_prepare(ct_backend *be, const char *op, bool bwd, void *y,
     bf16 *Bx = (bf16 *)scratch_take(&sc, nB * 2); /* Bp forward, Bt backward */
     a.us = bwd ? (bf16 *)scratch_take(&sc, nug * 2) : NULL;
     a.gs = bwd ? (bf16 *)scratch_take(&sc, nug * 2) : NULL;
-    const size_t columns = (size_t)E * (in + out); /* the converts' threads */
-    const int blocks = grid_for(columns, 256) < 8192 ? grid_for(columns, 256) : 8192;
     if (whole) {
+        const size_t columns = (size_t)E * (in + out); /* the convert's threads */
+        const int blocks = grid_for(columns, 256) < 8192 ? grid_for(columns, 256) : 8192;
         lora_convert_kernel<<<blocks, 256, 0, c->stream>>>(Ap, At, bwd ? NULL : Bx, bwd ? Bx : NULL, mods[0].A,
                                                            mods[0].B, E, R, rp, in, out);
+        LAUNCH_CHECK();
     } else {
-        lora_cvt cv = {};
-        cv.n = n_mod;
-        for (int q = 0; q < n_mod; q++) {
-            cv.A[q] = mods[q].A;
-            cv.B[q] = mods[q].B;
-            cv.col0[q] = mods[q].col0;
-            cv.cols[q] = mods[q].cols;
-        }
-        lora_convert_cols_kernel<<<blocks, 256, 0, c->stream>>>(Ap, At, Bx, cv, E, R, rp, in, out);
+        lora_convert_cols(c->stream, Ap, At, Bx, mods, n_mod, E, R, rp, in, out);
     }
-    LAUNCH_CHECK();
     a.y = (bf16 *)y;
     a.x = (const bf16 *)x;
     a.gather = gather;

@@ -274,9 +274,7 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_kernel(gemm_args p)
 #pragma unroll
                 for (int ks = 0; ks < BK / 16; ks++) {
                     const uint64_t da = wgmma_desc(sa + ks * 32, 16, 1024);
-                    const uint64_t db = NN ? wgmma_desc(sb + ks * 16 * ROW_BYTES, NN_PANEL, 1024)
-                                           : wgmma_desc(sb + ks * 32, 16, 1024);
-                    wgmma_m64n256k16_ss<NN>(acc, da, db, kt > 0 || ks > 0);
+                    wgmma_m64n256k16_ss<NN>(acc, da, wg_b_desc<NN>(sb, ks), kt > 0 || ks > 0);
                 }
                 wgmma_commit();
             }

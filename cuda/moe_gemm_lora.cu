@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_lora_kernel(fused_a
 #pragma unroll
                 for (int ks = 0; ks < BK / 16; ks++) {
                     const uint64_t da = wgmma_desc(sa + ks * 32, 16, 1024);
-                    wgmma_m64n256k16_ss<false>(acc, da, wgmma_desc(sb + ks * 32, 16, 1024), kt > 0 || ks > 0);
+                    wgmma_m64n256k16_ss<false>(acc, da, wg_b_desc<false>(sb, ks), kt > 0 || ks > 0);
                     lora_u_mma<RP>(u, da, wgmma_desc(sl + ks * 32, 16, 1024), kt > 0 || ks > 0);
                 }
                 wgmma_commit();

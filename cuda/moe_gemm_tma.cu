@@ -279,9 +279,7 @@ __device__ __forceinline__ void tma_consume(const tma_params &P, const moe_sched
 #pragma unroll
                 for (int ks = 0; ks < BK / 16; ks++) {
                     const uint64_t da = wgmma_desc(sa + ks * 32, 16, 1024);
-                    const uint64_t db = NN ? wgmma_desc(sb + ks * 16 * ROW_BYTES, NN_PANEL, 1024)
-                                           : wgmma_desc(sb + ks * 32, 16, 1024);
-                    wgmma_m64n256k16_ss<NN>(acc, da, db, kt > 0 || ks > 0);
+                    wgmma_m64n256k16_ss<NN>(acc, da, wg_b_desc<NN>(sb, ks), kt > 0 || ks > 0);
                     /* u in every tile (A_e's slice is loaded only for a module's tiles;
                      * elsewhere u is unused): a wgmma under a condition would make ptxas
                      * serialize all of them */

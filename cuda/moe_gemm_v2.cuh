@@ -28,6 +28,14 @@ constexpr int NN_PANEL = BK * ROW_BYTES;                /* NN: B as 4 panels of 
 constexpr size_t smem_bytes() { return (size_t)STAGES * STAGE_BYTES + 1024; } /* + alignment slack */
 }
 
+/* B's descriptor for 16-deep step ks of a k-step staged at sb: NT, W's rows
+ * K-major (128-byte swizzled, as the A tile); NN, 4 MN-major panels of 64 columns.
+ * The v2, fused-LoRA and TMA kernels all read their stages this way. */
+template <bool NN> __device__ __forceinline__ uint64_t wg_b_desc(uint32_t sb, int ks)
+{
+    return NN ? wgmma_desc(sb + ks * 16 * wg::ROW_BYTES, wg::NN_PANEL, 1024) : wgmma_desc(sb + ks * 32, 16, 1024);
+}
+
 /* Row tile and column tile of a tile index: row tiles rastered in groups of GROUP
  * (the column tiles of GROUP row tiles run together), as the v1 kernel. */
 __device__ __forceinline__ void tile_coords(int tile, int n_rt, int n_ct, int group_rows, int &rt, int &ct)

@@ -582,6 +582,23 @@ TEST(packed_batch_equals_documents_one_by_one_moe)
     check_packed_equals_unpacked(fixture_gpt_oss_json);
 }
 
+/* One step of the packed batch on each fixture: the same loss and bit-identical
+ * LoRA gradients (what names the two setups); closes both fixtures. */
+static void expect_identical_steps(fixture *f1, fixture *f2, const char *what)
+{
+    ct_batch b;
+    packed_batch(&b);
+    size_t n = f1->lora.n_params;
+    float *g1 = ct_malloc(n * 4), *g2 = ct_malloc(n * 4);
+    double l1 = step_loss(f1, &b, 1, g1), l2 = step_loss(f2, &b, 1, g2);
+    CHECK(l1 == l2, "%s: loss %.9g vs %.9g", what, l1, l2);
+    CHECK(memcmp(g1, g2, n * 4) == 0, "gradients differ between %s", what);
+    free(g1); free(g2);
+    batch_free(&b);
+    fixture_close(f1);
+    fixture_close(f2);
+}
+
 TEST(checkpointing_on_and_off_give_identical_moe_gradients)
 {
     fixture f1, f2;
@@ -590,22 +607,13 @@ TEST(checkpointing_on_and_off_give_identical_moe_gradients)
     ct_error err = {0};
     REQUIRE(!graph_set_router_aux_loss(f1.graph, true, &err) && !graph_set_router_aux_loss(f2.graph, true, &err),
             "aux on");
-    ct_batch b;
-    packed_batch(&b);
-    size_t n = f1.lora.n_params;
-    float *g1 = ct_malloc(n * 4), *g2 = ct_malloc(n * 4);
-    double l1 = step_loss(&f1, &b, 1, g1), l2 = step_loss(&f2, &b, 1, g2);
-    CHECK(l1 == l2, "loss %.9g vs %.9g", l1, l2);
-    CHECK(memcmp(g1, g2, n * 4) == 0, "gradients differ between checkpointing on and off");
-    free(g1); free(g2);
-    batch_free(&b);
-    fixture_close(&f1);
-    fixture_close(&f2);
+    expect_identical_steps(&f1, &f2, "checkpointing on and off");
 }
 
 /* The fused expert LoRA forward (the default; CTUNE_MOE_LORA=separate turns it
- * off) routes the gate|up and down forwards through moe_linear_lora_fwd (gate and up as two modules on their column halves; gpt_oss's
- * one gate_up module, expert biases and clamped SwiGLU): on the CPU that op is the
+ * off) routes the gate|up and down forwards through moe_linear_lora_fwd (gate
+ * and up as two modules on their column halves; gpt_oss's one gate_up module,
+ * expert biases and clamped SwiGLU): on the CPU that op is the
  * unfused sequence, so any wrong module, column offset or input shows here. */
 static void check_fused_lora_graph(const char *json)
 {
@@ -614,17 +622,7 @@ static void check_fused_lora_graph(const char *json)
     setenv("CTUNE_MOE_LORA", "separate", 1);
     REQUIRE(fixture_open(&f2, json, false, all_targets, 7) == 0, "fixture");
     unsetenv("CTUNE_MOE_LORA");
-    ct_batch b;
-    packed_batch(&b);
-    size_t n = f1.lora.n_params;
-    float *g1 = ct_malloc(n * 4), *g2 = ct_malloc(n * 4);
-    double l1 = step_loss(&f1, &b, 1, g1), l2 = step_loss(&f2, &b, 1, g2);
-    CHECK(l1 == l2, "loss %.9g (fused) vs %.9g", l1, l2);
-    CHECK(memcmp(g1, g2, n * 4) == 0, "gradients differ between the fused and the separate expert LoRA");
-    free(g1); free(g2);
-    batch_free(&b);
-    fixture_close(&f1);
-    fixture_close(&f2);
+    expect_identical_steps(&f1, &f2, "the fused and the separate expert LoRA");
 }
 
 TEST(fused_expert_lora_forward_gives_identical_loss_and_gradients_on_the_cpu)

@@ -218,8 +218,8 @@ static bool backend_has_moe(const ct_backend *be)
 {
     return be->moe_route && be->moe_count && be->moe_offsets && be->moe_permute && be->moe_gather &&
            be->moe_scatter && be->moe_scatter_bwd && be->moe_weight_grad && be->moe_linear_fwd &&
-           be->moe_linear_bwd_input && be->moe_lora_fwd && be->moe_lora_bwd && be->moe_clamped_swiglu_fwd && be->moe_clamped_swiglu_bwd &&
-           be->moe_route_bwd && be->moe_prob_sum && be->moe_aux_loss;
+           be->moe_linear_bwd_input && be->moe_lora_fwd && be->moe_lora_bwd && be->moe_clamped_swiglu_fwd &&
+           be->moe_clamped_swiglu_bwd && be->moe_route_bwd && be->moe_prob_sum && be->moe_aux_loss;
 }
 
 int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)

@@ -10,15 +10,28 @@
  * the loss is reproducible run to run. Logits stay fp32: in bf16 a logit of ~20
  * carries an error of ~0.06, larger than the loss differences that matter.
  *
+ * Where V % 4 == 0 and a row's eighth fits in shared memory, ce_row_cluster_kernel
+ * replaces ce_row_kernel: a cluster of CE_CLUSTER blocks per row, each holding
+ * its slice of the row in shared memory from one pass over the logits, the
+ * slices' (max, sum of exp) merged through distributed shared memory, the
+ * gradient written from shared memory: the fp32 logits are read once instead of
+ * twice (at V = 151936 each chunk's 233 MB do not stay in L2 between the passes).
+ *
  * CE_ROWS bounds the fp32 logits to ~256 MiB (432 rows at V = 151936), large
  * enough that each chunk's GEMM runs near peak. The chunk's row count is padded
  * to a multiple of 64 (pad rows of xg are zero, their outputs unused) so that the
  * GEMM plan cache sees a handful of shapes, not one per remainder. */
 #include "ct_cuda.cuh"
 
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
+
 #define CE_LOGIT_BYTES ((size_t)256 << 20)
 #define CE_THREADS 512
 #define CE_PAD 64
+#define CE_CLUSTER 8                           /* blocks per row in ce_row_cluster_kernel */
+#define CE_CLUSTER_SMEM ((size_t)200 << 10)    /* its largest slice of a row, bytes */
 
 // ---- kernels ----
 
@@ -50,13 +63,37 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
     m = mn;
 }
 
+/* (max, sum of exp) of this block's values, merged over the block: every thread gets it. */
+__device__ __forceinline__ float2 block_lse_pair(float m, float s)
+{
+    __shared__ float sm[CE_THREADS / 32], ss[CE_THREADS / 32];
+    __shared__ float2 out;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        lse_merge(m, s, m2, s2);
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+        sm[warp] = m;
+        ss[warp] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float M = sm[0], S = ss[0];
+        for (int w = 1; w < CE_THREADS / 32; w++) lse_merge(M, S, sm[w], ss[w]);
+        out = make_float2(M, S);
+    }
+    __syncthreads();
+    return out;
+}
+
 /* One block per row: loss, and the bf16 gradient of the logits when dlog != NULL. */
 __global__ void __launch_bounds__(CE_THREADS) ce_row_kernel(bf16 *dlog, float *row_loss,
                                                             const float *logits,
                                                             const int32_t *targets, int V,
                                                             float grad_scale)
 {
-    __shared__ float sm[CE_THREADS / 32], ss[CE_THREADS / 32];
     __shared__ float lse_sh;
     size_t r = blockIdx.x;
     const float *l = logits + r * V;
@@ -70,21 +107,9 @@ __global__ void __launch_bounds__(CE_THREADS) ce_row_kernel(bf16 *dlog, float *r
             s += expf(v - m);
         }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        lse_merge(m, s, m2, s2);
-    }
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) {
-        sm[warp] = m;
-        ss[warp] = s;
-    }
-    __syncthreads();
+    const float2 ms = block_lse_pair(m, s);
     if (threadIdx.x == 0) {
-        float M = sm[0], S = ss[0];
-        for (int w = 1; w < CE_THREADS / 32; w++) lse_merge(M, S, sm[w], ss[w]);
-        float lse = M + logf(S);
+        float lse = ms.x + logf(ms.y);
         lse_sh = lse;
         row_loss[r] = lse - l[targets[r]];
     }
@@ -97,6 +122,58 @@ __global__ void __launch_bounds__(CE_THREADS) ce_row_kernel(bf16 *dlog, float *r
         float g = grad_scale * expf(l[j] - lse);
         if (j == tgt) g -= grad_scale;
         d[j] = __float2bfloat16_rn(g);
+    }
+}
+
+/* ce_row_kernel's results with a cluster of CE_CLUSTER blocks per row (grid:
+ * CE_CLUSTER x rows): block k holds columns [k slice, (k + 1) slice) of its row
+ * (slice % 4 == 0, V % 4 == 0: 16-byte loads) in shared memory. */
+__global__ void __cluster_dims__(CE_CLUSTER, 1, 1) __launch_bounds__(CE_THREADS)
+ce_row_cluster_kernel(bf16 *dlog, float *row_loss, const float *logits, const int32_t *targets, int V, int slice,
+                      float grad_scale)
+{
+    extern __shared__ float4 ce_slice[];
+    __shared__ float2 part; /* this block's (max, sum of exp), read by the cluster */
+    __shared__ float lse_sh;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = (int)cluster.block_rank();
+    const size_t r = blockIdx.y;
+    const int c0 = rank * slice, n4 = max(0, min(V, c0 + slice) - c0) / 4;
+    const float4 *l4 = (const float4 *)(logits + r * V + c0);
+    float m = -INFINITY, s = 0.0f;
+    for (int j = threadIdx.x; j < n4; j += CE_THREADS) {
+        const float4 v = l4[j];
+        ce_slice[j] = v;
+        const float vm = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
+        lse_merge(m, s, vm, expf(v.x - vm) + expf(v.y - vm) + expf(v.z - vm) + expf(v.w - vm));
+    }
+    const float2 mine = block_lse_pair(m, s);
+    if (threadIdx.x == 0) part = mine;
+    cluster.sync(); /* every block's part is written */
+    if (threadIdx.x == 0) {
+        float M = -INFINITY, S = 0.0f;
+        for (int k = 0; k < CE_CLUSTER; k++) {
+            const float2 p = *cluster.map_shared_rank(&part, k);
+            lse_merge(M, S, p.x, p.y);
+        }
+        lse_sh = M + logf(S);
+    }
+    cluster.sync(); /* the parts are read: no block leaves while another reads its shared memory */
+    const float lse = lse_sh;
+    const int tgt = targets[r];
+    const float *sl = (const float *)ce_slice;
+    if (threadIdx.x == 0 && tgt >= c0 && tgt < c0 + 4 * n4) row_loss[r] = lse - sl[tgt - c0];
+    if (!dlog) return;
+    uint2 *d = (uint2 *)(dlog + r * V + c0); /* 4 bf16 per 8 bytes */
+    for (int j = threadIdx.x; j < n4; j += CE_THREADS) {
+        float g[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            g[q] = grad_scale * expf(sl[4 * j + q] - lse);
+            if (c0 + 4 * j + q == tgt) g[q] -= grad_scale;
+        }
+        __nv_bfloat162 lo = __floats2bfloat162_rn(g[0], g[1]), hi = __floats2bfloat162_rn(g[2], g[3]);
+        d[j] = make_uint2(*(uint32_t *)&lo, *(uint32_t *)&hi);
     }
 }
 
@@ -139,6 +216,16 @@ void cuda_cross_entropy(ct_backend *be, float *loss_sum, void *dx, const void *x
     bf16 *dlog = dx ? (bf16 *)scratch_take(&sc, (size_t)chunk * V * 2) : NULL;
     bf16 *dxg = dx ? (bf16 *)scratch_take(&sc, (size_t)chunk * H * 2) : NULL;
 
+    /* the cluster kernel's slice of a row (a multiple of 4 columns), or 0: ce_row_kernel */
+    const int slice = (int)ct_ceil_div(ct_ceil_div((size_t)V, CE_CLUSTER), 4) * 4;
+    const bool clustered = V % 4 == 0 && (size_t)slice * 4 <= CE_CLUSTER_SMEM;
+    static bool smem_raised;
+    if (clustered && !smem_raised) {
+        CUDA_CHECK(cudaFuncSetAttribute((const void *)ce_row_cluster_kernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CE_CLUSTER_SMEM));
+        smem_raised = true;
+    }
+    const int use_slice = clustered ? slice : 0;
     for (int c0 = 0; c0 < n; c0 += chunk) {
         int nc = n - c0 < chunk ? n - c0 : chunk;
         int npad = (nc + CE_PAD - 1) / CE_PAD * CE_PAD;
@@ -146,8 +233,11 @@ void cuda_cross_entropy(ct_backend *be, float *loss_sum, void *dx, const void *x
             xg, (const bf16 *)x, rows + c0, nc, npad, H);
         LAUNCH_CHECK();
         gemm(c, logits, CUDA_R_32F, V, xg, H, false, W, H, true, npad, V, H, 1.0f, 0.0f, NULL);
-        ce_row_kernel<<<nc, CE_THREADS, 0, c->stream>>>(dlog, row_loss + c0, logits, targets + c0,
-                                                        V, grad_scale);
+        if (use_slice > 0)
+            ce_row_cluster_kernel<<<dim3(CE_CLUSTER, nc), CE_THREADS, (size_t)use_slice * 4, c->stream>>>(
+                dlog, row_loss + c0, logits, targets + c0, V, use_slice, grad_scale);
+        else
+            ce_row_kernel<<<nc, CE_THREADS, 0, c->stream>>>(dlog, row_loss + c0, logits, targets + c0, V, grad_scale);
         LAUNCH_CHECK();
         if (!dx) continue;
         /* Pad rows of dlog hold stale values; each output row reads only its own

@@ -422,7 +422,8 @@ static void cross_entropy_case(int T, int n, int H, int V)
 TEST(cross_entropy_matches_cpu_in_one_chunk)
 {
     NEED_GPU();
-    cross_entropy_case(150, 100, 64, 1000);
+    cross_entropy_case(150, 100, 64, 1000); /* the cluster kernel, its last slice short */
+    cross_entropy_case(40, 30, 64, 409604); /* a row's eighth past 200 KB: one block per row */
 }
 
 TEST(cross_entropy_matches_cpu_over_several_chunks)

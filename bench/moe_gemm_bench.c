@@ -116,7 +116,7 @@ static void op_moe_lora_fwd(bench_bufs *b)
 }
 static void op_moe_lora_fused_fwd(bench_bufs *b)
 {
-    const ct_moe_lora_cols mod = {b->A, b->B, 0, b->out, NULL, NULL};
+    const ct_lora_cols mod = {b->A, b->B, 0, b->out, NULL, NULL};
     b->be->moe_linear_lora_fwd(b->be, b->y, b->ldy, b->x, b->in, b->gather, b->m->K, b->W, b->bias, b->offsets,
                                b->m->E, b->in, b->out, 0, &mod, 1, LORA_R, 2.0f, NULL, 0);
 }

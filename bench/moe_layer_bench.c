@@ -110,12 +110,12 @@ static void experts(layer *L)
     const shape *s = L->s;
     int E = s->E, K = s->K, H = s->H, I = s->I;
     size_t half = (size_t)E * I * R; /* one module's B and dB in B_gu, dB_gu */
-    ct_moe_lora_cols gu[2] = {{L->A_gu, L->B_gu, 0, 2 * I, L->dA_gu, L->dB_gu}};
+    ct_lora_cols gu[2] = {{L->A_gu, L->B_gu, 0, 2 * I, L->dA_gu, L->dB_gu}};
     if (s->gate_up_modules == 2) {
         gu[0].cols = I;
-        gu[1] = (ct_moe_lora_cols){L->A_up, L->B_gu + half, I, I, L->dA_up, L->dB_gu + half};
+        gu[1] = (ct_lora_cols){L->A_up, L->B_gu + half, I, I, L->dA_up, L->dB_gu + half};
     }
-    const ct_moe_lora_cols d = {L->A_d, L->B_d, 0, H, L->dA_d, L->dB_d};
+    const ct_lora_cols d = {L->A_d, L->B_d, 0, H, L->dA_d, L->dB_d};
     bool u_gu = be->moe_linear_lora_fwd(be, L->gu, 2 * I, L->hn, H, L->row_slot, K, L->Wgu, NULL, L->offsets, E, H,
                                         2 * I, 0, gu, s->gate_up_modules, R, 2.0f, L->u_gu, 64);
     be->swiglu_fwd(be, L->act, L->gu, L->n, I);

@@ -265,6 +265,8 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     be->linear_bwd_input = cuda_linear_bwd_input;
     be->lora_fwd = cuda_lora_fwd;
     be->lora_bwd = cuda_lora_bwd;
+    be->lora_fwd_cols = cuda_lora_fwd_cols;
+    be->lora_bwd_cols = cuda_lora_bwd_cols;
     be->rope = cuda_rope;
     be->rmsnorm_rope_fwd = cuda_rmsnorm_rope_fwd;
     be->rmsnorm_rope_bwd = cuda_rmsnorm_rope_bwd;

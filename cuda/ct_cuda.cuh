@@ -158,6 +158,17 @@ void cuda_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, con
 void cuda_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, float *dB, const void *dy,
                    int lddy, const void *x, int ldx, const float *A, const float *B, int T, int in,
                    int out, int R, float scale, float dropout_p, uint64_t dropout_seed);
+void cuda_lora_fwd_cols(ct_backend *be, void *y, int ldy, const void *x, int ldx, int T, int in,
+                        const ct_lora_cols *lora, int n_lora, int R, float scale);
+void cuda_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x, int ldx,
+                        int T, int in, const ct_lora_cols *lora, int n_lora, int R, float scale);
+/* The fp32 masters of n_mod (1..CT_LORA_COLS_MAX) modules as one LoRA of rank
+ * n_mod R, padded bf16 (moe_lora.cu), queued on st: Ap (E,RP,in) and At (its
+ * transpose, or NULL) hold module q's A in ranks q R .. q R + R - 1, Bt (E,RP,out)
+ * module q's B^T on its columns [col0, col0 + cols) of those ranks; everything
+ * else zero. RP is a multiple of 8, at least n_mod R. */
+void lora_convert_cols(cudaStream_t st, bf16 *Ap, bf16 *At, bf16 *Bt, const ct_lora_cols *mods, int n_mod, int E,
+                       int R, int RP, int in, int out);
 
 /* attention.cu */
 void attention_init(void);

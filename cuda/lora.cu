@@ -15,7 +15,14 @@
  * the same bits as the CPU backend. drop' in backward reuses that scratch for
  * scale * g @ A, then one kernel masks it into dx.
  * Later: a fused skinny GEMM that applies the mask while loading x would remove
- * the (T,in) scratch and one pass over x. */
+ * the (T,in) scratch and one pass over x.
+ *
+ * Modules that share x (q, k, v; gate, up) run as one LoRA of rank n R without
+ * dropout (lora_fwd_cols, lora_bwd_cols): A stacked (n R, in) and B block-diagonal
+ * over the columns they span, so x is read, and y or dx read-modified-written,
+ * once for all of them; the zero blocks add exact zeros. Each module's dB is
+ * still its own GEMM over its own columns of dy; dA is one GEMM into fp32
+ * scratch, added to each module's dA. */
 #include "ct_cuda.cuh"
 
 // ---- kernels ----
@@ -55,6 +62,13 @@ __global__ void dropout_add_kernel(bf16 *dx, int lddx, const bf16 *gA, int T, in
     for (int j = 0; j < 8; j++)
         if (ct_hash_uniform_dev(seed, idx + j) >= p) d[j] += g[j] * inv_keep;
     store8(dx + t * lddx + i, d);
+}
+
+/* dst[i] += src[i] (fp32). */
+__global__ void f32_add_kernel(float *dst, const float *src, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] += src[i];
 }
 
 // ---- launchers ----
@@ -162,4 +176,72 @@ void cuda_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, float *dB, con
                                                                  dropout_p, 1.0f / (1.0f - dropout_p),
                                                                  dropout_seed);
     LAUNCH_CHECK();
+}
+
+/* The modules of one lora_fwd_cols / lora_bwd_cols call as one LoRA: the columns
+ * they span from the first one's col0, and the stacked bf16 operands. */
+struct lora_stack {
+    int col0, span, RP;
+    bf16 *A, *Bt, *u, *g; /* A (RP,in), Bt (RP,span), u and g (T,RP) */
+    float *dA;            /* (RP,in) fp32, backward only */
+};
+
+static lora_stack lora_stack_prepare(cuda_ctx *c, const ct_lora_cols *lora, int n, int T, int in, int R,
+                                     bool backward)
+{
+    CT_ASSERT(n >= 1 && n <= CT_LORA_COLS_MAX, "lora_cols: %d modules", n);
+    lora_stack st;
+    st.col0 = lora[0].col0;
+    st.span = lora[n - 1].col0 + lora[n - 1].cols - st.col0;
+    st.RP = (n * R + 7) / 8 * 8; /* cuBLAS: 16-byte aligned rows of u and g */
+    ct_lora_cols rel[CT_LORA_COLS_MAX];
+    for (int q = 0; q < n; q++) {
+        CT_ASSERT(q == 0 || lora[q].col0 >= lora[q - 1].col0 + lora[q - 1].cols,
+                  "lora_cols: module %d's columns overlap or precede module %d's", q, q - 1);
+        rel[q] = lora[q];
+        rel[q].col0 -= st.col0;
+    }
+    size_t nA = (size_t)st.RP * in, nB = (size_t)st.RP * st.span, nTR = (size_t)T * st.RP;
+    size_t bytes = scratch_round(nA * 2) + scratch_round(nB * 2) + 2 * scratch_round(nTR * 2) +
+                   (backward ? scratch_round(nA * 4) : 0);
+    scratch_carver sc = {(char *)cuda_scratch(c, bytes), 0};
+    st.A = (bf16 *)scratch_take(&sc, nA * 2);
+    st.Bt = (bf16 *)scratch_take(&sc, nB * 2);
+    st.u = (bf16 *)scratch_take(&sc, nTR * 2);
+    st.g = (bf16 *)scratch_take(&sc, nTR * 2);
+    st.dA = backward ? (float *)scratch_take(&sc, nA * 4) : NULL;
+    lora_convert_cols(c->stream, st.A, NULL, st.Bt, rel, n, 1, R, st.RP, in, st.span);
+    return st;
+}
+
+void cuda_lora_fwd_cols(ct_backend *be, void *y, int ldy, const void *x, int ldx, int T, int in,
+                        const ct_lora_cols *lora, int n_lora, int R, float scale)
+{
+    cuda_ctx *c = ctx_of(be);
+    if (T == 0) return;
+    lora_stack st = lora_stack_prepare(c, lora, n_lora, T, in, R, false);
+    bf16 *ys = (bf16 *)y + st.col0;
+    gemm(c, st.u, CUDA_R_16BF, st.RP, x, ldx, false, st.A, in, true, T, st.RP, in, 1.0f, 0.0f, NULL);
+    gemm(c, ys, CUDA_R_16BF, ldy, st.u, st.RP, false, st.Bt, st.span, false, T, st.span, st.RP, scale, 1.0f, NULL);
+}
+
+void cuda_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x, int ldx,
+                        int T, int in, const ct_lora_cols *lora, int n_lora, int R, float scale)
+{
+    cuda_ctx *c = ctx_of(be);
+    if (T == 0) return;
+    lora_stack st = lora_stack_prepare(c, lora, n_lora, T, in, R, true);
+    const bf16 *dys = (const bf16 *)dy + st.col0;
+    gemm(c, st.u, CUDA_R_16BF, st.RP, x, ldx, false, st.A, in, true, T, st.RP, in, 1.0f, 0.0f, NULL);
+    gemm(c, st.g, CUDA_R_16BF, st.RP, dys, lddy, false, st.Bt, st.span, true, T, st.RP, st.span, 1.0f, 0.0f, NULL);
+    for (int q = 0; q < n_lora; q++)
+        gemm(c, lora[q].dB, CUDA_R_32F, R, (const bf16 *)dy + lora[q].col0, lddy, true, st.u + q * R, st.RP,
+             false, lora[q].cols, R, T, scale, 1.0f, NULL);
+    gemm(c, st.dA, CUDA_R_32F, in, st.g, st.RP, true, x, ldx, false, st.RP, in, T, scale, 0.0f, NULL);
+    size_t nA = (size_t)R * in;
+    for (int q = 0; q < n_lora; q++) {
+        f32_add_kernel<<<grid_for(nA, 256), 256, 0, c->stream>>>(lora[q].dA, st.dA + q * nA, nA);
+        LAUNCH_CHECK();
+    }
+    if (dx) gemm(c, dx, CUDA_R_16BF, lddx, st.g, st.RP, false, st.A, in, false, T, in, st.RP, scale, 1.0f, NULL);
 }

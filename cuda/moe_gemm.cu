@@ -387,7 +387,7 @@ static bool g_in_gemm(int in, int RP) { return moe_gemm_tma_fuses(RP) && in <= M
 template <int V>
 static void cuda_moe_linear_lora_bwd_input(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
                                            const void *W, const int32_t *offsets, int E, int in, int out,
-                                           int accumulate, void *g, int ldg, const ct_moe_lora_cols *lora,
+                                           int accumulate, void *g, int ldg, const ct_lora_cols *lora,
                                            int n_lora, int R, float scale)
 {
     const char *op = "moe_linear_lora_bwd_input";

@@ -153,18 +153,11 @@ struct fused_lora {
 bool moe_gemm_tma_fuses(int RP);
 void moe_gemm_tma_lora(const gemm_args &p, bool nn, const fused_lora &l, int num_sms, cudaStream_t st);
 
-/* The fp32 masters of n_mod (1..2) modules as one LoRA of rank n_mod R, padded
- * bf16 (moe_lora.cu), queued on st: Ap (E,RP,in) and At (its transpose, or NULL)
- * hold module q's A in ranks q R .. q R + R - 1, Bt (E,RP,out) module q's B^T on
- * its columns [col0, col0 + cols) of those ranks; everything else zero. */
-void lora_convert_cols(cudaStream_t st, bf16 *Ap, bf16 *At, bf16 *Bt, const ct_moe_lora_cols *mods, int n_mod, int E,
-                       int R, int RP, int in, int out);
-
 /* g = dy [B_1; B_2] of n_lora modules as one LoRA (moe_lora.cu: its backward's
  * first phase alone), into g (n, ldg >= 64): module q's in columns q R .. q R + R -
  * 1, zeros up to 64 (what moe_linear_lora_bwd_input's k-step reads). */
 void moe_lora_g(ct_backend *be, void *g, int ldg, const void *dy, int lddy, int out, const int32_t *offsets, int E,
-                int in, const ct_moe_lora_cols *lora, int n_lora, int R);
+                int in, const ct_lora_cols *lora, int n_lora, int R);
 
 /* The version CTUNE_MOE_GEMM names (moe_gemm.cu): 3 tma (default), 2 new, 1 old;
  * anything else exits with an input error. */

@@ -230,7 +230,7 @@ template <bool TMA>
 static bool cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx,
                                      const int32_t *gather, int K, const void *W, const void *bias,
                                      const int32_t *offsets, int E, int in, int out, int accumulate,
-                                     const ct_moe_lora_cols *lora, int n_lora, int R, float scale, void *u, int ldu)
+                                     const ct_lora_cols *lora, int n_lora, int R, float scale, void *u, int ldu)
 {
     const char *op = "moe_linear_lora_fwd";
     moe_gemm_check(op, y, ldy, x, ldx, W, bias, E, in, out);
@@ -240,7 +240,7 @@ static bool cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const voi
     CT_ASSERT(n_lora == 0 || (R >= 1 && R <= 64), "%s: LoRA rank %d is not supported (1..64 are)", op, R);
     bool fuse = n_lora > 0 && scale != 0.0f && std::isfinite(scale);
     for (int q = 0; q < n_lora; q++) {
-        const ct_moe_lora_cols &m = lora[q];
+        const ct_lora_cols &m = lora[q];
         CT_ASSERT(m.col0 >= 0 && m.cols > 0 && m.col0 % 8 == 0 && m.cols % 8 == 0 && m.col0 + m.cols <= out,
                   "%s: LoRA module %d on columns [%d, %d) is not inside [0, %d) on multiples of 8", op, q, m.col0,
                   m.col0 + m.cols, out);

@@ -416,8 +416,8 @@ __global__ void lora_convert_kernel(bf16 *Ap, bf16 *At, bf16 *Bp, bf16 *Bt, cons
 /* The backward's modules as one LoRA of rank n R (lora_convert_cols, moe_gemm.cuh,
  * has what it writes), so g = dy Bt^T sums each module's columns only. */
 struct lora_cvt {
-    const float *A[2], *B[2];
-    int col0[2], cols[2], n;
+    const float *A[CT_LORA_COLS_MAX], *B[CT_LORA_COLS_MAX];
+    int col0[CT_LORA_COLS_MAX], cols[CT_LORA_COLS_MAX], n;
 };
 
 static __global__ void lora_convert_cols_kernel(bf16 *Ap, bf16 *At, bf16 *Bt, lora_cvt cv, int E, int R, int RP,
@@ -445,9 +445,11 @@ static __global__ void lora_convert_cols_kernel(bf16 *Ap, bf16 *At, bf16 *Bt, lo
     }
 }
 
-void lora_convert_cols(cudaStream_t st, bf16 *Ap, bf16 *At, bf16 *Bt, const ct_moe_lora_cols *mods, int n_mod, int E,
+void lora_convert_cols(cudaStream_t st, bf16 *Ap, bf16 *At, bf16 *Bt, const ct_lora_cols *mods, int n_mod, int E,
                        int R, int RP, int in, int out)
 {
+    CT_ASSERT(n_mod >= 1 && n_mod <= CT_LORA_COLS_MAX && RP % 8 == 0 && RP >= n_mod * R,
+              "lora_convert_cols: %d modules of rank %d in %d padded ranks", n_mod, R, RP);
     lora_cvt cv = {};
     cv.n = n_mod;
     for (int q = 0; q < n_mod; q++) {
@@ -600,7 +602,7 @@ static int rank_slot(int R) { return R <= 16 ? 0 : R <= 32 ? 1 : 2; }
  * modules on column ranges as one LoRA of rank n_mod * R. */
 static lora_args lora_prepare(ct_backend *be, const char *op, bool bwd, void *y, int ldy, const void *x,
                               int ldx, const int32_t *gather, int K, const void *dy, int lddy,
-                              const ct_moe_lora_cols *mods, int n_mod, const int32_t *offsets, int E, int in, int out,
+                              const ct_lora_cols *mods, int n_mod, const int32_t *offsets, int E, int in, int out,
                               int R, float scale, float p, uint64_t seed, int *RP)
 {
     cuda_ctx *c = ctx_of(be);
@@ -699,7 +701,7 @@ static void cuda_moe_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, i
                               int R, float scale, float dropout_p, uint64_t dropout_seed)
 {
     int RP;
-    const ct_moe_lora_cols mod = {A, B, 0, out, NULL, NULL};
+    const ct_lora_cols mod = {A, B, 0, out, NULL, NULL};
     lora_args a = lora_prepare(be, "moe_lora_fwd", false, y, ldy, x, ldx, gather, K, NULL, 8, &mod, 1, offsets, E, in,
                                out, R, scale, dropout_p, dropout_seed, &RP);
     cuda_ctx *c = ctx_of(be);
@@ -714,7 +716,7 @@ static void cuda_moe_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, flo
                               uint64_t dropout_seed)
 {
     int RP;
-    const ct_moe_lora_cols mod = {A, B, 0, out, dA, dB};
+    const ct_lora_cols mod = {A, B, 0, out, dA, dB};
     lora_args a = lora_prepare(be, "moe_lora_bwd", true, dx, dx ? lddx : 8, x, ldx, gather, K, dy, lddy, &mod, 1,
                                offsets, E, in, out, R, scale, dropout_p, dropout_seed, &RP);
     lora_bwd_run(ctx_of(be), a, RP);
@@ -727,7 +729,7 @@ static void cuda_moe_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, flo
  * pass of weight gradients over dy, x, u and g, without grid barriers. */
 static void cuda_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
                                    const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets,
-                                   int E, int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale,
+                                   int E, int in, const ct_lora_cols *lora, int n_lora, int R, float scale,
                                    const void *g, int ldg, const void *u, int ldu)
 {
     CT_ASSERT(n_lora >= 1 && n_lora <= 2, "moe_lora_bwd_cols: %d LoRA modules (1..2 are supported)", n_lora);
@@ -757,7 +759,7 @@ static void cuda_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const voi
 
 /* g alone (moe_gemm.cuh): phase A of the backward without u, dx or phase B. */
 void moe_lora_g(ct_backend *be, void *g, int ldg, const void *dy, int lddy, int out, const int32_t *offsets, int E,
-                int in, const ct_moe_lora_cols *lora, int n_lora, int R)
+                int in, const ct_lora_cols *lora, int n_lora, int R)
 {
     CT_ASSERT(n_lora >= 1 && n_lora <= 2 && n_lora * R <= 64 && ldg >= 64 && ldg % 8 == 0 && aligned16(g),
               "moe_lora_g: %d modules of rank %d (64 ranks in all) into a 16-byte aligned g of >= 64 columns (%d)",

@@ -34,17 +34,21 @@ typedef enum {
     CT_MOE_TOPK_SOFTMAX,      /* top-K of the logits; w = softmax over those K (gpt_oss) */
 } ct_moe_rule;
 
-/* One expert LoRA module on output columns [col0, col0 + cols) of a grouped GEMM
- * (moe_linear_lora_fwd, moe_lora_bwd_cols; dA and dB: its gradients, backward only). */
-typedef struct ct_moe_lora_cols {
+/* One LoRA module on output columns [col0, col0 + cols) of a linear layer (lora_fwd_cols,
+ * lora_bwd_cols: E = 1) or of a grouped GEMM's experts (moe_linear_lora_fwd,
+ * moe_lora_bwd_cols); dA and dB: its gradients, backward only. */
+typedef struct ct_lora_cols {
     const float *A; /* (E, R, in) fp32 */
     const float *B; /* (E, cols, R) fp32 */
     int col0, cols;
     float *dA, *dB; /* (E, R, in), (E, cols, R) fp32, accumulated */
-} ct_moe_lora_cols;
+} ct_lora_cols;
 
 /* The least ldu of moe_linear_lora_fwd's u: n_lora * R ranks rounded up to 16, 32
  * or 64 (the CUDA kernels' padded ranks; 0 past 64: no u). */
+/* Most modules one lora_fwd_cols / lora_bwd_cols call takes (q, k and v). */
+#define CT_LORA_COLS_MAX 3
+
 static inline int moe_u_cols(int n_lora, int R)
 {
     int r = n_lora * R;
@@ -156,6 +160,18 @@ struct ct_backend {
                      const void *dy, int lddy, const void *x, int ldx,
                      const float *A, const float *B, int T, int in, int out, int R,
                      float scale, float dropout_p, uint64_t dropout_seed);
+    /* n_lora (1..CT_LORA_COLS_MAX) LoRA modules that share x and own column ranges
+     * of one y (lora[q].col0 increasing, ranges not overlapping, E = 1), without
+     * dropout: exactly lora_fwd / lora_bwd per module q in order, on y + col0 (dy +
+     * col0) with out = cols, into lora[q].dA and dB. The CPU runs that sequence;
+     * CUDA runs the modules as one LoRA of rank n_lora R (A stacked, B block-
+     * diagonal over the columns from the first col0 to the last module's end), so x
+     * is read and y (dx) read-modified-written once instead of once per module:
+     * results differ from the sequence by rounding only. */
+    void (*lora_fwd_cols)(ct_backend *be, void *y, int ldy, const void *x, int ldx, int T, int in,
+                          const ct_lora_cols *lora, int n_lora, int R, float scale);
+    void (*lora_bwd_cols)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x, int ldx,
+                          int T, int in, const ct_lora_cols *lora, int n_lora, int R, float scale);
 
     /* RoPE in place, split-halves (rotate_half) style, on the first rot_dim dims of
      * each head of x (T, nh, D) with token stride ldx: angle = pos[t] * inv_freq[i]
@@ -331,7 +347,7 @@ struct ct_backend {
      * runs the modules as one LoRA (the CPU recomputes the same product). */
     void (*moe_lora_bwd_cols)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
                               const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets, int E,
-                              int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale, const void *g,
+                              int in, const ct_lora_cols *lora, int n_lora, int R, float scale, const void *g,
                               int ldg, const void *u, int ldu);
     /* moe_linear_bwd_input with the LoRA input-gradient term of n_lora (1..2)
      * modules added: dx[r] (=|+=) dy[r] @ W_e + scale * sum_q g_q[r] @ A_q,e with
@@ -344,7 +360,7 @@ struct ct_backend {
      * up to 32 ranks in all), so dy is read once for both and dx written once. */
     void (*moe_linear_lora_bwd_input)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *W,
                                       const int32_t *offsets, int E, int in, int out, int accumulate, void *g,
-                                      int ldg, const ct_moe_lora_cols *lora, int n_lora, int R, float scale);
+                                      int ldg, const ct_lora_cols *lora, int n_lora, int R, float scale);
     /* The grouped GEMM forward with the expert LoRA of n_lora (0..2) modules, without
      * dropout: exactly moe_linear_fwd (all arguments as there), then for each module
      * q in order moe_lora_fwd on y's columns [col0, col0 + cols) (its y = y + col0
@@ -359,7 +375,7 @@ struct ct_backend {
      * whether it wrote u (CUDA: only when it fuses). */
     bool (*moe_linear_lora_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather,
                                 int K, const void *W, const void *bias, const int32_t *offsets, int E, int in,
-                                int out, int accumulate, const ct_moe_lora_cols *lora, int n_lora, int R,
+                                int out, int accumulate, const ct_lora_cols *lora, int n_lora, int R,
                                 float scale, void *u, int ldu);
     /* gpt_oss's expert activation on interleaved columns (gate 2i, up 2i+1) of
      * gu (n, 2I): g = min(gate, limit), u = clamp(up, -limit, limit),

@@ -269,6 +269,23 @@ static void cpu_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, float *d
     free(g);
 }
 
+/* The modules one after another: the sequence lora_fwd_cols / lora_bwd_cols are defined as. */
+static void cpu_lora_fwd_cols(ct_backend *be, void *y, int ldy, const void *x, int ldx, int T, int in,
+                              const ct_lora_cols *lora, int n_lora, int R, float scale)
+{
+    for (int q = 0; q < n_lora; q++)
+        cpu_lora_fwd(be, (float *)y + lora[q].col0, ldy, x, ldx, lora[q].A, lora[q].B, T, in, lora[q].cols, R,
+                     scale, 0.0f, 0);
+}
+
+static void cpu_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x,
+                              int ldx, int T, int in, const ct_lora_cols *lora, int n_lora, int R, float scale)
+{
+    for (int q = 0; q < n_lora; q++)
+        cpu_lora_bwd(be, dx, lddx, lora[q].dA, lora[q].dB, (const float *)dy + lora[q].col0, lddy, x, ldx,
+                     lora[q].A, lora[q].B, T, in, lora[q].cols, R, scale, 0.0f, 0);
+}
+
 static void cpu_rope(ct_backend *be, void *x, int ldx, const int32_t *pos, const float *inv_freq,
                      int T, int nh, int D, int rot_dim, float attn_scaling, int inverse)
 {
@@ -486,6 +503,8 @@ ct_backend *backend_cpu_new(void)
     be->linear_bwd_input = cpu_linear_bwd_input;
     be->lora_fwd = cpu_lora_fwd;
     be->lora_bwd = cpu_lora_bwd;
+    be->lora_fwd_cols = cpu_lora_fwd_cols;
+    be->lora_bwd_cols = cpu_lora_bwd_cols;
     be->rope = cpu_rope;
     be->rmsnorm_rope_fwd = cpu_rmsnorm_rope_fwd;
     be->rmsnorm_rope_bwd = cpu_rmsnorm_rope_bwd;

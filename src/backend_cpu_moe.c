@@ -258,7 +258,7 @@ static void cpu_moe_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, floa
  * u (if asked for) per expert with lora_fwd's own product, u = x A^T. */
 static bool cpu_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const int32_t *gather,
                                     int K, const void *W, const void *bias, const int32_t *offsets, int E, int in,
-                                    int out, int accumulate, const ct_moe_lora_cols *lora, int n_lora, int R,
+                                    int out, int accumulate, const ct_lora_cols *lora, int n_lora, int R,
                                     float scale, void *u, int ldu)
 {
     be->moe_linear_fwd(be, y, ldy, x, ldx, gather, K, W, bias, offsets, E, in, out, accumulate);
@@ -284,7 +284,7 @@ static bool cpu_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void
  * when given, is not read: lora_bwd recomputes the same product). */
 static void cpu_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, int out,
                                   const void *x, int ldx, const int32_t *gather, int K, const int32_t *offsets, int E,
-                                  int in, const ct_moe_lora_cols *lora, int n_lora, int R, float scale, const void *g,
+                                  int in, const ct_lora_cols *lora, int n_lora, int R, float scale, const void *g,
                                   int ldg, const void *u, int ldu)
 {
     (void)out, (void)u, (void)ldu, (void)ldg; /* u is recomputed: lora_bwd's product is the forward's */
@@ -298,7 +298,7 @@ static void cpu_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void
  * lora_bwd adds it (the same sgemms). */
 static void cpu_moe_linear_lora_bwd_input(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
                                           const void *W, const int32_t *offsets, int E, int in, int out,
-                                          int accumulate, void *g, int ldg, const ct_moe_lora_cols *lora,
+                                          int accumulate, void *g, int ldg, const ct_lora_cols *lora,
                                           int n_lora, int R, float scale)
 {
     CT_ASSERT(g && ldg >= n_lora * R, "moe_linear_lora_bwd_input: g needs ldg >= %d", n_lora * R);

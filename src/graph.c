@@ -334,6 +334,54 @@ static void lora_bwd(ct_graph *g, const lora_ctx *lc, int l, ct_module mod, void
                     lc->dropout, chunk_seed(lc, l, mod, chunk));
 }
 
+static const ct_module qkv_mods[3] = {CT_MOD_Q, CT_MOD_K, CT_MOD_V};
+static const ct_module gate_up[2] = {CT_MOD_GATE, CT_MOD_UP};
+
+/* The LoRA of the targeted modules among mods[0..n), which share x and write
+ * output columns col0[q] of y (in increasing order): one stacked call without
+ * dropout, so x and y are passed once; with dropout each module draws its own
+ * mask, so one call each. */
+static void lora_fwd_shared(ct_graph *g, const lora_ctx *lc, int l, const ct_module *mods, const int *col0, int n,
+                            void *y, int ldy, const void *x, int ldx, int T, int chunk)
+{
+    if (!lc->lo) return;
+    ct_lora_cols cols[CT_LORA_COLS_MAX];
+    int m = 0, in = 0;
+    for (int q = 0; q < n; q++) {
+        if (!lc->lo->targeted[mods[q]]) continue;
+        if (lc->dropout > 0.0f) {
+            lora_fwd(g, lc, l, mods[q], act_at(g, y, col0[q]), ldy, x, ldx, T, chunk);
+            continue;
+        }
+        int out;
+        model_module_shape(&g->m->cfg, mods[q], &in, &out);
+        cols[m++] = (ct_lora_cols){.A = lora_A(lc->lo, l, mods[q]), .B = lora_B(lc->lo, l, mods[q]),
+                                   .col0 = col0[q], .cols = out};
+    }
+    if (m) g->be->lora_fwd_cols(g->be, y, ldy, x, ldx, T, in, cols, m, lc->lo->R, lc->lo->scale);
+}
+
+static void lora_bwd_shared(ct_graph *g, const lora_ctx *lc, int l, const ct_module *mods, const int *col0, int n,
+                            void *dx, int lddx, const void *dy, int lddy, const void *x, int ldx, int T, int chunk)
+{
+    if (!lc->lo) return;
+    ct_lora_cols cols[CT_LORA_COLS_MAX];
+    int m = 0, in = 0;
+    for (int q = 0; q < n; q++) {
+        if (!lc->lo->targeted[mods[q]]) continue;
+        if (lc->dropout > 0.0f) {
+            lora_bwd(g, lc, l, mods[q], dx, lddx, act_at(g, (void *)dy, col0[q]), lddy, x, ldx, T, chunk);
+            continue;
+        }
+        int out;
+        model_module_shape(&g->m->cfg, mods[q], &in, &out);
+        cols[m++] = (ct_lora_cols){.A = lora_A(lc->lo, l, mods[q]), .B = lora_B(lc->lo, l, mods[q]),
+                                   .col0 = col0[q], .cols = out, .dA = lora_grad_A(lc->lo, l, mods[q]),
+                                   .dB = lora_grad_B(lc->lo, l, mods[q])};
+    }
+    if (m) g->be->lora_bwd_cols(g->be, dx, lddx, dy, lddy, x, ldx, T, in, cols, m, lc->lo->R, lc->lo->scale);
+}
+
 static int layer_window(const ct_model_config *c, int l) { return c->layer_sliding[l] ? c->sliding_window : 0; }
 
 static bool recomputed(const ct_graph *g, int l) { return l < g->n_recompute; }
@@ -353,8 +401,7 @@ static void mlp_chunk_forward(ct_graph *g, const lora_ctx *lc, int l, const void
     const ct_layer_weights *w = &g->m->layers[l];
     int H = c->hidden_size, I = c->intermediate_size;
     g->be->linear_fwd(g->be, gu, 2 * I, hn, H, w->wgu, w->bgu, n, H, 2 * I, 0);
-    lora_fwd(g, lc, l, CT_MOD_GATE, gu, 2 * I, hn, H, n, chunk);
-    lora_fwd(g, lc, l, CT_MOD_UP, act_at(g, gu, I), 2 * I, hn, H, n, chunk);
+    lora_fwd_shared(g, lc, l, gate_up, (int[]){0, I}, 2, gu, 2 * I, hn, H, n, chunk);
     g->be->swiglu_fwd(g->be, act, gu, n, I);
 }
 
@@ -396,8 +443,7 @@ static void mlp_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_act
         lora_bwd(g, lc, l, CT_MOD_DOWN, g->dact, I, dc, H, act, I, n, ci);
         be->swiglu_bwd(be, g->dgu, g->dact, gu, n, I);
         be->linear_bwd_input(be, dhn, H, g->dgu, 2 * I, w->wgu, n, H, 2 * I, 0);
-        lora_bwd(g, lc, l, CT_MOD_GATE, dhn, H, g->dgu, 2 * I, hn, H, n, ci);
-        lora_bwd(g, lc, l, CT_MOD_UP, dhn, H, act_at(g, g->dgu, I), 2 * I, hn, H, n, ci);
+        lora_bwd_shared(g, lc, l, gate_up, (int[]){0, I}, 2, dhn, H, g->dgu, 2 * I, hn, H, n, ci);
     }
 }
 
@@ -416,9 +462,7 @@ static void layer_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x,
     be->rmsnorm_fwd(be, a->xn, H, a->rstd1, x, H, w->attn_norm, T, 1, H, eps);
     void *qkv_lin = c->qk_norm ? a->qkv_raw : a->qkv;
     be->linear_fwd(be, qkv_lin, QKV, a->xn, H, w->wqkv, w->bqkv, T, H, QKV, 0);
-    lora_fwd(g, lc, l, CT_MOD_Q, qkv_lin, QKV, a->xn, H, T, 0);
-    lora_fwd(g, lc, l, CT_MOD_K, act_at(g, qkv_lin, Q), QKV, a->xn, H, T, 0);
-    lora_fwd(g, lc, l, CT_MOD_V, act_at(g, qkv_lin, Q + KV), QKV, a->xn, H, T, 0);
+    lora_fwd_shared(g, lc, l, qkv_mods, (int[]){0, Q, Q + KV}, 3, qkv_lin, QKV, a->xn, H, T, 0);
     void *q = a->qkv, *k = act_at(g, a->qkv, Q), *v = layer_v(g, a, Q + KV);
     const int32_t *pos = g->positions;
     const float *freq = g->m->inv_freq, scaling = g->m->attn_scaling;
@@ -489,9 +533,7 @@ static void layer_backward(ct_graph *g, const lora_ctx *lc, int l, const void *x
     }
     void *dlin = g->dqkv;
     be->linear_bwd_input(be, g->dxn, H, dlin, QKV, w->wqkv, T, H, QKV, 0);
-    lora_bwd(g, lc, l, CT_MOD_Q, g->dxn, H, dlin, QKV, a->xn, H, T, 0);
-    lora_bwd(g, lc, l, CT_MOD_K, g->dxn, H, act_at(g, dlin, Q), QKV, a->xn, H, T, 0);
-    lora_bwd(g, lc, l, CT_MOD_V, g->dxn, H, act_at(g, dlin, Q + KV), QKV, a->xn, H, T, 0);
+    lora_bwd_shared(g, lc, l, qkv_mods, (int[]){0, Q, Q + KV}, 3, g->dxn, H, dlin, QKV, a->xn, H, T, 0);
     be->rmsnorm_bwd(be, d, H, g->dxn, H, x, H, a->rstd1, w->attn_norm, T, 1, H, g->dh, H);
 }
 

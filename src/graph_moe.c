@@ -191,13 +191,13 @@ static void lora_bwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod, const
 /* The targeted ones of modules mods[i] (at most 2), in order, as the ops take
  * them: masters, gradients, and their columns from col0[i]; returns how many. */
 static int targeted_cols(const moe_lora *ml, int l, const ct_module *mods, const int *col0, int n_mods,
-                         ct_moe_lora_cols *cols)
+                         ct_lora_cols *cols)
 {
     int n = 0;
     for (int i = 0; i < n_mods; i++) {
         const ct_lora_slot *s = expert_lora(ml, l, mods[i]);
         if (s)
-            cols[n++] = (ct_moe_lora_cols){lora_A(ml->lo, l, mods[i]), lora_B(ml->lo, l, mods[i]), col0[i], s->out,
+            cols[n++] = (ct_lora_cols){lora_A(ml->lo, l, mods[i]), lora_B(ml->lo, l, mods[i]), col0[i], s->out,
                                            lora_grad_A(ml->lo, l, mods[i]), lora_grad_B(ml->lo, l, mods[i])};
     }
     return n;
@@ -211,7 +211,7 @@ static void lora_bwd_cols(ct_moe *mo, const moe_lora *ml, int l, const ct_module
                           const moe_acts *a, void *dx, int lddx, void *dy, int lddy, int out, const void *x,
                           int ldx, const int32_t *gather, int in)
 {
-    ct_moe_lora_cols cols[2];
+    ct_lora_cols cols[2];
     const int n = targeted_cols(ml, l, mods, col0, n_mods, cols);
     if (n >= 2 && mo->fused_lora && ml->dropout == 0.0f && mo->be->moe_lora_bwd_cols) {
         mo->be->moe_lora_bwd_cols(mo->be, dx, lddx, dy, lddy, out, x, ldx, gather, mo->K, a->offsets, mo->E, in,
@@ -234,7 +234,7 @@ static void linear_lora_bwd(ct_moe *mo, const moe_lora *ml, int l, const ct_modu
                             int in, int out, const void *x, int ldx, const int32_t *gather, const void *u)
 {
     ct_backend *be = mo->be;
-    ct_moe_lora_cols cols[2];
+    ct_lora_cols cols[2];
     const int n = targeted_cols(ml, l, mods, col0, n_mods, cols);
     if (n >= 1 && n * ml->lo->R <= MOE_G_COLS && mo->fused_lora && ml->dropout == 0.0f &&
         be->moe_linear_lora_bwd_input && be->moe_lora_bwd_cols) {
@@ -259,7 +259,7 @@ static bool linear_lora_fwd(ct_moe *mo, const moe_lora *ml, int l, const ct_modu
 {
     *u_ok = false;
     if (!mo->fused_lora || ml->dropout != 0.0f || !mo->be->moe_linear_lora_fwd) return false;
-    ct_moe_lora_cols cols[2];
+    ct_lora_cols cols[2];
     const int n = targeted_cols(ml, l, mods, col0, n_mods, cols);
     if (n == 0) return false;
     const bool want_u = moe_u_cols(n, ml->lo->R) > 0 && moe_u_cols(n, ml->lo->R) <= MOE_G_COLS;

@@ -165,6 +165,57 @@ static void lora_case(float p, int with_dx)
     free(x); free(A); free(B); free(y0); free(dy); free(dA0); free(dB0);
 }
 
+/* n modules sharing x as one stacked LoRA (lora_fwd_cols / lora_bwd_cols) against
+ * the CPU's module-by-module sequence: modules with a gap of untargeted columns
+ * between them (which must come out unchanged), and ranks that pad (n R = 12 ->
+ * 16 on the GPU). */
+static void lora_cols_case(int n, int R, const int *col0, const int *cols, int out_all)
+{
+    int T = 77, in = 192, ldx = in + 16, ldy = out_all + 8;
+    float scale = 1.5f;
+    float *x = rnd((size_t)T * ldx, 1.0f), *y0 = rnd((size_t)T * ldy, 0.05f), *dy = rnd((size_t)T * ldy, 1.0f);
+    pair px = put_act(x, (size_t)T * ldx), py = put_act(y0, (size_t)T * ldy), pdy = put_act(dy, (size_t)T * ldy);
+    pair pdx = put_act(x, (size_t)T * ldx);
+    pair pA[CT_LORA_COLS_MAX], pB[CT_LORA_COLS_MAX], pdA[CT_LORA_COLS_MAX], pdB[CT_LORA_COLS_MAX];
+    ct_lora_cols lc[CT_LORA_COLS_MAX], lg[CT_LORA_COLS_MAX];
+    for (int q = 0; q < n; q++) {
+        size_t nA = (size_t)R * in, nB = (size_t)cols[q] * R;
+        float *A = rnd(nA, 0.1f), *B = rnd(nB, 0.1f), *dA = rnd(nA, 0.5f), *dB = rnd(nB, 0.5f);
+        pA[q] = put_raw(A, nA * 4); pB[q] = put_raw(B, nB * 4);
+        pdA[q] = put_raw(dA, nA * 4); pdB[q] = put_raw(dB, nB * 4);
+        lc[q] = (ct_lora_cols){.A = pA[q].c, .B = pB[q].c, .col0 = col0[q], .cols = cols[q], .dA = pdA[q].c,
+                               .dB = pdB[q].c};
+        lg[q] = (ct_lora_cols){.A = pA[q].g, .B = pB[q].g, .col0 = col0[q], .cols = cols[q], .dA = pdA[q].g,
+                               .dB = pdB[q].g};
+        free(A); free(B); free(dA); free(dB);
+    }
+    cpu->lora_fwd_cols(cpu, py.c, ldy, px.c, ldx, T, in, lc, n, R, scale);
+    gpu->lora_fwd_cols(gpu, py.g, ldy, px.g, ldx, T, in, lg, n, R, scale);
+    double e = act_err(py, T, out_all, ldy);
+    CHECK(e < 2e-2, "fwd y rel err %g (%d modules, R %d)", e, n, R);
+    cpu->lora_bwd_cols(cpu, pdx.c, ldx, pdy.c, ldy, px.c, ldx, T, in, lc, n, R, scale);
+    gpu->lora_bwd_cols(gpu, pdx.g, ldx, pdy.g, ldy, px.g, ldx, T, in, lg, n, R, scale);
+    for (int q = 0; q < n; q++) {
+        double ea = f32_err(pdA[q], (size_t)R * in), eb = f32_err(pdB[q], (size_t)cols[q] * R);
+        CHECK(ea < 2e-2, "module %d dA rel err %g (%d modules, R %d)", q, ea, n, R);
+        CHECK(eb < 2e-2, "module %d dB rel err %g (%d modules, R %d)", q, eb, n, R);
+        drop(pA[q]); drop(pB[q]); drop(pdA[q]); drop(pdB[q]);
+    }
+    double ex = act_err(pdx, T, in, ldx);
+    CHECK(ex < 2e-2, "dx rel err %g (%d modules, R %d)", ex, n, R);
+    drop(px); drop(py); drop(pdy); drop(pdx);
+    free(x); free(y0); free(dy);
+}
+
+TEST(lora_cols_stacked_modules_match_cpu_sequence)
+{
+    NEED_GPU();
+    lora_cols_case(3, 16, (int[]){0, 128, 192}, (int[]){128, 64, 64}, 256);  /* q, k, v */
+    lora_cols_case(2, 16, (int[]){0, 192}, (int[]){128, 64}, 256);           /* q and v: k between them */
+    lora_cols_case(3, 4, (int[]){8, 72, 136}, (int[]){64, 64, 40}, 184);     /* ranks padded, y from column 8 */
+    lora_cols_case(1, 8, (int[]){32}, (int[]){96}, 128);
+}
+
 TEST(lora_fwd_bwd_match_cpu_without_dropout)
 {
     NEED_GPU();
@@ -526,6 +577,7 @@ int main(void)
     RUN(linear_fwd_with_bias_accumulates_into_a_slice);
     RUN(linear_bwd_input_matches_cpu);
     RUN(lora_fwd_bwd_match_cpu_without_dropout);
+    RUN(lora_cols_stacked_modules_match_cpu_sequence);
     RUN(lora_dropout_mask_is_bit_identical_to_cpu);
     RUN(rope_matches_cpu_forward_and_inverse_on_partial_dims);
     run_attention_tests();

@@ -379,7 +379,7 @@ static void lora_cols_run(const lora_case *k, const int col0[2], const int cols[
     pair px = put_act(x, (size_t)xrows * k->ldx), pdy = put_act(dy, (size_t)rows * k->ldy);
     pair pdx = put_act(dx0, (size_t)rows * k->ldx), po = put_raw(off, (k->E + 1) * sizeof(int32_t));
     pair pg = put_raw(gather, ((size_t)n + 1) * sizeof(int32_t)), pA[2], pB[2], pdA[2], pdB[2];
-    ct_moe_lora_cols mc[2], mg[2];
+    ct_lora_cols mc[2], mg[2];
     for (int q = 0; q < 2; q++) {
         nB[q] = (size_t)k->E * cols[q] * k->R;
         A[q] = rnd(nA, 0.1f);
@@ -390,8 +390,8 @@ static void lora_cols_run(const lora_case *k, const int col0[2], const int cols[
         pB[q] = put_raw(B[q], nB[q] * 4);
         pdA[q] = put_raw(dA0[q], nA * 4);
         pdB[q] = put_raw(dB0[q], nB[q] * 4);
-        mc[q] = (ct_moe_lora_cols){pA[q].c, pB[q].c, col0[q], cols[q], pdA[q].c, pdB[q].c};
-        mg[q] = (ct_moe_lora_cols){pA[q].g, pB[q].g, col0[q], cols[q], pdA[q].g, pdB[q].g};
+        mc[q] = (ct_lora_cols){pA[q].c, pB[q].c, col0[q], cols[q], pdA[q].c, pdB[q].c};
+        mg[q] = (ct_lora_cols){pA[q].g, pB[q].g, col0[q], cols[q], pdA[q].g, pdB[q].g};
     }
     const int32_t *gc = k->K > 0 ? pg.c : NULL, *gg = k->K > 0 ? pg.g : NULL;
     cpu->moe_lora_bwd_cols(cpu, pdx.c, k->ldx, pdy.c, k->ldy, k->out, px.c, k->ldx, gc, k->K, po.c, k->E, k->in, mc,
@@ -454,7 +454,7 @@ static void lora_dx_run(const lora_case *k, int n_mod, const int col0[2], const 
     pair px = put_act(x, (size_t)xrows * k->ldx), pdy = put_act(dy, (size_t)rows * k->ldy), pW = put_weight(W, nW);
     pair po = put_raw(off, (k->E + 1) * sizeof(int32_t)), pg = put_raw(gather, ((size_t)n + 1) * sizeof(int32_t));
     pair pgo = put_act(g0, (size_t)rows * G), pA[2], pB[2], pdA[2], pdB[2];
-    ct_moe_lora_cols mc[2], mg[2];
+    ct_lora_cols mc[2], mg[2];
     for (int q = 0; q < n_mod; q++) {
         size_t nB = (size_t)k->E * cols[q] * k->R;
         A[q] = rnd(nA, 0.1f);
@@ -465,8 +465,8 @@ static void lora_dx_run(const lora_case *k, int n_mod, const int col0[2], const 
         pB[q] = put_raw(B[q], nB * 4);
         pdA[q] = put_raw(dA0[q], nA * 4);
         pdB[q] = put_raw(dB0[q], nB * 4);
-        mc[q] = (ct_moe_lora_cols){pA[q].c, pB[q].c, col0[q], cols[q], pdA[q].c, pdB[q].c};
-        mg[q] = (ct_moe_lora_cols){pA[q].g, pB[q].g, col0[q], cols[q], pdA[q].g, pdB[q].g};
+        mc[q] = (ct_lora_cols){pA[q].c, pB[q].c, col0[q], cols[q], pdA[q].c, pdB[q].c};
+        mg[q] = (ct_lora_cols){pA[q].g, pB[q].g, col0[q], cols[q], pdA[q].g, pdB[q].g};
     }
     const int32_t *gc = k->K > 0 ? pg.c : NULL, *gg = k->K > 0 ? pg.g : NULL;
     /* u (use_u): the CPU forward's, rounded to bf16 on the GPU, NaN past the ranks
@@ -572,15 +572,15 @@ static void fused_run(const fused_case *k)
     pair px = put_act(x, (size_t)xrows * k->ldx), pW = put_weight(W, nW), pb = put_weight(b, (size_t)k->E * k->out);
     pair po = put_raw(off, (k->E + 1) * sizeof(int32_t)), pg = put_raw(gather, ((size_t)n + 1) * sizeof(int32_t));
     pair pA[2], pB[2];
-    ct_moe_lora_cols mc[2], mg[2];
+    ct_lora_cols mc[2], mg[2];
     for (int q = 0; q < k->n_mod; q++) {
         size_t nB = (size_t)k->E * k->cols[q] * k->R;
         A[q] = rnd(nA, 0.1f);
         B[q] = rnd(nB, 0.1f);
         pA[q] = put_raw(A[q], nA * 4);
         pB[q] = put_raw(B[q], nB * 4);
-        mc[q] = (ct_moe_lora_cols){pA[q].c, pB[q].c, k->col0[q], k->cols[q], NULL, NULL};
-        mg[q] = (ct_moe_lora_cols){pA[q].g, pB[q].g, k->col0[q], k->cols[q], NULL, NULL};
+        mc[q] = (ct_lora_cols){pA[q].c, pB[q].c, k->col0[q], k->cols[q], NULL, NULL};
+        mg[q] = (ct_lora_cols){pA[q].g, pB[q].g, k->col0[q], k->cols[q], NULL, NULL};
     }
     const int32_t *gc = k->K > 0 ? pg.c : NULL, *gg = k->K > 0 ? pg.g : NULL;
     const int G = 64; /* u's columns (also asked for where R * modules > 64: then none come back) */

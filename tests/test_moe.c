@@ -286,7 +286,7 @@ TEST(moe_linear_lora_fwd_equals_moe_linear_fwd_then_moe_lora_fwd_bit_for_bit)
     for (int t = 0; t < 10; t++)
         for (size_t i = 0; i < sizes[t]; i++) all[t][i] = ct_rng_normal(&rng);
 
-    const ct_moe_lora_cols two[2] = {{A0, B0, 0, 6, NULL, NULL}, {A1, B1, 10, 4, NULL, NULL}};
+    const ct_lora_cols two[2] = {{A0, B0, 0, 6, NULL, NULL}, {A1, B1, 10, 4, NULL, NULL}};
     float want[N * LDY], got[N * LDY];
     memcpy(want, y0, sizeof y0);
     be->moe_linear_fwd(be, want, LDY, x, LDX, row_slot, K, W, b, offsets, E, IN, OUT, 1);
@@ -297,7 +297,7 @@ TEST(moe_linear_lora_fwd_equals_moe_linear_fwd_then_moe_lora_fwd_bit_for_bit)
     CHECK(!memcmp(want, got, sizeof want), "two modules through a gather: not the sequence's bits");
 
     /* expert-ordered rows: x as N rows (through the gather it was T token rows) */
-    const ct_moe_lora_cols one[1] = {{Ad, Bd, 0, OUT, NULL, NULL}};
+    const ct_lora_cols one[1] = {{Ad, Bd, 0, OUT, NULL, NULL}};
     memcpy(want, y0, sizeof y0);
     be->moe_linear_fwd(be, want, LDY, x, LDX, NULL, K, W, NULL, offsets, E, IN, OUT, 0);
     be->moe_lora_fwd(be, want, LDY, x, LDX, NULL, K, Ad, Bd, offsets, E, IN, OUT, R, 0.5f, 0.0f, 0);

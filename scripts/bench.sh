@@ -5,7 +5,8 @@
 # the HF baselines; peak VRAM is the most the GPU reported in use while each ran
 # (nvidia-smi, sampled every 100 ms; includes the CUDA context).
 #   SHAPES="qwen3-0.6b llama3.1-8b" STEPS=30 WARMUP=5 bash scripts/bench.sh
-# Writes $OUT/bench.jsonl (one line per run) and prints a table.
+# Writes $OUT/bench.jsonl (one line per run) and prints a table; then the dense
+# LoRA microbenchmark (bench/lora_bench).
 set -u
 OUT=${OUT:-runs/bench}
 B=${BUILD:-build}
@@ -71,3 +72,5 @@ for r in rows:
     print(f"{r['shape']:<14} {r['system']:<26} {str(t):>9} {mfu:>6} {r.get('peak_gib_smi', 0):>9} "
           f"{str(r.get('host_syncs_per_step', '')):>10} {ratio:>12}{err}")
 PY
+echo "== dense LoRA of modules sharing an input: one at a time vs stacked (T=16384)"
+"$B/bench/lora_bench" 10

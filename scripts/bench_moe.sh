@@ -11,7 +11,8 @@
 # tmpfs (MODELS=/dev/shm, if it has the room; check `df -h /dev/shm`).
 # CTUNE_MODES (default "ckpt"; any of ckpt, nockpt, ckpt-auto) picks ctune's
 # activation checkpointing (ckpt-auto: memory.checkpoint_layers auto); HF=0 skips
-# the HF runs. HF trains packed via position_ids with sdpa and no checkpointing
+# the HF runs. LORA_TARGETS (e.g. "q_proj,k_proj,v_proj,o_proj") overrides the
+# config's lora.target_modules for ctune's runs (and labels them). HF trains packed via position_ids with sdpa and no checkpointing
 # (its fastest setting that fits); gpt_oss has only eager
 # attention in transformers 5.17, whose packed row would keep a T x T probability
 # matrix per head and layer for backward (64 heads x 16384^2 x 2 bytes = 34 GB a
@@ -29,6 +30,7 @@ CTUNE_MODES=${CTUNE_MODES:-ckpt}
 HF=${HF:-1}
 PADDED_BATCH=${PADDED_BATCH:-2}
 MODELS=${MODELS:-models}
+LORA_TARGETS=${LORA_TARGETS:-}
 mkdir -p "$OUT"
 : >"$OUT/moe.jsonl"
 peak_start() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/mem.log" 2>/dev/null & MEMPID=$!; }
@@ -64,11 +66,12 @@ PY
     CTUNE_TRACE=$OUT/trace-$shape "$B/ctune" train configs/$shape.yaml --set model="$model" --set output_dir="$run" \
         --set "data.train_files=[$data/train.shard]" --set "data.eval_files=[]" --set data.tokens_per_micro_batch=$TPMB \
         --set training.max_steps="$STEPS" --set training.warmup_steps=2 --set training.logging_steps=1 \
-        --set training.save_steps=0 --set training.eval_steps=0 --set memory.gradient_checkpointing=$ck --set memory.checkpoint_layers=$cl >"$run.log" 2>&1
+        --set training.save_steps=0 --set training.eval_steps=0 --set memory.gradient_checkpointing=$ck --set memory.checkpoint_layers=$cl \
+        ${LORA_TARGETS:+--set "lora.target_modules=[$LORA_TARGETS]"} >"$run.log" 2>&1
     rc=$?
     peak=$(peak_stop)
     python3 scripts/run_record.py "$run" "$run.log" "$rc" "$WARMUP" "$peak" \
-        "{\"shape\": \"$shape ($layers layers)\", \"system\": \"ctune $cmode\"}" >>"$OUT/moe.jsonl"
+        "{\"shape\": \"$shape ($layers layers)\", \"system\": \"ctune $cmode${LORA_TARGETS:+ LoRA $LORA_TARGETS}\"}" >>"$OUT/moe.jsonl"
     done
     [ "$HF" = 1 ] || continue
     hfmode="--mode packed"

@@ -17,8 +17,9 @@
 # attention in transformers 5.17, whose packed row would keep a T x T probability
 # matrix per head and layer for backward (64 heads x 16384^2 x 2 bytes = 34 GB a
 # layer), so there HF runs padded batches of PADDED_BATCH (2) rows, checkpointed.
-# Writes $OUT/moe.jsonl and prints a table; then the per-layer breakdown
-# (bench/moe_layer_bench) and the grouped GEMM microbenchmark (bench/moe_gemm_bench).
+# Writes $OUT/moe.jsonl and prints a table; then (unless MICRO=0) the per-layer
+# breakdown (bench/moe_layer_bench) and the grouped GEMM microbenchmark
+# (bench/moe_gemm_bench).
 set -u
 OUT=${OUT:-runs/bench-moe}
 B=${BUILD:-build}
@@ -31,6 +32,7 @@ HF=${HF:-1}
 PADDED_BATCH=${PADDED_BATCH:-2}
 MODELS=${MODELS:-models}
 LORA_TARGETS=${LORA_TARGETS:-}
+MICRO=${MICRO:-1}
 mkdir -p "$OUT"
 : >"$OUT/moe.jsonl"
 peak_start() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/mem.log" 2>/dev/null & MEMPID=$!; }
@@ -99,6 +101,7 @@ for r in rows:
     print(f"{r['shape']:<26} {r['system']:<24} {str(t):>9} {r.get('peak_gib_smi', 0):>9} "
           f"{str(r.get('host_syncs_per_step', '') or ''):>10} {ratio:>7}{err}")
 PY
+[ "$MICRO" = 1 ] || exit 0
 echo "== one MoE layer (T=16384): where the time goes"
 "$B/bench/moe_layer_bench" 10
 echo "== grouped GEMM"

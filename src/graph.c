@@ -337,27 +337,37 @@ static void lora_bwd(ct_graph *g, const lora_ctx *lc, int l, ct_module mod, void
 static const ct_module qkv_mods[3] = {CT_MOD_Q, CT_MOD_K, CT_MOD_V};
 static const ct_module gate_up[2] = {CT_MOD_GATE, CT_MOD_UP};
 
-/* The LoRA of the targeted modules among mods[0..n), which share x and write
- * output columns col0[q] of y (in increasing order): one stacked call without
- * dropout, so x and y are passed once; with dropout each module draws its own
- * mask, so one call each. */
+/* The targeted modules among mods[0..n) (sharing one input, writing output
+ * columns col0[q] in increasing order) as ct_lora_cols, with their gradients when
+ * grads; returns how many, *in their input width. */
+static int shared_cols(const ct_graph *g, const lora_ctx *lc, int l, const ct_module *mods, const int *col0, int n,
+                       bool grads, ct_lora_cols *cols, int *in)
+{
+    int m = 0;
+    for (int q = 0; q < n; q++) {
+        if (!lc->lo->targeted[mods[q]]) continue;
+        int out;
+        model_module_shape(&g->m->cfg, mods[q], in, &out);
+        cols[m++] = (ct_lora_cols){.A = lora_A(lc->lo, l, mods[q]), .B = lora_B(lc->lo, l, mods[q]),
+                                   .col0 = col0[q], .cols = out,
+                                   .dA = grads ? lora_grad_A(lc->lo, l, mods[q]) : NULL,
+                                   .dB = grads ? lora_grad_B(lc->lo, l, mods[q]) : NULL};
+    }
+    return m;
+}
+
+/* The LoRA of those modules: one stacked call without dropout, so x and y are
+ * passed once; with dropout each module draws its own mask, so one call each. */
 static void lora_fwd_shared(ct_graph *g, const lora_ctx *lc, int l, const ct_module *mods, const int *col0, int n,
                             void *y, int ldy, const void *x, int ldx, int T, int chunk)
 {
     if (!lc->lo) return;
-    ct_lora_cols cols[CT_LORA_COLS_MAX];
-    int m = 0, in = 0;
-    for (int q = 0; q < n; q++) {
-        if (!lc->lo->targeted[mods[q]]) continue;
-        if (lc->dropout > 0.0f) {
-            lora_fwd(g, lc, l, mods[q], act_at(g, y, col0[q]), ldy, x, ldx, T, chunk);
-            continue;
-        }
-        int out;
-        model_module_shape(&g->m->cfg, mods[q], &in, &out);
-        cols[m++] = (ct_lora_cols){.A = lora_A(lc->lo, l, mods[q]), .B = lora_B(lc->lo, l, mods[q]),
-                                   .col0 = col0[q], .cols = out};
+    if (lc->dropout > 0.0f) {
+        for (int q = 0; q < n; q++) lora_fwd(g, lc, l, mods[q], act_at(g, y, col0[q]), ldy, x, ldx, T, chunk);
+        return;
     }
+    ct_lora_cols cols[CT_LORA_COLS_MAX];
+    int in = 0, m = shared_cols(g, lc, l, mods, col0, n, false, cols, &in);
     if (m) g->be->lora_fwd_cols(g->be, y, ldy, x, ldx, T, in, cols, m, lc->lo->R, lc->lo->scale);
 }
 
@@ -365,20 +375,13 @@ static void lora_bwd_shared(ct_graph *g, const lora_ctx *lc, int l, const ct_mod
                             void *dx, int lddx, const void *dy, int lddy, const void *x, int ldx, int T, int chunk)
 {
     if (!lc->lo) return;
-    ct_lora_cols cols[CT_LORA_COLS_MAX];
-    int m = 0, in = 0;
-    for (int q = 0; q < n; q++) {
-        if (!lc->lo->targeted[mods[q]]) continue;
-        if (lc->dropout > 0.0f) {
+    if (lc->dropout > 0.0f) {
+        for (int q = 0; q < n; q++)
             lora_bwd(g, lc, l, mods[q], dx, lddx, act_at(g, (void *)dy, col0[q]), lddy, x, ldx, T, chunk);
-            continue;
-        }
-        int out;
-        model_module_shape(&g->m->cfg, mods[q], &in, &out);
-        cols[m++] = (ct_lora_cols){.A = lora_A(lc->lo, l, mods[q]), .B = lora_B(lc->lo, l, mods[q]),
-                                   .col0 = col0[q], .cols = out, .dA = lora_grad_A(lc->lo, l, mods[q]),
-                                   .dB = lora_grad_B(lc->lo, l, mods[q])};
+        return;
     }
+    ct_lora_cols cols[CT_LORA_COLS_MAX];
+    int in = 0, m = shared_cols(g, lc, l, mods, col0, n, true, cols, &in);
     if (m) g->be->lora_bwd_cols(g->be, dx, lddx, dy, lddy, x, ldx, T, in, cols, m, lc->lo->R, lc->lo->scale);
 }
 

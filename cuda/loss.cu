@@ -32,6 +32,10 @@ namespace cg = cooperative_groups;
 #define CE_PAD 64
 #define CE_CLUSTER 8                           /* blocks per row in ce_row_cluster_kernel */
 #define CE_CLUSTER_SMEM ((size_t)200 << 10)    /* its largest slice of a row, bytes */
+/* Rows per chunk at most: ce_row_cluster_kernel puts a chunk's rows on grid.y,
+ * whose limit is 65535 (reached by small vocabularies: V <= 1024 fits 65536 rows
+ * in the logits' bytes). */
+#define CE_MAX_CHUNK (65535 / CE_PAD * CE_PAD)
 
 // ---- kernels ----
 
@@ -205,6 +209,7 @@ void cuda_cross_entropy(ct_backend *be, float *loss_sum, void *dx, const void *x
     int chunk = fit < CE_PAD ? CE_PAD : (int)(fit / CE_PAD * CE_PAD);
     size_t max_pad = ct_ceil_div((size_t)n, CE_PAD) * CE_PAD;
     if ((size_t)chunk > max_pad) chunk = (int)max_pad;
+    if (chunk > CE_MAX_CHUNK) chunk = CE_MAX_CHUNK;
 
     size_t bytes = scratch_round((size_t)n * 4) + scratch_round((size_t)chunk * H * 2) +
                    scratch_round((size_t)chunk * V * 4);

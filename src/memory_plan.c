@@ -10,7 +10,9 @@ static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 /* Mirrors the CUDA ops' cuda_scratch requests, each an upper bound over the
  * micro-batch (T tokens, at most T documents and T targets); the largest one is
  * what the scratch must hold, since scratch lives for one op:
- *   lora.cu       bf16 A and B, u and g (T,R), drop(x) (T,in) with dropout
+ *   lora.cu       bf16 A and B, u and g (T,R), drop(x) (T,in) with dropout; modules
+ *                 that share an input as one LoRA (lora_fwd_cols): its stacked A,
+ *                 block-diagonal B^T, u and g (T,RP) and fp32 dA (RP,in)
  *   loss.cu       per-row losses, a (chunk,V) fp32 + bf16 logits chunk sized by
  *                 its 256 MiB logits budget, (chunk,H) gathers
  *   attention     2 (T,nq) fp32 rows in backward + the tile list (24 B/token)
@@ -43,6 +45,12 @@ size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
         }
         if (lo->dropout > 0) b += round256(rows * in * 2);
         need = max_sz(need, b);
+    }
+    if (lo) { /* the stacked LoRA of q, k, v (or of gate and up): at most 3 modules of the widest span */
+        size_t rp = (CT_LORA_COLS_MAX * (size_t)lo->R + 7) / 8 * 8, I = c->intermediate_size;
+        size_t span = max_sz((size_t)(nq + 2 * c->num_key_value_heads) * c->head_dim, 2 * I);
+        need = max_sz(need, round256(rp * H * 2) + round256(rp * span * 2) + 2 * round256(T * rp * 2) +
+                                round256(rp * H * 4));
     }
     size_t fit = ((size_t)256 << 20) / (V * 4), chunk = fit < 64 ? 64 : fit / 64 * 64;
     need = max_sz(need, round256(T * 4) + 2 * round256(chunk * H * 2) + round256(chunk * V * 4) +

@@ -44,11 +44,11 @@ typedef struct ct_lora_cols {
     float *dA, *dB; /* (E, R, in), (E, cols, R) fp32, accumulated */
 } ct_lora_cols;
 
-/* The least ldu of moe_linear_lora_fwd's u: n_lora * R ranks rounded up to 16, 32
- * or 64 (the CUDA kernels' padded ranks; 0 past 64: no u). */
 /* Most modules one lora_fwd_cols / lora_bwd_cols call takes (q, k and v). */
 #define CT_LORA_COLS_MAX 3
 
+/* The least ldu of moe_linear_lora_fwd's u: n_lora * R ranks rounded up to 16, 32
+ * or 64 (the CUDA kernels' padded ranks; 0 past 64: no u). */
 static inline int moe_u_cols(int n_lora, int R)
 {
     int r = n_lora * R;

@@ -236,6 +236,7 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     CUDA_CHECK(cudaMalloc(&c->workspace, c->workspace_bytes));
     CUDA_CHECK(cudaMalloc(&c->partials, SUMSQ_BLOCKS * sizeof(double)));
     attention_init();
+    loss_init();
     cuda_offload_init(c);
 
     ct_backend *be = (ct_backend *)ct_calloc(1, sizeof *be);

@@ -188,6 +188,7 @@ void cuda_attention_decode(ct_backend *be, void *out, int ldo, const void *q, in
                            float scale, int window, const float *sinks);
 
 /* loss.cu */
+void loss_init(void);
 void cuda_cross_entropy(ct_backend *be, float *loss_sum, void *dx, const void *x, const void *W,
                         const int32_t *rows, const int32_t *targets, int n, int H, int V,
                         float grad_scale);

@@ -180,17 +180,17 @@ void cuda_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, float *dB, con
 
 /* The modules of one lora_fwd_cols / lora_bwd_cols call as one LoRA: the columns
  * they span from the first one's col0, and the stacked bf16 operands. */
-struct lora_stack {
+struct stacked_lora {
     int col0, span, RP;
     bf16 *A, *Bt, *u, *g; /* A (RP,in), Bt (RP,span), u and g (T,RP) */
     float *dA;            /* (RP,in) fp32, backward only */
 };
 
-static lora_stack lora_stack_prepare(cuda_ctx *c, const ct_lora_cols *lora, int n, int T, int in, int R,
+static stacked_lora lora_stack_prepare(cuda_ctx *c, const ct_lora_cols *lora, int n, int T, int in, int R,
                                      bool backward)
 {
     CT_ASSERT(n >= 1 && n <= CT_LORA_COLS_MAX, "lora_cols: %d modules", n);
-    lora_stack st;
+    stacked_lora st;
     st.col0 = lora[0].col0;
     st.span = lora[n - 1].col0 + lora[n - 1].cols - st.col0;
     st.RP = (n * R + 7) / 8 * 8; /* cuBLAS: 16-byte aligned rows of u and g */
@@ -219,7 +219,7 @@ void cuda_lora_fwd_cols(ct_backend *be, void *y, int ldy, const void *x, int ldx
 {
     cuda_ctx *c = ctx_of(be);
     if (T == 0) return;
-    lora_stack st = lora_stack_prepare(c, lora, n_lora, T, in, R, false);
+    stacked_lora st = lora_stack_prepare(c, lora, n_lora, T, in, R, false);
     bf16 *ys = (bf16 *)y + st.col0;
     gemm(c, st.u, CUDA_R_16BF, st.RP, x, ldx, false, st.A, in, true, T, st.RP, in, 1.0f, 0.0f, NULL);
     gemm(c, ys, CUDA_R_16BF, ldy, st.u, st.RP, false, st.Bt, st.span, false, T, st.span, st.RP, scale, 1.0f, NULL);
@@ -230,7 +230,7 @@ void cuda_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int 
 {
     cuda_ctx *c = ctx_of(be);
     if (T == 0) return;
-    lora_stack st = lora_stack_prepare(c, lora, n_lora, T, in, R, true);
+    stacked_lora st = lora_stack_prepare(c, lora, n_lora, T, in, R, true);
     const bf16 *dys = (const bf16 *)dy + st.col0;
     gemm(c, st.u, CUDA_R_16BF, st.RP, x, ldx, false, st.A, in, true, T, st.RP, in, 1.0f, 0.0f, NULL);
     gemm(c, st.g, CUDA_R_16BF, st.RP, dys, lddy, false, st.Bt, st.span, true, T, st.RP, st.span, 1.0f, 0.0f, NULL);

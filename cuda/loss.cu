@@ -197,6 +197,14 @@ __global__ void loss_sum_kernel(float *loss_sum, const float *row_loss, int n)
 
 // ---- launchers ----
 
+/* Raises ce_row_cluster_kernel's shared-memory limit to its largest slice, once
+ * per backend (more than 48 KB needs an explicit opt-in). */
+void loss_init(void)
+{
+    CUDA_CHECK(cudaFuncSetAttribute((const void *)ce_row_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)CE_CLUSTER_SMEM));
+}
+
 void cuda_cross_entropy(ct_backend *be, float *loss_sum, void *dx, const void *x, const void *W,
                         const int32_t *rows, const int32_t *targets, int n, int H, int V,
                         float grad_scale)
@@ -224,12 +232,6 @@ void cuda_cross_entropy(ct_backend *be, float *loss_sum, void *dx, const void *x
     /* the cluster kernel's slice of a row (a multiple of 4 columns), or 0: ce_row_kernel */
     const int slice = (int)ct_ceil_div(ct_ceil_div((size_t)V, CE_CLUSTER), 4) * 4;
     const bool clustered = V % 4 == 0 && (size_t)slice * 4 <= CE_CLUSTER_SMEM;
-    static bool smem_raised;
-    if (clustered && !smem_raised) {
-        CUDA_CHECK(cudaFuncSetAttribute((const void *)ce_row_cluster_kernel,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CE_CLUSTER_SMEM));
-        smem_raised = true;
-    }
     const int use_slice = clustered ? slice : 0;
     for (int c0 = 0; c0 < n; c0 += chunk) {
         int nc = n - c0 < chunk ? n - c0 : chunk;

@@ -28,6 +28,9 @@ typedef struct ct_graph_options {
                            * intermediates and are not recomputed in backward (memory
                            * plan: memory.checkpoint_layers auto); 0 = every layer is
                            * recomputed. Results are bit-identical for every value. */
+    bool no_expert_lora;  /* the experts carry no LoRA (memory plan): a mixture-of-experts
+                           * graph leaves out the buffers of the fused expert LoRA's u and
+                           * g (n x 64 each per workspace); false keeps them, for any adapter */
 } ct_graph_options;
 
 /* Bytes by what they are for (the memory plan prints them). */

@@ -66,6 +66,7 @@ struct ct_moe {
     int capacity, E, K, I, H, n_sparse, n_ws;
     ct_moe_rule rule;
     bool fused_lora;     /* CTUNE_MOE_LORA is not separate */
+    bool lora_buffers;   /* the workspaces' u_gu, u_d and g exist (moe_new's expert_lora) */
     int *sparse_index;   /* (L): index among sparse layers, -1 for dense */
     moe_acts *ws;        /* (n_ws) */
     int32_t *counts;     /* (n_sparse, E): per layer, rewritten identically by a recompute */
@@ -93,7 +94,7 @@ static bool fused_lora_wanted(void)
     exit(CT_ERR_INPUT);
 }
 
-ct_moe *moe_new(const ct_model *m, int capacity, int n_ws)
+ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, bool expert_lora)
 {
     const ct_model_config *c = &m->cfg;
     int n_sparse = 0;
@@ -110,6 +111,7 @@ ct_moe *moe_new(const ct_model *m, int capacity, int n_ws)
     mo->n_sparse = n_sparse;
     mo->n_ws = n_ws;
     mo->fused_lora = fused_lora_wanted();
+    mo->lora_buffers = expert_lora;
     mo->rule = c->arch == CT_ARCH_GPT_OSS ? CT_MOE_TOPK_SOFTMAX
              : c->norm_topk_prob          ? CT_MOE_SOFTMAX_TOPK_NORM
                                           : CT_MOE_SOFTMAX_TOPK;
@@ -132,8 +134,8 @@ void moe_layout(ct_moe *mo, ct_arena *ar)
         a->slot_row = arena_take(ar, n * 4);
         a->gu = arena_take(ar, n * 2 * I * A);
         a->act = arena_take(ar, n * I * A);
-        a->u_gu = arena_take(ar, n * MOE_G_COLS * A);
-        a->u_d = arena_take(ar, n * MOE_G_COLS * A);
+        a->u_gu = mo->lora_buffers ? arena_take(ar, n * MOE_G_COLS * A) : NULL;
+        a->u_d = mo->lora_buffers ? arena_take(ar, n * MOE_G_COLS * A) : NULL;
     }
     mo->ye = arena_take(ar, n * H * A);
     mo->counts = arena_take(ar, (size_t)mo->n_sparse * E * 4);
@@ -145,7 +147,7 @@ void moe_layout(ct_moe *mo, ct_arena *ar)
     mo->dgu = arena_take(ar, n * 2 * I * A);
     mo->dw = arena_take(ar, n * F);
     mo->dlogits = arena_take(ar, T * E * A);
-    mo->g = arena_take(ar, n * MOE_G_COLS * A);
+    mo->g = mo->lora_buffers ? arena_take(ar, n * MOE_G_COLS * A) : NULL;
 }
 
 void moe_free(ct_moe *mo)
@@ -236,7 +238,7 @@ static void linear_lora_bwd(ct_moe *mo, const moe_lora *ml, int l, const ct_modu
     ct_backend *be = mo->be;
     ct_lora_cols cols[2];
     const int n = targeted_cols(ml, l, mods, col0, n_mods, cols);
-    if (n >= 1 && n * ml->lo->R <= MOE_G_COLS && mo->fused_lora && ml->dropout == 0.0f &&
+    if (n >= 1 && n * ml->lo->R <= MOE_G_COLS && mo->fused_lora && mo->g && ml->dropout == 0.0f &&
         be->moe_linear_lora_bwd_input && be->moe_lora_bwd_cols) {
         be->moe_linear_lora_bwd_input(be, dx, lddx, dy, lddy, W, a->offsets, mo->E, in, out, 0, mo->g, MOE_G_COLS,
                                       cols, n, ml->lo->R, ml->lo->scale);
@@ -262,7 +264,7 @@ static bool linear_lora_fwd(ct_moe *mo, const moe_lora *ml, int l, const ct_modu
     ct_lora_cols cols[2];
     const int n = targeted_cols(ml, l, mods, col0, n_mods, cols);
     if (n == 0) return false;
-    const bool want_u = moe_u_cols(n, ml->lo->R) > 0 && moe_u_cols(n, ml->lo->R) <= MOE_G_COLS;
+    const bool want_u = u && moe_u_cols(n, ml->lo->R) > 0 && moe_u_cols(n, ml->lo->R) <= MOE_G_COLS;
     *u_ok = mo->be->moe_linear_lora_fwd(mo->be, y, ldy, x, ldx, gather, mo->K, W, bias, a->offsets, mo->E, in, out, 0,
                                         cols, n, ml->lo->R, ml->lo->scale, want_u ? u : NULL, MOE_G_COLS);
     return true;

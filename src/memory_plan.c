@@ -113,12 +113,21 @@ static int most_kept_layers(ct_memory_plan *p, const ct_model *m, const ct_lora 
  * checkpoint_layers auto (and offload not forced on), keeping the last layers'
  * intermediates comes before offloading: it saves recompute time, offload only
  * frees memory. */
+/* Whether lo adapts the experts of a sparse layer (gate_proj, up_proj or down_proj
+ * on a mixture-of-experts model). */
+static bool experts_adapted(const ct_model *m, const ct_lora *lo)
+{
+    return lo && m->cfg.num_experts > 0 &&
+           (lo->targeted[CT_MOD_GATE] || lo->targeted[CT_MOD_UP] || lo->targeted[CT_MOD_DOWN]);
+}
+
 static bool choose_layout(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const ct_memory_config *mem,
                           int capacity)
 {
     int L = m->cfg.num_hidden_layers, max_buffers = mem->offload_buffers == 1 ? 1 : 2;
     ct_graph_options o = {.capacity = capacity, .checkpointing = mem->gradient_checkpointing,
-                          .mlp_chunk = mem->gradient_checkpointing ? CT_MLP_CHUNK_TOKENS : 0};
+                          .mlp_chunk = mem->gradient_checkpointing ? CT_MLP_CHUNK_TOKENS : 0,
+                          .no_expert_lora = !experts_adapted(m, lo)};
     if (o.checkpointing && mem->checkpoint_layers == CT_CKPT_AUTO && mem->activation_offload != CT_TRI_ON) {
         o.keep_layers = most_kept_layers(p, m, lo, o);
         fill(p, m, lo, &o);

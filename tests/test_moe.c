@@ -631,6 +631,34 @@ TEST(fused_expert_lora_forward_gives_identical_loss_and_gradients_on_the_cpu)
     check_fused_lora_graph(fixture_gpt_oss_json);
 }
 
+/* A graph laid out for an adapter without expert modules (the memory plan's
+ * no_expert_lora: no u or g buffers for the fused expert LoRA) is smaller by
+ * those buffers, and if an adapter with expert modules runs on it anyway, the
+ * expert LoRA takes the unfused path: on the CPU the same loss and gradients. */
+TEST(graph_without_expert_lora_buffers_is_smaller_and_falls_back_unfused)
+{
+    fixture f1, f2;
+    REQUIRE(fixture_open(&f1, fixture_qwen3_moe_json, false, all_targets, 7) == 0, "fixture");
+    REQUIRE(fixture_open(&f2, fixture_qwen3_moe_json, false, all_targets, 7) == 0, "fixture");
+    ct_graph_options with = {.capacity = 64}, without = {.capacity = 64, .no_expert_lora = true};
+    ct_graph_sizes sw, so;
+    graph_measure(&f2.model, &with, &sw);
+    graph_measure(&f2.model, &without, &so);
+    const ct_model_config *c = &f2.model.cfg;
+    int sparse = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) sparse += c->layer_sparse[l];
+    /* without checkpointing one workspace per layer: u of gate|up and of down each, and one g */
+    size_t n = (size_t)64 * c->num_experts_per_tok, buf = n * 64 * be->act_bytes;
+    size_t want = (2 * (size_t)c->num_hidden_layers + 1) * buf;
+    CHECK(sparse > 0 && sw.working >= so.working + want, "working set %zu with the buffers, %zu without (%zu expected "
+          "less)", sw.working, so.working, want);
+    ct_error err = {0};
+    graph_free(f2.graph);
+    f2.graph = graph_new_with(&f2.model, &without, &err);
+    REQUIRE(f2.graph, "graph without expert LoRA buffers: %s", err.msg);
+    expect_identical_steps(&f1, &f2, "graphs with and without the fused expert LoRA's buffers");
+}
+
 /* Its value against HF is in test_hf_parity.c; here: it is what the loss grows
  * by, and it lies within the Switch loss's range. */
 TEST(router_aux_loss_adds_to_the_loss_within_its_bounds)
@@ -793,6 +821,7 @@ int main(void)
     RUN(packed_batch_equals_documents_one_by_one_moe);
     RUN(checkpointing_on_and_off_give_identical_moe_gradients);
     RUN(fused_expert_lora_forward_gives_identical_loss_and_gradients_on_the_cpu);
+    RUN(graph_without_expert_lora_buffers_is_smaller_and_falls_back_unfused);
     RUN(router_aux_loss_adds_to_the_loss_within_its_bounds);
     RUN(router_aux_loss_is_refused_for_a_dense_model);
     RUN(peft_adapter_names_each_expert_qwen3_moe);

@@ -9,29 +9,35 @@
 
 // ---- kernels ----
 
-/* delta (nq, T) = rowsum(dout * out) and lse2 (nq, T) = lse * log2 e, head-major,
- * one warp per (token, head). */
+/* delta (nq, T) = rowsum(dout * out) and lse2 (nq, T) = lse * log2 e, head-major.
+ * A row (token t, head h) takes L = min(D / 8, 32) lanes, 8 columns per lane and
+ * k-step; a warp takes 32 / L consecutive rows of one head's order (row r is head
+ * r / T, token r % T), so the head-major stores of delta and lse2 are coalesced.
+ * (One warp per row left half of the lanes idle at D = 128 and scattered its two
+ * stores; the sums are the same, in the same order.) */
 template <int D>
 __global__ void attn_delta_kernel(float *delta, float *lse2, const bf16 *dout, int lddo, const bf16 *out,
                                   int ldo, const float *lse, int T, int nq)
 {
-    size_t w = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (w >= (size_t)T * nq) return;
-    size_t t = w / nq, h = w % nq;
+    constexpr int L = D / 8 < 32 ? D / 8 : 32;
+    const int lane = threadIdx.x % 32;
+    const size_t r = ((size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * (32 / L) + lane / L;
+    const bool live = r < (size_t)T * nq;
+    const size_t h = live ? r / T : 0, t = live ? r % T : 0;
     float acc = 0.0f;
-    for (int i = lane * 8; i < D; i += 256) {
-        float a[8], b[8];
-        load8(a, dout + t * lddo + h * D + i);
-        load8(b, out + t * ldo + h * D + i);
+    if (live)
+        for (int i = (lane % L) * 8; i < D; i += 8 * L) {
+            float a[8], b[8];
+            load8(a, dout + t * lddo + h * D + i);
+            load8(b, out + t * ldo + h * D + i);
 #pragma unroll
-        for (int j = 0; j < 8; j++) acc += a[j] * b[j];
-    }
+            for (int j = 0; j < 8; j++) acc += a[j] * b[j];
+        }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) {
-        delta[h * T + t] = acc;
-        lse2[h * T + t] = lse[w] * LOG2E;
+    for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (live && lane % L == 0) {
+        delta[r] = acc;
+        lse2[r] = lse[t * nq + h] * LOG2E;
     }
 }
 
@@ -254,7 +260,9 @@ static void bwd_launch(cudaStream_t st, float *delta, float *lse2, const int4 *t
                        int nkv, float scale, int window)
 {
     size_t rows = (size_t)T * nq;
-    attn_delta_kernel<D><<<grid_for(rows, 8), 256, 0, st>>>(delta, lse2, dout, lddo, out, ldo, lse, T, nq);
+    constexpr int rows_per_warp = D / 8 < 32 ? 256 / D : 1;
+    attn_delta_kernel<D><<<grid_for(rows, 8 * rows_per_warp), 256, 0, st>>>(delta, lse2, dout, lddo, out, ldo, lse,
+                                                                           T, nq);
     LAUNCH_CHECK();
     if (bwd_kind != ATTN_BWD_MMA && D != 32) {
         if (bwd_dq_2wg(D))

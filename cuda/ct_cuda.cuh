@@ -99,9 +99,8 @@ __device__ __forceinline__ float ct_hash_uniform_dev(uint64_t seed, uint64_t ind
 }
 
 /* 8 bf16 <-> 8 floats through one 16-byte access. */
-__device__ __forceinline__ void load8(float f[8], const bf16 *p)
+__device__ __forceinline__ void unpack8(float f[8], uint4 u)
 {
-    uint4 u = *(const uint4 *)p;
     const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -110,6 +109,7 @@ __device__ __forceinline__ void load8(float f[8], const bf16 *p)
         f[2 * i + 1] = v.y;
     }
 }
+__device__ __forceinline__ void load8(float f[8], const bf16 *p) { unpack8(f, *(const uint4 *)p); }
 __device__ __forceinline__ void store8(bf16 *p, const float f[8])
 {
     uint4 u;

@@ -599,9 +599,12 @@ static int rank_slot(int R) { return R <= 16 ? 0 : R <= 32 ? 1 : 2; }
 
 /* Shapes, strides and alignment; the padded bf16 masters carved from scratch and
  * converted: of one module on all of y's (dy's) columns, or (backward) of n_mod
- * modules on column ranges as one LoRA of rank n_mod * R. */
-static lora_args lora_prepare(ct_backend *be, const char *op, bool bwd, void *y, int ldy, const void *x,
-                              int ldx, const int32_t *gather, int K, const void *dy, int lddy,
+ * modules on column ranges as one LoRA of rank n_mod * R. Unless !convert: a
+ * backward given u and g and no dx (moe_lora_bwd_cols after the fused forward and
+ * moe_linear_lora_bwd_input) runs no phase A, so reads neither the copies nor the
+ * u and g scratch (Ap, At, Bt, us and gs stay NULL). */
+static lora_args lora_prepare(ct_backend *be, const char *op, bool bwd, bool convert, void *y, int ldy,
+                              const void *x, int ldx, const int32_t *gather, int K, const void *dy, int lddy,
                               const ct_lora_cols *mods, int n_mod, const int32_t *offsets, int E, int in, int out,
                               int R, float scale, float p, uint64_t seed, int *RP)
 {
@@ -624,26 +627,29 @@ static lora_args lora_prepare(ct_backend *be, const char *op, bool bwd, void *y,
               (!y || aligned16(y)) && (!bwd || aligned16(dy)),
               "%s: operands must be 16-byte aligned with row strides multiple of 8 (ldx %d, ldy %d, lddy %d)",
               op, ldx, ldy, lddy);
+    CT_ASSERT(convert || (bwd && !y), "%s: only a backward without dx can skip the masters' conversion", op);
     const int rp = 16 << rank_slot(n_mod * R);
-    const size_t nA = (size_t)E * rp * in, nB = (size_t)E * rp * out;
     const int cap = (int)(lr::CAP_BYTES / (2 * sizeof(bf16) * rp));
-    const size_t nug = bwd ? (size_t)cap * rp : 0;
-    size_t bytes = scratch_round(nA * 2) * (bwd ? 2 : 1) + scratch_round(nB * 2) + 2 * scratch_round(nug * 2);
-    scratch_carver sc = {(char *)cuda_scratch(c, bytes), 0};
     lora_args a = {};
-    bf16 *Ap = (bf16 *)scratch_take(&sc, nA * 2);
-    bf16 *At = bwd ? (bf16 *)scratch_take(&sc, nA * 2) : NULL;
-    bf16 *Bx = (bf16 *)scratch_take(&sc, nB * 2); /* Bp forward, Bt backward */
-    a.us = bwd ? (bf16 *)scratch_take(&sc, nug * 2) : NULL;
-    a.gs = bwd ? (bf16 *)scratch_take(&sc, nug * 2) : NULL;
-    if (whole) {
-        const size_t columns = (size_t)E * (in + out); /* the convert's threads */
-        const int blocks = grid_for(columns, 256) < 8192 ? grid_for(columns, 256) : 8192;
-        lora_convert_kernel<<<blocks, 256, 0, c->stream>>>(Ap, At, bwd ? NULL : Bx, bwd ? Bx : NULL, mods[0].A,
-                                                           mods[0].B, E, R, rp, in, out);
-        LAUNCH_CHECK();
-    } else {
-        lora_convert_cols(c->stream, Ap, At, Bx, mods, n_mod, E, R, rp, in, out);
+    bf16 *Ap = NULL, *At = NULL, *Bx = NULL; /* Bx: Bp forward, Bt backward */
+    if (convert) {
+        const size_t nA = (size_t)E * rp * in, nB = (size_t)E * rp * out, nug = bwd ? (size_t)cap * rp : 0;
+        size_t bytes = scratch_round(nA * 2) * (bwd ? 2 : 1) + scratch_round(nB * 2) + 2 * scratch_round(nug * 2);
+        scratch_carver sc = {(char *)cuda_scratch(c, bytes), 0};
+        Ap = (bf16 *)scratch_take(&sc, nA * 2);
+        At = bwd ? (bf16 *)scratch_take(&sc, nA * 2) : NULL;
+        Bx = (bf16 *)scratch_take(&sc, nB * 2);
+        a.us = bwd ? (bf16 *)scratch_take(&sc, nug * 2) : NULL;
+        a.gs = bwd ? (bf16 *)scratch_take(&sc, nug * 2) : NULL;
+        if (whole) {
+            const size_t columns = (size_t)E * (in + out); /* the convert's threads */
+            const int blocks = grid_for(columns, 256) < 8192 ? grid_for(columns, 256) : 8192;
+            lora_convert_kernel<<<blocks, 256, 0, c->stream>>>(Ap, At, bwd ? NULL : Bx, bwd ? Bx : NULL, mods[0].A,
+                                                               mods[0].B, E, R, rp, in, out);
+            LAUNCH_CHECK();
+        } else {
+            lora_convert_cols(c->stream, Ap, At, Bx, mods, n_mod, E, R, rp, in, out);
+        }
     }
     a.y = (bf16 *)y;
     a.x = (const bf16 *)x;
@@ -702,7 +708,7 @@ static void cuda_moe_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, i
 {
     int RP;
     const ct_lora_cols mod = {A, B, 0, out, NULL, NULL};
-    lora_args a = lora_prepare(be, "moe_lora_fwd", false, y, ldy, x, ldx, gather, K, NULL, 8, &mod, 1, offsets, E, in,
+    lora_args a = lora_prepare(be, "moe_lora_fwd", false, true, y, ldy, x, ldx, gather, K, NULL, 8, &mod, 1, offsets, E, in,
                                out, R, scale, dropout_p, dropout_seed, &RP);
     cuda_ctx *c = ctx_of(be);
     if (RP == 16) lora_fwd_launch<16>(c, a);
@@ -717,7 +723,7 @@ static void cuda_moe_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, flo
 {
     int RP;
     const ct_lora_cols mod = {A, B, 0, out, dA, dB};
-    lora_args a = lora_prepare(be, "moe_lora_bwd", true, dx, dx ? lddx : 8, x, ldx, gather, K, dy, lddy, &mod, 1,
+    lora_args a = lora_prepare(be, "moe_lora_bwd", true, true, dx, dx ? lddx : 8, x, ldx, gather, K, dy, lddy, &mod, 1,
                                offsets, E, in, out, R, scale, dropout_p, dropout_seed, &RP);
     lora_bwd_run(ctx_of(be), a, RP);
 }
@@ -745,8 +751,8 @@ static void cuda_moe_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const voi
     /* one module on all of dy's columns keeps the one-module layout; else (or a
      * module on part of them) the modules' ranks side by side */
     int RP;
-    lora_args a = lora_prepare(be, "moe_lora_bwd_cols", true, dx, dx ? lddx : 8, x, ldx, gather, K, dy, lddy, lora,
-                               n_lora, offsets, E, in, out, R, scale, 0.0f, 0, &RP);
+    lora_args a = lora_prepare(be, "moe_lora_bwd_cols", true, !(u && g && !dx), dx, dx ? lddx : 8, x, ldx, gather, K,
+                               dy, lddy, lora, n_lora, offsets, E, in, out, R, scale, 0.0f, 0, &RP);
     CT_ASSERT(!u || (ldu >= RP && ldu % 8 == 0 && aligned16(u)),
               "moe_lora_bwd_cols: u needs a 16-byte aligned row stride >= %d (ldu %d)", RP, ldu);
     a.u_in = (const bf16 *)u;
@@ -765,7 +771,7 @@ void moe_lora_g(ct_backend *be, void *g, int ldg, const void *dy, int lddy, int 
               "moe_lora_g: %d modules of rank %d (64 ranks in all) into a 16-byte aligned g of >= 64 columns (%d)",
               n_lora, R, ldg);
     int RP;
-    lora_args a = lora_prepare(be, "moe_lora_g", true, NULL, 8, NULL, 8, NULL, 1, dy, lddy, lora, n_lora, offsets, E,
+    lora_args a = lora_prepare(be, "moe_lora_g", true, true, NULL, 8, NULL, 8, NULL, 1, dy, lddy, lora, n_lora, offsets, E,
                                in, out, R, 1.0f, 0.0f, 0, &RP);
     a.g_out = (bf16 *)g;
     a.ldg = ldg;

@@ -111,6 +111,67 @@ __global__ void rmsnorm_bwd_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy,
     }
 }
 
+/* rmsnorm_bwd_kernel with the row's x and dy chunks held in registers (C chunks
+ * of 256 columns, D <= 256 C): every load is issued before the first use, and the
+ * second pass reads neither again. On the H200 the loop above, with D a runtime
+ * bound, ran at ~2.1-2.6 TB/s on 16384 x 2048 rows. Same sums in the same order,
+ * so the results are bit-identical to it. */
+template <int C>
+__global__ void rmsnorm_bwd_rows_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy, const bf16 *x, int ldx,
+                                        const float *rstd, const bf16 *w, int T, int nh, int D, const bf16 *dres,
+                                        int lddres)
+{
+    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (size_t)T * nh) return;
+    size_t t = row / nh, h = row % nh;
+    const bf16 *xr = x + t * ldx + h * D, *dyr = dy + t * lddy + h * D;
+    bf16 *dxr = dx + t * lddx + h * D;
+    const bf16 *rr = dres ? dres + t * lddres + h * D : NULL;
+    uint4 xv[C], gv[C];
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int i = lane * 8 + 256 * c;
+        if (i < D) {
+            xv[c] = *(const uint4 *)(xr + i);
+            gv[c] = *(const uint4 *)(dyr + i);
+        }
+    }
+    float dot = 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int i = lane * 8 + 256 * c;
+        if (i < D) {
+            float xf[8], gf[8], wf[8];
+            unpack8(xf, xv[c]);
+            unpack8(gf, gv[c]);
+            load8(wf, w + i);
+#pragma unroll
+            for (int j = 0; j < 8; j++) dot += gf[j] * wf[j] * xf[j];
+        }
+    }
+    dot = warp_sum(dot);
+    float r = rstd[row];
+    float cx = dot * r * r * r / (float)D;
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int i = lane * 8 + 256 * c;
+        if (i < D) {
+            float xf[8], gf[8], wf[8], o[8];
+            unpack8(xf, xv[c]);
+            unpack8(gf, gv[c]);
+            load8(wf, w + i);
+            if (rr) load8(o, rr + i);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float g = r * wf[j] * gf[j] - cx * xf[j];
+                o[j] = rr ? o[j] + g : g;
+            }
+            store8(dxr + i, o);
+        }
+    }
+}
+
 /* One thread per (t, i < rot_dim/2), looping over heads: the angle and its
  * sin/cos are computed once per token and frequency. The angle is rounded to fp32
  * (pos * inv_freq in fp32, as HF and the CPU backend do); sincosf is the accurate
@@ -297,9 +358,18 @@ void cuda_rmsnorm_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int ld
     check_vec8("rmsnorm_bwd", w, D, D);
     size_t rows = (size_t)T * nh;
     if (rows == 0) return;
-    rmsnorm_bwd_kernel<<<grid_for(rows, WARPS_PER_BLOCK), WARPS_PER_BLOCK * 32, 0, ctx_of(be)->stream>>>(
-        (bf16 *)dx, lddx, (const bf16 *)dy, lddy, (const bf16 *)x, ldx, rstd, (const bf16 *)w,
-        T, nh, D, (const bf16 *)dres, lddres);
+    const unsigned grid = grid_for(rows, WARPS_PER_BLOCK), block = WARPS_PER_BLOCK * 32;
+    cudaStream_t st = ctx_of(be)->stream;
+    const bf16 *dyb = (const bf16 *)dy, *xb = (const bf16 *)x, *wb = (const bf16 *)w, *rb = (const bf16 *)dres;
+    if (D <= 2048)
+        rmsnorm_bwd_rows_kernel<8><<<grid, block, 0, st>>>((bf16 *)dx, lddx, dyb, lddy, xb, ldx, rstd, wb, T, nh, D,
+                                                           rb, lddres);
+    else if (D <= 4096)
+        rmsnorm_bwd_rows_kernel<16><<<grid, block, 0, st>>>((bf16 *)dx, lddx, dyb, lddy, xb, ldx, rstd, wb, T, nh,
+                                                            D, rb, lddres);
+    else
+        rmsnorm_bwd_kernel<<<grid, block, 0, st>>>((bf16 *)dx, lddx, dyb, lddy, xb, ldx, rstd, wb, T, nh, D, rb,
+                                                   lddres);
     LAUNCH_CHECK();
 }
 

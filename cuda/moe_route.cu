@@ -336,11 +336,12 @@ static __global__ void moe_gather_kernel(bf16 *__restrict__ xe, const bf16 *__re
     for (int i = lane * 8; i < H; i += 256) *(uint4 *)(dst + i) = *(const uint4 *)(src + i);
 }
 
-/* One warp per token: y[t] (=|+=) sum over k ascending of w[s] * ye[slot_row[s]],
- * s = t*K + k, in fp32, rounded once. */
-static __global__ void moe_scatter_kernel(bf16 *__restrict__ y, int ldy, const bf16 *__restrict__ ye,
+/* One warp per token: y[t] = res[t] + sum over k ascending of w[s] *
+ * ye[slot_row[s]], s = t*K + k, in fp32, rounded once (res may be y itself or NULL:
+ * neither is __restrict__). */
+static __global__ void moe_scatter_kernel(bf16 *y, int ldy, const bf16 *__restrict__ ye,
                                           const int32_t *__restrict__ slot_row, const float *__restrict__ w,
-                                          int T, int K, int H, int accumulate)
+                                          int T, int K, int H, const bf16 *res, int ldres)
 {
     size_t t = (size_t)blockIdx.x * MOE_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -348,6 +349,7 @@ static __global__ void moe_scatter_kernel(bf16 *__restrict__ y, int ldy, const b
     const int32_t *rows = slot_row + t * K;
     const float *wt = w ? w + t * K : NULL;
     bf16 *yr = y + t * ldy;
+    const bf16 *rr = res ? res + t * ldres : NULL;
     for (int i = lane * 8; i < H; i += 256) {
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll 4
@@ -357,9 +359,9 @@ static __global__ void moe_scatter_kernel(bf16 *__restrict__ y, int ldy, const b
 #pragma unroll
             for (int j = 0; j < 8; j++) acc[j] += wk * v[j];
         }
-        if (accumulate) {
+        if (rr) {
             float o[8];
-            load8(o, yr + i);
+            load8(o, rr + i);
 #pragma unroll
             for (int j = 0; j < 8; j++) acc[j] = o[j] + acc[j];
         }
@@ -717,13 +719,14 @@ static void cuda_moe_gather(ct_backend *be, void *xe, const void *x, int ldx, co
 }
 
 static void cuda_moe_scatter(ct_backend *be, void *y, int ldy, const void *ye, const int32_t *slot_row,
-                             const float *w, int T, int K, int H, int accumulate)
+                             const float *w, int T, int K, int H, const void *res, int ldres)
 {
     moe_check_vec8("moe_scatter", y, ldy, H);
     moe_check_vec8("moe_scatter", ye, H, H);
+    if (res) moe_check_vec8("moe_scatter", res, ldres, H);
     if (T <= 0) return;
     moe_scatter_kernel<<<grid_for(T, MOE_WARPS), MOE_WARPS * 32, 0, ctx_of(be)->stream>>>(
-        (bf16 *)y, ldy, (const bf16 *)ye, slot_row, w, T, K, H, accumulate);
+        (bf16 *)y, ldy, (const bf16 *)ye, slot_row, w, T, K, H, (const bf16 *)res, ldres);
     LAUNCH_CHECK();
 }
 

@@ -273,11 +273,14 @@ struct ct_backend {
     /* xe (n,H) act: xe[r] = x[row_slot[r] / K] (token rows into expert order). */
     void (*moe_gather)(ct_backend *be, void *xe, const void *x, int ldx, const int32_t *row_slot,
                        int T, int K, int H);
-    /* The weighted un-permute: y[t] (=|+=) sum over k ascending of
-     * w[t*K+k] * ye[slot_row[t*K+k]], summed in fp32 and added to y once.
-     * w (T*K) fp32, or NULL for weights 1 (then it is the backward of moe_gather). */
+    /* The weighted un-permute: y[t] = res[t] + sum over k ascending of
+     * w[t*K+k] * ye[slot_row[t*K+k]], summed in fp32 and added to res once.
+     * res (T, ldres) act may alias y (accumulate) or be NULL (no residual: y is
+     * overwritten); the block's residual stream, so that no copy of it into y is
+     * needed first. w (T*K) fp32, or NULL for weights 1 (then it is the backward
+     * of moe_gather). */
     void (*moe_scatter)(ct_backend *be, void *y, int ldy, const void *ye, const int32_t *slot_row,
-                        const float *w, int T, int K, int H, int accumulate);
+                        const float *w, int T, int K, int H, const void *res, int ldres);
     /* Backward of moe_scatter with weights, given dy (T,H):
      *   dye (n,H) act: dye[r] = w[s] * dy[s / K] with s = row_slot[r] (overwritten);
      *   dw (n) fp32:   dw[s] = dy[s / K] . ye[slot_row[s]] (fp32 dot, overwritten).

@@ -116,19 +116,20 @@ static void cpu_moe_gather(ct_backend *be, void *xe, const void *x, int ldx, con
 }
 
 static void cpu_moe_scatter(ct_backend *be, void *y, int ldy, const void *ye, const int32_t *slot_row,
-                            const float *w, int T, int K, int H, int accumulate)
+                            const float *w, int T, int K, int H, const void *res, int ldres)
 {
     const float *yef = ye;
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
         float *yr = (float *)y + (size_t)t * ldy;
+        const float *rr = res ? (const float *)res + (size_t)t * ldres : NULL;
         for (int h = 0; h < H; h++) {
             float acc = 0;
             for (int k = 0; k < K; k++) {
                 int s = t * K + k;
                 acc += (w ? w[s] : 1.0f) * yef[(size_t)slot_row[s] * H + h];
             }
-            yr[h] = accumulate ? yr[h] + acc : acc;
+            yr[h] = rr ? rr[h] + acc : acc;
         }
     }
 }

@@ -488,8 +488,7 @@ static void layer_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x,
     be->rmsnorm_fwd(be, a->hn, H, a->rstd2, a->h, H, w->mlp_norm, T, 1, H, eps);
     if (c->layer_sparse[l]) {
         moe_lora ml = moe_lora_of(lc);
-        if (out) be->copy_2d(be, out, H, a->h, H, T, H);
-        moe_forward(g->moe, &ml, l, ws_of(g, l), a->hn, out, T, lc->moe_stats);
+        moe_forward(g->moe, &ml, l, ws_of(g, l), a->hn, a->h, out, T, lc->moe_stats);
     } else if (out) {
         mlp_forward(g, lc, l, a, out);
     }

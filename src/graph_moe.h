@@ -32,13 +32,14 @@ ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, bool expert_lora);
 void moe_layout(ct_moe *mo, ct_arena *ar);
 void moe_free(ct_moe *mo);   /* host side only: the arena's owner frees the memory */
 
-/* out (T,H) += the MoE block of sparse layer l on hn (T,H), keeping what
+/* out (T,H) = res (T,H) + the MoE block of sparse layer l on hn (T,H), keeping what
  * backward needs in workspace ws. hn is not copied: backward reads it, so it
  * must keep its values until moe_backward of ws (graph.c's per-workspace hn
  * does). out NULL: only what backward needs (the checkpointing recompute).
  * record_stats: also add this layer's softmax sums for the load-balancing loss
  * (first forward of a step only; a checkpointing recompute must not count twice). */
-void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, void *out, int T, bool record_stats);
+void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, const void *res, void *out, int T,
+                 bool record_stats);
 /* dhn (T,H) = the gradient of the block's output wrt its input hn (through the
  * experts and through the router's weights), given dout (T,H), from what
  * moe_forward kept in workspace ws; LoRA gradients accumulate.

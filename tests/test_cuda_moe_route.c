@@ -286,14 +286,16 @@ TEST(gather_copies_rows_exactly_and_scatter_matches_cpu)
         double e = act_err(pxe, n, H, H);
         CHECK(e == 0, "gather (T %d K %d H %d) differs: rel err %g", T, K, H, e);
         for (int with_w = 1; with_w >= 0; with_w--)
-            for (int acc = 0; acc <= 1; acc++) {
+            for (int res = 0; res <= 2; res++) { /* residual: none, y itself, x */
                 cpu->act_from_f32(cpu, py.c, y0, (size_t)T * ld);
                 gpu->act_from_f32(gpu, py.g, y0, (size_t)T * ld);
-                cpu->moe_scatter(cpu, py.c, ld, pye.c, p.slot_row.c, with_w ? pw.c : NULL, T, K, H, acc);
-                gpu->moe_scatter(gpu, py.g, ld, pye.g, p.slot_row.g, with_w ? pw.g : NULL, T, K, H, acc);
+                cpu->moe_scatter(cpu, py.c, ld, pye.c, p.slot_row.c, with_w ? pw.c : NULL, T, K, H,
+                                 res == 0 ? NULL : res == 1 ? py.c : px.c, ld);
+                gpu->moe_scatter(gpu, py.g, ld, pye.g, p.slot_row.g, with_w ? pw.g : NULL, T, K, H,
+                                 res == 0 ? NULL : res == 1 ? py.g : px.g, ld);
                 e = act_err(py, T, ld, ld); /* the columns past H must be untouched too */
-                CHECK(e < 1e-2, "scatter (T %d K %d H %d, w %s, accumulate %d) rel err %g", T, K, H,
-                      with_w ? "given" : "NULL", acc, e);
+                CHECK(e < 1e-2, "scatter (T %d K %d H %d, w %s, residual %d) rel err %g", T, K, H,
+                      with_w ? "given" : "NULL", res, e);
             }
         drop(p.row_slot); drop(p.slot_row); drop(p.idx); drop(px); drop(pxe); drop(pye); drop(pw); drop(py);
         free(x); free(ye); free(w); free(y0);

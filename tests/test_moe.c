@@ -181,11 +181,22 @@ TEST(permutation_is_stable_and_scatter_undoes_gather)
     be->moe_gather(be, xe, x, H, row_slot, T, K, H);
     for (int r = 0; r < N; r++)
         CHECK(!memcmp(xe + r * H, x + (row_slot[r] / K) * H, H * 4), "row %d is its token's row", r);
-    be->moe_scatter(be, y, H, xe, slot_row, w, T, K, H, 0);
+    be->moe_scatter(be, y, H, xe, slot_row, w, T, K, H, NULL, 0);
     CHECK(check_max_rel_err(y, x, T * H) <= 1e-6, "weights 1/K: scatter(gather(x)) == x");
-    be->moe_scatter(be, y, H, xe, slot_row, NULL, T, K, H, 0);
+    be->moe_scatter(be, y, H, xe, slot_row, NULL, T, K, H, NULL, 0);
     for (int i = 0; i < T * H; i++) x[i] *= K;
     CHECK(check_max_rel_err(y, x, T * H) <= 1e-6, "weights 1: scatter(gather(x)) == K x");
+    /* a residual, in its own buffer and in y itself: y = res + K x both times */
+    float res[T * H], want[T * H];
+    for (int i = 0; i < T * H; i++) {
+        res[i] = ct_rng_normal(&rng);
+        want[i] = res[i] + x[i];
+    }
+    be->moe_scatter(be, y, H, xe, slot_row, NULL, T, K, H, res, H);
+    CHECK(check_max_rel_err(y, want, T * H) <= 1e-6, "residual in its own buffer: y = res + K x");
+    memcpy(y, res, sizeof y);
+    be->moe_scatter(be, y, H, xe, slot_row, NULL, T, K, H, y, H);
+    CHECK(check_max_rel_err(y, want, T * H) <= 1e-6, "residual in y: y += K x");
 }
 
 TEST(grouped_gemm_reads_offsets_and_matches_each_expert_alone)
@@ -631,6 +642,26 @@ TEST(fused_expert_lora_forward_gives_identical_loss_and_gradients_on_the_cpu)
     check_fused_lora_graph(fixture_gpt_oss_json);
 }
 
+/* CTUNE_MOE_XE=copy and copy-all (gate|up reading an expert-ordered copy of hn
+ * in ye, and in backward in dye, instead of hn's rows through the routing): the
+ * same values in the same order, so the same loss and bit-identical gradients. */
+static void check_xe_copy_graph(const char *json, const char *mode)
+{
+    fixture f1, f2;
+    REQUIRE(fixture_open(&f1, json, false, all_targets, 7) == 0, "fixture");
+    setenv("CTUNE_MOE_XE", mode, 1);
+    REQUIRE(fixture_open(&f2, json, false, all_targets, 7) == 0, "fixture");
+    unsetenv("CTUNE_MOE_XE");
+    expect_identical_steps(&f1, &f2, mode);
+}
+
+TEST(expert_input_copies_give_identical_loss_and_gradients_on_the_cpu)
+{
+    check_xe_copy_graph(fixture_qwen3_moe_json, "copy");
+    check_xe_copy_graph(fixture_qwen3_moe_json, "copy-all");
+    check_xe_copy_graph(fixture_gpt_oss_json, "copy-all");
+}
+
 /* A graph laid out for an adapter without expert modules (the memory plan's
  * no_expert_lora: no u or g buffers for the fused expert LoRA) is smaller by
  * those buffers, and if an adapter with expert modules runs on it anyway, the
@@ -821,6 +852,7 @@ int main(void)
     RUN(packed_batch_equals_documents_one_by_one_moe);
     RUN(checkpointing_on_and_off_give_identical_moe_gradients);
     RUN(fused_expert_lora_forward_gives_identical_loss_and_gradients_on_the_cpu);
+    RUN(expert_input_copies_give_identical_loss_and_gradients_on_the_cpu);
     RUN(graph_without_expert_lora_buffers_is_smaller_and_falls_back_unfused);
     RUN(router_aux_loss_adds_to_the_loss_within_its_bounds);
     RUN(router_aux_loss_is_refused_for_a_dense_model);

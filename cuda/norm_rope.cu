@@ -71,6 +71,24 @@ __global__ void rmsnorm_fwd_kernel(bf16 *y, int ldy, float *rstd, const bf16 *x,
     }
 }
 
+/* One 8-column chunk of the backward below, shared by its two kernels so that
+ * their results stay bit-identical: the chunk's terms of sum_i dy_i w_i x_i, and
+ * dx = r w dy - cx x, plus dres's values o when res. */
+__device__ __forceinline__ void rmsnorm_bwd_dot8(float &dot, const float g[8], const float w[8], const float x[8])
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++) dot += g[j] * w[j] * x[j];
+}
+__device__ __forceinline__ void rmsnorm_bwd_dx8(float o[8], bool res, float r, float cx, const float g[8],
+                                                const float w[8], const float x[8])
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float d = r * w[j] * g[j] - cx * x[j];
+        o[j] = res ? o[j] + d : d;
+    }
+}
+
 /* dx_j = dres_j + r w_j dy_j - x_j r^3 / D * sum_i dy_i w_i x_i. dres may alias
  * dx (each lane reads a chunk of it just before overwriting that chunk). */
 __global__ void rmsnorm_bwd_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy, const bf16 *x,
@@ -90,8 +108,7 @@ __global__ void rmsnorm_bwd_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy,
         load8(xf, xr + i);
         load8(gf, dyr + i);
         load8(wf, w + i);
-#pragma unroll
-        for (int j = 0; j < 8; j++) dot += gf[j] * wf[j] * xf[j];
+        rmsnorm_bwd_dot8(dot, gf, wf, xf);
     }
     dot = warp_sum(dot);
     float r = rstd[row];
@@ -102,11 +119,7 @@ __global__ void rmsnorm_bwd_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy,
         load8(gf, dyr + i);
         load8(wf, w + i);
         if (rr) load8(o, rr + i);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float g = r * wf[j] * gf[j] - cx * xf[j];
-            o[j] = rr ? o[j] + g : g;
-        }
+        rmsnorm_bwd_dx8(o, rr, r, cx, gf, wf, xf);
         store8(dxr + i, o);
     }
 }
@@ -149,8 +162,7 @@ __global__ void rmsnorm_bwd_rows_kernel(bf16 *dx, int lddx, const bf16 *dy, int 
             unpack8(xf, xv[c]);
             unpack8(gf, gv[c]);
             load8(wf, w + i);
-#pragma unroll
-            for (int j = 0; j < 8; j++) dot += gf[j] * wf[j] * xf[j];
+            rmsnorm_bwd_dot8(dot, gf, wf, xf);
         }
     }
     dot = warp_sum(dot);
@@ -165,11 +177,7 @@ __global__ void rmsnorm_bwd_rows_kernel(bf16 *dx, int lddx, const bf16 *dy, int 
             unpack8(gf, gv[c]);
             load8(wf, w + i);
             if (rr) load8(o, rr + i);
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                float g = r * wf[j] * gf[j] - cx * xf[j];
-                o[j] = rr ? o[j] + g : g;
-            }
+            rmsnorm_bwd_dx8(o, rr, r, cx, gf, wf, xf);
             store8(dxr + i, o);
         }
     }

@@ -644,22 +644,24 @@ TEST(fused_expert_lora_forward_gives_identical_loss_and_gradients_on_the_cpu)
 
 /* CTUNE_MOE_XE=copy and copy-all (gate|up reading an expert-ordered copy of hn
  * in ye, and in backward in dye, instead of hn's rows through the routing): the
- * same values in the same order, so the same loss and bit-identical gradients. */
-static void check_xe_copy_graph(const char *json, const char *mode)
+ * same values in the same order, so the same loss and bit-identical gradients;
+ * with checkpointing too (the recompute writes the copy into ye again). */
+static void check_xe_copy_graph(const char *json, const char *mode, bool checkpointing)
 {
     fixture f1, f2;
-    REQUIRE(fixture_open(&f1, json, false, all_targets, 7) == 0, "fixture");
+    REQUIRE(fixture_open(&f1, json, checkpointing, all_targets, 7) == 0, "fixture");
     setenv("CTUNE_MOE_XE", mode, 1);
-    REQUIRE(fixture_open(&f2, json, false, all_targets, 7) == 0, "fixture");
+    REQUIRE(fixture_open(&f2, json, checkpointing, all_targets, 7) == 0, "fixture");
     unsetenv("CTUNE_MOE_XE");
     expect_identical_steps(&f1, &f2, mode);
 }
 
 TEST(expert_input_copies_give_identical_loss_and_gradients_on_the_cpu)
 {
-    check_xe_copy_graph(fixture_qwen3_moe_json, "copy");
-    check_xe_copy_graph(fixture_qwen3_moe_json, "copy-all");
-    check_xe_copy_graph(fixture_gpt_oss_json, "copy-all");
+    check_xe_copy_graph(fixture_qwen3_moe_json, "copy", false);
+    check_xe_copy_graph(fixture_qwen3_moe_json, "copy-all", false);
+    check_xe_copy_graph(fixture_qwen3_moe_json, "copy-all", true);
+    check_xe_copy_graph(fixture_gpt_oss_json, "copy-all", false);
 }
 
 /* A graph laid out for an adapter without expert modules (the memory plan's

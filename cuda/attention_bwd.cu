@@ -10,8 +10,8 @@
 // ---- kernels ----
 
 /* delta (nq, T) = rowsum(dout * out) and lse2 (nq, T) = lse * log2 e, head-major.
- * A row (token t, head h) takes L = min(D / 8, 32) lanes, 8 columns per lane and
- * k-step; a warp takes 32 / L consecutive rows of one head's order (row r is head
+ * A row (token t, head h) takes L = min(D / 8, 32) lanes, 8 columns per lane per
+ * step; a warp takes 32 / L consecutive rows of one head's order (row r is head
  * r / T, token r % T), so the head-major stores of delta and lse2 are coalesced.
  * (One warp per row left half of the lanes idle at D = 128 and scattered its two
  * stores; the sums are the same, in the same order.) */

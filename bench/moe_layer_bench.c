@@ -142,7 +142,11 @@ static void experts(layer *L)
 static int xe_copies(void)
 {
     const char *v = getenv("CTUNE_MOE_XE");
-    return v && !strcmp(v, "copy-all") ? 2 : v && !strcmp(v, "copy") ? 1 : 0;
+    if (!v || !*v || !strcmp(v, "gather")) return 0;
+    if (!strcmp(v, "copy")) return 1;
+    if (!strcmp(v, "copy-all")) return 2;
+    fprintf(stderr, "moe_layer_bench: CTUNE_MOE_XE=%s is not gather, copy or copy-all\n", v);
+    exit(2);
 }
 
 static double time_group(layer *L, void (*fn)(layer *), int reps)
@@ -155,11 +159,11 @@ static double time_group(layer *L, void (*fn)(layer *), int reps)
     return (ct_now() - t0) / reps * 1e3;
 }
 
-static void bench(ct_backend *be, const shape *s, int reps)
+static void bench(ct_backend *be, const shape *s, int reps, int xe)
 {
     ct_rng rng;
     ct_rng_seed(&rng, 7);
-    layer L = {.be = be, .s = s, .T = T_TOKENS, .n = T_TOKENS * s->K, .xe_copies = xe_copies()};
+    layer L = {.be = be, .s = s, .T = T_TOKENS, .n = T_TOKENS * s->K, .xe_copies = xe};
     size_t T = L.T, n = L.n, E = s->E, H = s->H, I = s->I, A = be->act_bytes;
     L.hn = fill(be, T * H, 1.0f, &rng, false);
     L.dout = fill(be, T * H, 1.0f, &rng, false);
@@ -216,14 +220,14 @@ static void bench(ct_backend *be, const shape *s, int reps)
 
 int main(int argc, char **argv)
 {
-    int reps = argc > 1 ? atoi(argv[1]) : 20;
+    int reps = argc > 1 ? atoi(argv[1]) : 20, xe = xe_copies(); /* a bad CTUNE_MOE_XE fails before the GPU check */
     ct_error err = {0};
     ct_backend *be = backend_cuda_new(&err);
     if (!be) {
         printf("moe_layer_bench: skipped: no GPU (%s)\n", err.msg);
         return 0;
     }
-    for (size_t i = 0; i < sizeof SHAPES / sizeof *SHAPES; i++) bench(be, &SHAPES[i], reps > 0 ? reps : 1);
+    for (size_t i = 0; i < sizeof SHAPES / sizeof *SHAPES; i++) bench(be, &SHAPES[i], reps > 0 ? reps : 1, xe);
     be->destroy(be);
     return 0;
 }

@@ -109,10 +109,6 @@ static int most_kept_layers(ct_memory_plan *p, const ct_model *m, const ct_lora 
     return good;
 }
 
-/* The first layout that fits, in the order `mode` prefers; false if none. With
- * checkpoint_layers auto (and offload not forced on), keeping the last layers'
- * intermediates comes before offloading: it saves recompute time, offload only
- * frees memory. */
 /* Whether lo adapts the experts of a sparse layer (gate_proj, up_proj or down_proj
  * on a mixture-of-experts model). */
 static bool experts_adapted(const ct_model *m, const ct_lora *lo)
@@ -121,6 +117,10 @@ static bool experts_adapted(const ct_model *m, const ct_lora *lo)
            (lo->targeted[CT_MOD_GATE] || lo->targeted[CT_MOD_UP] || lo->targeted[CT_MOD_DOWN]);
 }
 
+/* The first layout that fits, in the order `mode` prefers; false if none. With
+ * checkpoint_layers auto (and offload not forced on), keeping the last layers'
+ * intermediates comes before offloading: it saves recompute time, offload only
+ * frees memory. */
 static bool choose_layout(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const ct_memory_config *mem,
                           int capacity)
 {

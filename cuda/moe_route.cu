@@ -23,8 +23,11 @@
  * rounded to fp32. So both backends rank the same fp32 numbers (up to one double
  * ulp of exp, which moves an fp32 rounding about once in 2^29) and an exact tie
  * is a tie on both. Top-K is K rounds of a warp argmax under (larger key, else
- * lower expert): the CPU's selection scan with its strict '>'. NaN keys compare
- * as -inf, so the order stays total and every lane agrees on each round's winner.
+ * lower expert): the CPU's selection scan with its strict '>'. A round is two
+ * redux.sync reductions over the keys mapped to integers in the same order
+ * (moe_key_order): the largest key, then the lowest expert holding it. NaN keys
+ * compare as -inf, so the order stays total and every lane agrees on each round's
+ * winner.
  *
  * Permutation. Slots are cut into chunks of PERM_CHUNK consecutive slots:
  *   1. hist[e][c] = slots of expert e in chunk c;
@@ -96,14 +99,15 @@ static __device__ __forceinline__ double moe_warp_sum_d(double v)
     return v;
 }
 
-/* Does candidate (a, expert ia) rank above (b, ib)? ib < 0 is "none yet". */
-static __device__ __forceinline__ bool moe_beats(float a, int ia, float b, int ib)
+/* A key as an unsigned integer in the same order, for redux.sync's max: NaN
+ * ranks as -inf and -0 as +0 (they compare equal as floats, and an equal key
+ * goes to the lower expert). Every real key maps above 0, which means "none". */
+static __device__ __forceinline__ unsigned moe_key_order(float x)
 {
-    if (ia < 0) return false;
-    if (ib < 0) return true;
-    if (isnan(a)) a = -INFINITY;
-    if (isnan(b)) b = -INFINITY;
-    return a > b || (a == b && ia < ib);
+    if (isnan(x)) x = -INFINITY;
+    if (x == 0.0f) x = 0.0f;
+    const unsigned b = __float_as_uint(x);
+    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
 }
 
 /* p = softmax of one logits row, expert lane + 32*i in p[i] (0 past E); the CPU's
@@ -148,31 +152,35 @@ static __global__ void moe_route_kernel(int32_t *__restrict__ topk_idx, float *_
     } else {
         moe_warp_softmax<V>(key, row, E, lane);
     }
-    unsigned taken = 0; /* bit i: expert lane + 32*i is chosen */
+    unsigned ord[V]; /* the keys in redux order; 0 once chosen or past E */
+#pragma unroll
+    for (int i = 0; i < V; i++) ord[i] = lane + 32 * i < E ? moe_key_order(key[i]) : 0u;
     int my_idx = 0;
     float my_key = 0.0f, first = 0.0f, key_sum = 0.0f;
     double my_e = 0.0, e_sum = 0.0;
     for (int k = 0; k < K; k++) {
-        float bk = 0.0f;
-        int bi = -1;
+        /* the lane's best: largest order, the lowest i among equals (lower expert) */
+        unsigned lo = 0u;
+        int li = 0;
 #pragma unroll
-        for (int i = 0; i < V; i++) {
-            int j = lane + 32 * i;
-            if (j < E && !((taken >> i) & 1u) && moe_beats(key[i], j, bk, bi)) {
-                bk = key[i];
-                bi = j;
+        for (int i = 0; i < V; i++)
+            if (ord[i] > lo) {
+                lo = ord[i];
+                li = i;
             }
-        }
+        /* the warp's: the largest order, then the lowest expert holding it */
+        const unsigned top = __reduce_max_sync(FULL_MASK, lo);
+        const int bi = (int)__reduce_min_sync(FULL_MASK, lo == top ? (unsigned)(lane + 32 * li) : 0xffffffffu);
+        float mine = key[0];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ok = __shfl_xor_sync(FULL_MASK, bk, o);
-            int oi = __shfl_xor_sync(FULL_MASK, bi, o);
-            if (moe_beats(ok, oi, bk, bi)) {
-                bk = ok;
-                bi = oi;
-            }
+        for (int i = 1; i < V; i++)
+            if (li == i) mine = key[i];
+        const float bk = __shfl_sync(FULL_MASK, mine, bi & 31); /* the winner's key itself (NaN stays NaN) */
+        if ((bi & 31) == lane) {
+#pragma unroll
+            for (int i = 0; i < V; i++)
+                if (i == (bi >> 5)) ord[i] = 0u;
         }
-        if (bi >= 0 && (bi & 31) == lane) taken |= 1u << (bi >> 5);
         if (k == 0) first = bk;
         if (lane == k) {
             my_idx = bi;

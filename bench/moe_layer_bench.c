@@ -3,10 +3,9 @@
  * permutation data movement (weighted un-permute, its backward, the unweighted
  * un-permute of dxe) and expert compute (grouped GEMMs, activation, expert LoRA),
  * for one forward and backward of T tokens, the ops graph_moe.c queues in that
- * order. By default the gather of hn into expert order is fused into the gate|up
- * GEMM and LoRA (their gather argument), so it costs no op of its own: its reads
- * are in `experts`; with CTUNE_MOE_XE=copy (copy-all) its moe_gather copies are
- * counted in `permutation`.
+ * order. The gather of hn into expert order is fused into the gate|up GEMM and
+ * LoRA (their gather argument), so it costs no op of its own: its reads are in
+ * `experts`.
  *
  *   build/bench/moe_layer_bench [reps]        (default 20)
  *
@@ -19,7 +18,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define T_TOKENS 16384
 #define R 16
@@ -40,8 +38,6 @@ typedef struct {
     ct_backend *be;
     const shape *s;
     int T, n;
-    int xe_copies; /* CTUNE_MOE_XE as graph_moe.c reads it: 0 gather, 1 copy, 2 copy-all */
-    void *xe;      /* (n, H): the expert-ordered copy of hn gate|up reads when xe_copies > 0 */
     void *hn, *out, *dout, *dhn, *logits, *dlogits, *gu, *act, *ye, *dye, *dxe, *dact, *dgu, *Wr, *Wgu, *Wd, *g, *u_gu, *u_d;
     int32_t *idx, *counts, *offsets, *row_slot, *slot_row;
     float *w, *dw, *A_gu, *B_gu, *A_d, *B_d, *dA_gu, *dB_gu, *dA_d, *dB_d, *A_up, *dA_up;
@@ -92,8 +88,7 @@ static void routing_bwd(layer *L)
 }
 
 /* forward un-permute, its backward (dye; dw comes with the activation's backward,
- * in experts), dhn = sum of dxe, and with CTUNE_MOE_XE=copy (copy-all) the
- * expert-ordered copy of hn for gate|up's forward (and LoRA backward) */
+ * in experts), and dhn = sum of dxe */
 static void permutation(layer *L)
 {
     ct_backend *be = L->be;
@@ -102,7 +97,6 @@ static void permutation(layer *L)
     be->moe_scatter_bwd(be, L->dye, L->dw, L->dout, s->H, NULL, NULL, L->idx, L->row_slot, L->slot_row, L->w, L->T,
                         s->K, s->H);
     be->moe_scatter(be, L->dhn, s->H, L->dxe, L->slot_row, NULL, L->T, s->K, s->H, NULL, 0);
-    for (int i = 0; i < L->xe_copies; i++) be->moe_gather(be, L->xe, L->hn, s->H, L->row_slot, L->T, s->K, s->H);
 }
 
 /* grouped GEMMs, activation, expert LoRA on gate_up and down, as graph_moe.c runs
@@ -115,8 +109,6 @@ static void experts(layer *L)
     ct_backend *be = L->be;
     const shape *s = L->s;
     int E = s->E, K = s->K, H = s->H, I = s->I;
-    const void *x = L->xe_copies ? L->xe : L->hn, *xb = L->xe_copies == 2 ? L->xe : L->hn;
-    const int32_t *gx = L->xe_copies ? NULL : L->row_slot, *gxb = L->xe_copies == 2 ? NULL : L->row_slot;
     size_t half = (size_t)E * I * R; /* one module's B and dB in B_gu, dB_gu */
     ct_lora_cols gu[2] = {{L->A_gu, L->B_gu, 0, 2 * I, L->dA_gu, L->dB_gu}};
     if (s->gate_up_modules == 2) {
@@ -124,7 +116,7 @@ static void experts(layer *L)
         gu[1] = (ct_lora_cols){L->A_up, L->B_gu + half, I, I, L->dA_up, L->dB_gu + half};
     }
     const ct_lora_cols d = {L->A_d, L->B_d, 0, H, L->dA_d, L->dB_d};
-    bool u_gu = be->moe_linear_lora_fwd(be, L->gu, 2 * I, x, H, gx, K, L->Wgu, NULL, L->offsets, E, H,
+    bool u_gu = be->moe_linear_lora_fwd(be, L->gu, 2 * I, L->hn, H, L->row_slot, K, L->Wgu, NULL, L->offsets, E, H,
                                         2 * I, 0, gu, s->gate_up_modules, R, 2.0f, L->u_gu, 64);
     be->swiglu_fwd(be, L->act, L->gu, L->n, I);
     bool u_d = be->moe_linear_lora_fwd(be, L->ye, H, L->act, I, NULL, K, L->Wd, NULL, L->offsets, E, I, H, 0, &d, 1, R,
@@ -135,18 +127,8 @@ static void experts(layer *L)
     be->moe_act_bwd(be, L->dgu, L->dw, L->dact, L->gu, L->w, L->row_slot, L->n, I, 0, 0.0f, 0.0f); /* dgu and dw */
     be->moe_linear_lora_bwd_input(be, L->dxe, H, L->dgu, 2 * I, L->Wgu, L->offsets, E, H, 2 * I, 0, L->g, 64, gu,
                                   s->gate_up_modules, R, 2.0f);
-    be->moe_lora_bwd_cols(be, NULL, 0, L->dgu, 2 * I, 2 * I, xb, H, gxb, K, L->offsets, E, H, gu,
+    be->moe_lora_bwd_cols(be, NULL, 0, L->dgu, 2 * I, 2 * I, L->hn, H, L->row_slot, K, L->offsets, E, H, gu,
                           s->gate_up_modules, R, 2.0f, L->g, 64, u_gu ? L->u_gu : NULL, 64);
-}
-
-static int xe_copies(void)
-{
-    const char *v = getenv("CTUNE_MOE_XE");
-    if (!v || !*v || !strcmp(v, "gather")) return 0;
-    if (!strcmp(v, "copy")) return 1;
-    if (!strcmp(v, "copy-all")) return 2;
-    fprintf(stderr, "moe_layer_bench: CTUNE_MOE_XE=%s is not gather, copy or copy-all\n", v);
-    exit(2);
 }
 
 static double time_group(layer *L, void (*fn)(layer *), int reps)
@@ -159,11 +141,11 @@ static double time_group(layer *L, void (*fn)(layer *), int reps)
     return (ct_now() - t0) / reps * 1e3;
 }
 
-static void bench(ct_backend *be, const shape *s, int reps, int xe)
+static void bench(ct_backend *be, const shape *s, int reps)
 {
     ct_rng rng;
     ct_rng_seed(&rng, 7);
-    layer L = {.be = be, .s = s, .T = T_TOKENS, .n = T_TOKENS * s->K, .xe_copies = xe};
+    layer L = {.be = be, .s = s, .T = T_TOKENS, .n = T_TOKENS * s->K};
     size_t T = L.T, n = L.n, E = s->E, H = s->H, I = s->I, A = be->act_bytes;
     L.hn = fill(be, T * H, 1.0f, &rng, false);
     L.dout = fill(be, T * H, 1.0f, &rng, false);
@@ -175,7 +157,6 @@ static void bench(ct_backend *be, const shape *s, int reps, int xe)
     L.logits = zeros(be, T * E * A);
     L.dlogits = zeros(be, T * E * A);
     L.ye = fill(be, n * H, 1.0f, &rng, false);
-    L.xe = zeros(be, n * H * A);
     L.dye = zeros(be, n * H * A);
     L.dxe = zeros(be, n * H * A);
     L.gu = zeros(be, n * 2 * I * A);
@@ -209,10 +190,9 @@ static void bench(ct_backend *be, const shape *s, int reps, int xe)
     double te = time_group(&L, experts, reps);
     double total = tr + tp + te;
     printf("%-14s T=%d E=%-3d K=%d  routing %7.3f ms  permutation %7.3f ms  experts %8.3f ms  "
-           "routing+permutation %5.1f%% of %.3f ms%s\n",
-           s->name, L.T, s->E, s->K, tr, tp, te, 100.0 * (tr + tp) / total, total,
-           L.xe_copies == 2 ? "  (CTUNE_MOE_XE=copy-all)" : L.xe_copies ? "  (CTUNE_MOE_XE=copy)" : "");
-    void *bufs[] = {L.xe, L.hn, L.dout, L.Wr, L.Wgu, L.Wd, L.out, L.dhn, L.logits, L.dlogits, L.ye, L.dye, L.dxe,
+           "routing+permutation %5.1f%% of %.3f ms\n",
+           s->name, L.T, s->E, s->K, tr, tp, te, 100.0 * (tr + tp) / total, total);
+    void *bufs[] = {L.hn, L.dout, L.Wr, L.Wgu, L.Wd, L.out, L.dhn, L.logits, L.dlogits, L.ye, L.dye, L.dxe,
                     L.gu, L.act, L.dact, L.dgu, L.g, L.u_gu, L.u_d, L.idx, L.counts, L.offsets, L.row_slot, L.slot_row, L.w, L.dw};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) be->free(be, bufs[i]);
     for (int i = 0; i < 10; i++) be->free(be, *lora[i]);
@@ -220,14 +200,14 @@ static void bench(ct_backend *be, const shape *s, int reps, int xe)
 
 int main(int argc, char **argv)
 {
-    int reps = argc > 1 ? atoi(argv[1]) : 20, xe = xe_copies(); /* a bad CTUNE_MOE_XE fails before the GPU check */
+    int reps = argc > 1 ? atoi(argv[1]) : 20;
     ct_error err = {0};
     ct_backend *be = backend_cuda_new(&err);
     if (!be) {
         printf("moe_layer_bench: skipped: no GPU (%s)\n", err.msg);
         return 0;
     }
-    for (size_t i = 0; i < sizeof SHAPES / sizeof *SHAPES; i++) bench(be, &SHAPES[i], reps > 0 ? reps : 1, xe);
+    for (size_t i = 0; i < sizeof SHAPES / sizeof *SHAPES; i++) bench(be, &SHAPES[i], reps > 0 ? reps : 1);
     be->destroy(be);
     return 0;
 }

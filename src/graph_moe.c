@@ -19,10 +19,11 @@
  * The last line is what makes the gradient exact: the routing weights depend
  * on hn through the frozen router, so hn's gradient has a router path too.
  *
- * No expert-ordered copy of hn is kept: the gate|up GEMM and LoRA (forward and
+ * No expert-ordered copy of hn exists: the gate|up GEMM and LoRA (forward and
  * backward) read hn's token rows through row_slot (their gather argument), which
- * saves an (n, H) buffer per workspace. CTUNE_MOE_XE=copy (copy-all) has them
- * read a transient copy in a buffer that is free at that point instead (moe_xe).
+ * saves an (n, H) buffer per workspace and a pass over it. (A copy by moe_gather
+ * that lets the GEMM load whole tiles by TMA measured a wash or slower on the
+ * H200, BENCHMARKS.md: the copy costs about what the GEMM saves.)
  *
  * The gate|up and down forwards run with their expert LoRA fused into the grouped
  * GEMM (moe_linear_lora_fwd) when lora_dropout is 0: on the H200 that is 5% more
@@ -61,21 +62,12 @@ typedef struct moe_acts {
     bool u_gu_ok, u_d_ok; /* whether the last forward into this workspace wrote them */
 } moe_acts;
 
-/* Where gate|up reads hn's token rows in expert order from (CTUNE_MOE_XE):
- * through row_slot (the ops' gather argument, no copy), or from an expert-ordered
- * copy that moe_gather writes into a free (n, H) buffer first, so the grouped GEMM
- * loads whole tiles by TMA instead of gathering rows with cp.async: in the forward
- * (into ye, which the down projection overwrites after), and also in the backward
- * for the LoRA weight gradients (into dye, free once down's backward has read it). */
-typedef enum { MOE_XE_GATHER, MOE_XE_COPY_FWD, MOE_XE_COPY_ALL } moe_xe;
-
 struct ct_moe {
     const ct_model *m;
     ct_backend *be;
     int capacity, E, K, I, H, n_sparse, n_ws;
     ct_moe_rule rule;
     bool fused_lora;     /* CTUNE_MOE_LORA is not separate */
-    moe_xe xe;           /* CTUNE_MOE_XE: where the gate|up GEMM and LoRA read hn's rows from */
     bool lora_buffers;   /* the workspaces' u_gu, u_d and g exist (moe_new's expert_lora) */
     int *sparse_index;   /* (L): index among sparse layers, -1 for dense */
     moe_acts *ws;        /* (n_ws) */
@@ -104,19 +96,6 @@ static bool fused_lora_wanted(void)
     exit(CT_ERR_INPUT);
 }
 
-/* CTUNE_MOE_XE: gather (the default, also when unset), copy (forward) or
- * copy-all (forward and backward); anything else is refused by name. */
-static moe_xe xe_wanted(void)
-{
-    const char *v = getenv("CTUNE_MOE_XE");
-    if (!v || !*v || !strcmp(v, "gather")) return MOE_XE_GATHER;
-    if (!strcmp(v, "copy")) return MOE_XE_COPY_FWD;
-    if (!strcmp(v, "copy-all")) return MOE_XE_COPY_ALL;
-    fprintf(stderr, "ctune: CTUNE_MOE_XE=%s is not gather, copy or copy-all\n"
-                    "HINT: unset it (the default is gather)\n", v);
-    exit(CT_ERR_INPUT);
-}
-
 ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, bool expert_lora)
 {
     const ct_model_config *c = &m->cfg;
@@ -134,7 +113,6 @@ ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, bool expert_lora)
     mo->n_sparse = n_sparse;
     mo->n_ws = n_ws;
     mo->fused_lora = fused_lora_wanted();
-    mo->xe = xe_wanted();
     mo->lora_buffers = expert_lora;
     mo->rule = c->arch == CT_ARCH_GPT_OSS ? CT_MOE_TOPK_SOFTMAX
              : c->norm_topk_prob          ? CT_MOE_SOFTMAX_TOPK_NORM
@@ -316,18 +294,11 @@ void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, 
     /* gate on columns [0, I), up on [I, 2I); gpt_oss: gate is the whole gate_up, up has no slot */
     const ct_module gate_up[2] = {CT_MOD_GATE, CT_MOD_UP}, down[1] = {CT_MOD_DOWN};
     const int gate_up_col0[2] = {0, I}, down_col0[1] = {0};
-    const void *xe = hn;               /* gate|up's input rows: hn's through row_slot, */
-    const int32_t *gather = a->row_slot;
-    if (mo->xe != MOE_XE_GATHER) {     /* or an expert-ordered copy in ye */
-        be->moe_gather(be, mo->ye, hn, H, a->row_slot, T, K, H);
-        xe = mo->ye;
-        gather = NULL;
-    }
-    if (!linear_lora_fwd(mo, ml, l, gate_up, gate_up_col0, 2, a, a->gu, 2 * I, xe, H, gather, w->wgu_e, w->bgu_e, H,
-                         2 * I, a->u_gu, &a->u_gu_ok)) {
-        be->moe_linear_fwd(be, a->gu, 2 * I, xe, H, gather, K, w->wgu_e, w->bgu_e, a->offsets, E, H, 2 * I, 0);
-        lora_fwd(mo, ml, l, CT_MOD_GATE, a, a->gu, 2 * I, xe, H, gather);
-        lora_fwd(mo, ml, l, CT_MOD_UP, a, act_at(mo, a->gu, I), 2 * I, xe, H, gather);
+    if (!linear_lora_fwd(mo, ml, l, gate_up, gate_up_col0, 2, a, a->gu, 2 * I, hn, H, a->row_slot, w->wgu_e, w->bgu_e,
+                         H, 2 * I, a->u_gu, &a->u_gu_ok)) {
+        be->moe_linear_fwd(be, a->gu, 2 * I, hn, H, a->row_slot, K, w->wgu_e, w->bgu_e, a->offsets, E, H, 2 * I, 0);
+        lora_fwd(mo, ml, l, CT_MOD_GATE, a, a->gu, 2 * I, hn, H, a->row_slot);
+        lora_fwd(mo, ml, l, CT_MOD_UP, a, act_at(mo, a->gu, I), 2 * I, hn, H, a->row_slot);
     }
     if (gpt_oss) be->moe_clamped_swiglu_fwd(be, a->act, a->gu, n, I, GPT_OSS_ALPHA, (float)c->swiglu_limit);
     else be->swiglu_fwd(be, a->act, a->gu, n, I);
@@ -368,16 +339,8 @@ void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dou
         else
             be->swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I);
     }
-    const void *xe = a->hn; /* what the gate|up LoRA's weight gradients read (CTUNE_MOE_XE) */
-    const int32_t *gather = a->row_slot;
-    ct_lora_cols targeted[2];
-    if (mo->xe == MOE_XE_COPY_ALL && targeted_cols(ml, l, gate_up, gate_up_col0, 2, targeted) > 0) {
-        be->moe_gather(be, mo->dye, a->hn, H, a->row_slot, T, K, H);
-        xe = mo->dye;
-        gather = NULL;
-    }
-    linear_lora_bwd(mo, ml, l, gate_up, gate_up_col0, 2, a, mo->dxe, H, mo->dgu, 2 * I, w->wgu_e, H, 2 * I, xe, H,
-                    gather, a->u_gu_ok ? a->u_gu : NULL);
+    linear_lora_bwd(mo, ml, l, gate_up, gate_up_col0, 2, a, mo->dxe, H, mo->dgu, 2 * I, w->wgu_e, H, 2 * I, a->hn, H,
+                    a->row_slot, a->u_gu_ok ? a->u_gu : NULL);
     be->moe_scatter(be, dhn, H, mo->dxe, a->slot_row, NULL, T, K, H, NULL, 0);
 
     be->moe_route_bwd(be, mo->dlogits, mo->dw, a->logits, a->idx, a->w, aux ? mo->aux_grad : NULL, T, E, K, mo->rule);

@@ -642,28 +642,6 @@ TEST(fused_expert_lora_forward_gives_identical_loss_and_gradients_on_the_cpu)
     check_fused_lora_graph(fixture_gpt_oss_json);
 }
 
-/* CTUNE_MOE_XE=copy and copy-all (gate|up reading an expert-ordered copy of hn
- * in ye, and in backward in dye, instead of hn's rows through the routing): the
- * same values in the same order, so the same loss and bit-identical gradients;
- * with checkpointing too (the recompute writes the copy into ye again). */
-static void check_xe_copy_graph(const char *json, const char *mode, bool checkpointing)
-{
-    fixture f1, f2;
-    REQUIRE(fixture_open(&f1, json, checkpointing, all_targets, 7) == 0, "fixture");
-    setenv("CTUNE_MOE_XE", mode, 1);
-    REQUIRE(fixture_open(&f2, json, checkpointing, all_targets, 7) == 0, "fixture");
-    unsetenv("CTUNE_MOE_XE");
-    expect_identical_steps(&f1, &f2, mode);
-}
-
-TEST(expert_input_copies_give_identical_loss_and_gradients_on_the_cpu)
-{
-    check_xe_copy_graph(fixture_qwen3_moe_json, "copy", false);
-    check_xe_copy_graph(fixture_qwen3_moe_json, "copy-all", false);
-    check_xe_copy_graph(fixture_qwen3_moe_json, "copy-all", true);
-    check_xe_copy_graph(fixture_gpt_oss_json, "copy-all", false);
-}
-
 /* A graph laid out for an adapter without expert modules (the memory plan's
  * no_expert_lora: no u or g buffers for the fused expert LoRA) is smaller by
  * those buffers, and if an adapter with expert modules runs on it anyway, the
@@ -854,7 +832,6 @@ int main(void)
     RUN(packed_batch_equals_documents_one_by_one_moe);
     RUN(checkpointing_on_and_off_give_identical_moe_gradients);
     RUN(fused_expert_lora_forward_gives_identical_loss_and_gradients_on_the_cpu);
-    RUN(expert_input_copies_give_identical_loss_and_gradients_on_the_cpu);
     RUN(graph_without_expert_lora_buffers_is_smaller_and_falls_back_unfused);
     RUN(router_aux_loss_adds_to_the_loss_within_its_bounds);
     RUN(router_aux_loss_is_refused_for_a_dense_model);

@@ -120,16 +120,17 @@ TEST(route_matches_cpu_for_odd_sizes_and_k_equal_to_e)
         }
 }
 
-/* Rows built to tie: values from a 5-element set, all-zero rows, constant rows,
- * one row repeated, and rows whose probabilities underflow to exactly 0 but for
- * one expert. Besides matching the CPU, the GPU's choices are checked directly
- * where the answer is known: zero rows take experts 0..K-1, and an underflowed
- * row takes its hot expert, then the lowest others. */
+/* Rows built to tie: values from a 6-element set (-0 and +0 among them: equal
+ * keys), zero rows (a mix of -0 and +0), constant rows, one row repeated, and rows
+ * whose probabilities underflow to exactly 0 but for one expert. Besides matching
+ * the CPU, the GPU's choices are checked directly where the answer is known:
+ * zero rows take experts 0..K-1, and an underflowed row takes its hot expert,
+ * then the lowest others. */
 TEST(route_breaks_exact_ties_toward_the_lower_expert)
 {
     NEED_GPU();
     const int cases[][2] = {{8, 2}, {32, 8}, {128, 8}, {128, 1}};
-    const float set[5] = {-1.0f, 0.0f, 0.5f, 1.0f, 2.0f};
+    const float set[6] = {-1.0f, -0.0f, 0.0f, 0.5f, 1.0f, 2.0f};
     enum { T = 64 };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int E = cases[c][0], K = cases[c][1];
@@ -139,8 +140,8 @@ TEST(route_breaks_exact_ties_toward_the_lower_expert)
             float *row = l + (size_t)t * E;
             hot[t] = t % 2 ? E - 1 : (int)ct_rng_below(&rng, E);
             for (int j = 0; j < E; j++) {
-                if (t < 16) row[j] = set[ct_rng_below(&rng, 5)];
-                else if (t < 24) row[j] = 0.0f;
+                if (t < 16) row[j] = set[ct_rng_below(&rng, 6)];
+                else if (t < 24) row[j] = (j + t) % 3 ? 0.0f : -0.0f;
                 else if (t < 32) row[j] = 1.5f;
                 else if (t < 48) row[j] = one[j];
                 else row[j] = j == hot[t] ? 0.0f : -110.0f - (float)ct_rng_below(&rng, 91); /* exact in bf16 */

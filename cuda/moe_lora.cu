@@ -708,8 +708,8 @@ static void cuda_moe_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, i
 {
     int RP;
     const ct_lora_cols mod = {A, B, 0, out, NULL, NULL};
-    lora_args a = lora_prepare(be, "moe_lora_fwd", false, true, y, ldy, x, ldx, gather, K, NULL, 8, &mod, 1, offsets, E, in,
-                               out, R, scale, dropout_p, dropout_seed, &RP);
+    lora_args a = lora_prepare(be, "moe_lora_fwd", false, true, y, ldy, x, ldx, gather, K, NULL, 8, &mod, 1, offsets,
+                               E, in, out, R, scale, dropout_p, dropout_seed, &RP);
     cuda_ctx *c = ctx_of(be);
     if (RP == 16) lora_fwd_launch<16>(c, a);
     else if (RP == 32) lora_fwd_launch<32>(c, a);
@@ -723,8 +723,8 @@ static void cuda_moe_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, flo
 {
     int RP;
     const ct_lora_cols mod = {A, B, 0, out, dA, dB};
-    lora_args a = lora_prepare(be, "moe_lora_bwd", true, true, dx, dx ? lddx : 8, x, ldx, gather, K, dy, lddy, &mod, 1,
-                               offsets, E, in, out, R, scale, dropout_p, dropout_seed, &RP);
+    lora_args a = lora_prepare(be, "moe_lora_bwd", true, true, dx, dx ? lddx : 8, x, ldx, gather, K, dy, lddy, &mod,
+                               1, offsets, E, in, out, R, scale, dropout_p, dropout_seed, &RP);
     lora_bwd_run(ctx_of(be), a, RP);
 }
 
@@ -771,8 +771,8 @@ void moe_lora_g(ct_backend *be, void *g, int ldg, const void *dy, int lddy, int 
               "moe_lora_g: %d modules of rank %d (64 ranks in all) into a 16-byte aligned g of >= 64 columns (%d)",
               n_lora, R, ldg);
     int RP;
-    lora_args a = lora_prepare(be, "moe_lora_g", true, true, NULL, 8, NULL, 8, NULL, 1, dy, lddy, lora, n_lora, offsets, E,
-                               in, out, R, 1.0f, 0.0f, 0, &RP);
+    lora_args a = lora_prepare(be, "moe_lora_g", true, true, NULL, 8, NULL, 8, NULL, 1, dy, lddy, lora, n_lora, offsets,
+                               E, in, out, R, 1.0f, 0.0f, 0, &RP);
     a.g_out = (bf16 *)g;
     a.ldg = ldg;
     a.wgrad = false;

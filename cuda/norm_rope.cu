@@ -89,38 +89,55 @@ __device__ __forceinline__ void rmsnorm_bwd_dx8(float o[8], bool res, float r, f
     }
 }
 
+/* The pointers of the backward's row that this warp takes (one warp per (token, head)
+ * row); false past the last row. */
+struct rmsnorm_bwd_row {
+    size_t row;
+    const bf16 *x, *dy, *res; /* res: dres's row, or NULL */
+    bf16 *dx;
+};
+__device__ __forceinline__ bool rmsnorm_bwd_row_at(rmsnorm_bwd_row &p, bf16 *dx, int lddx, const bf16 *dy, int lddy,
+                                                   const bf16 *x, int ldx, int T, int nh, int D, const bf16 *dres,
+                                                   int lddres)
+{
+    p.row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
+    if (p.row >= (size_t)T * nh) return false;
+    const size_t t = p.row / nh, h = p.row % nh;
+    p.x = x + t * ldx + h * D;
+    p.dy = dy + t * lddy + h * D;
+    p.dx = dx + t * lddx + h * D;
+    p.res = dres ? dres + t * lddres + h * D : NULL;
+    return true;
+}
+
 /* dx_j = dres_j + r w_j dy_j - x_j r^3 / D * sum_i dy_i w_i x_i. dres may alias
  * dx (each lane reads a chunk of it just before overwriting that chunk). */
 __global__ void rmsnorm_bwd_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy, const bf16 *x,
                                    int ldx, const float *rstd, const bf16 *w, int T, int nh, int D,
                                    const bf16 *dres, int lddres)
 {
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= (size_t)T * nh) return;
-    size_t t = row / nh, h = row % nh;
-    const bf16 *xr = x + t * ldx + h * D, *dyr = dy + t * lddy + h * D;
-    bf16 *dxr = dx + t * lddx + h * D;
-    const bf16 *rr = dres ? dres + t * lddres + h * D : NULL;
+    rmsnorm_bwd_row p;
+    if (!rmsnorm_bwd_row_at(p, dx, lddx, dy, lddy, x, ldx, T, nh, D, dres, lddres)) return;
+    const int lane = threadIdx.x % 32;
     float dot = 0.0f;
     for (int i = lane * 8; i < D; i += 256) {
         float xf[8], gf[8], wf[8];
-        load8(xf, xr + i);
-        load8(gf, dyr + i);
+        load8(xf, p.x + i);
+        load8(gf, p.dy + i);
         load8(wf, w + i);
         rmsnorm_bwd_dot8(dot, gf, wf, xf);
     }
     dot = warp_sum(dot);
-    float r = rstd[row];
+    float r = rstd[p.row];
     float cx = dot * r * r * r / (float)D;
     for (int i = lane * 8; i < D; i += 256) {
         float xf[8], gf[8], wf[8], o[8];
-        load8(xf, xr + i);
-        load8(gf, dyr + i);
+        load8(xf, p.x + i);
+        load8(gf, p.dy + i);
         load8(wf, w + i);
-        if (rr) load8(o, rr + i);
-        rmsnorm_bwd_dx8(o, rr, r, cx, gf, wf, xf);
-        store8(dxr + i, o);
+        if (p.res) load8(o, p.res + i);
+        rmsnorm_bwd_dx8(o, p.res, r, cx, gf, wf, xf);
+        store8(p.dx + i, o);
     }
 }
 
@@ -137,20 +154,16 @@ __global__ void rmsnorm_bwd_rows_kernel(bf16 *dx, int lddx, const bf16 *dy, int 
                                         const float *rstd, const bf16 *w, int T, int nh, int D, const bf16 *dres,
                                         int lddres)
 {
-    size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= (size_t)T * nh) return;
-    size_t t = row / nh, h = row % nh;
-    const bf16 *xr = x + t * ldx + h * D, *dyr = dy + t * lddy + h * D;
-    bf16 *dxr = dx + t * lddx + h * D;
-    const bf16 *rr = dres ? dres + t * lddres + h * D : NULL;
+    rmsnorm_bwd_row p;
+    if (!rmsnorm_bwd_row_at(p, dx, lddx, dy, lddy, x, ldx, T, nh, D, dres, lddres)) return;
+    const int lane = threadIdx.x % 32;
     uint4 xv[C], gv[C];
 #pragma unroll
     for (int c = 0; c < C; c++) {
         const int i = lane * 8 + 256 * c;
         if (i < D) {
-            xv[c] = *(const uint4 *)(xr + i);
-            gv[c] = *(const uint4 *)(dyr + i);
+            xv[c] = *(const uint4 *)(p.x + i);
+            gv[c] = *(const uint4 *)(p.dy + i);
         }
     }
     float dot = 0.0f;
@@ -166,7 +179,7 @@ __global__ void rmsnorm_bwd_rows_kernel(bf16 *dx, int lddx, const bf16 *dy, int 
         }
     }
     dot = warp_sum(dot);
-    float r = rstd[row];
+    float r = rstd[p.row];
     float cx = dot * r * r * r / (float)D;
 #pragma unroll
     for (int c = 0; c < C; c++) {
@@ -176,9 +189,9 @@ __global__ void rmsnorm_bwd_rows_kernel(bf16 *dx, int lddx, const bf16 *dy, int 
             unpack8(xf, xv[c]);
             unpack8(gf, gv[c]);
             load8(wf, w + i);
-            if (rr) load8(o, rr + i);
-            rmsnorm_bwd_dx8(o, rr, r, cx, gf, wf, xf);
-            store8(dxr + i, o);
+            if (p.res) load8(o, p.res + i);
+            rmsnorm_bwd_dx8(o, p.res, r, cx, gf, wf, xf);
+            store8(p.dx + i, o);
         }
     }
 }

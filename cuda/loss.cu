@@ -32,6 +32,7 @@ namespace cg = cooperative_groups;
 #define CE_PAD 64
 #define CE_CLUSTER 8                           /* blocks per row in ce_row_cluster_kernel */
 #define CE_CLUSTER_SMEM ((size_t)200 << 10)    /* its largest slice of a row, bytes */
+#define CE_LOADS 4                             /* its first pass's 16-byte loads in flight per thread */
 /* Rows per chunk at most: ce_row_cluster_kernel puts a chunk's rows on grid.y,
  * whose limit is 65535 (reached by small vocabularies: V <= 1024 fits 65536 rows
  * in the logits' bytes). */
@@ -144,12 +145,23 @@ ce_row_cluster_kernel(bf16 *dlog, float *row_loss, const float *logits, const in
     const size_t r = blockIdx.y;
     const int c0 = rank * slice, n4 = max(0, min(V, c0 + slice) - c0) / 4;
     const float4 *l4 = (const float4 *)(logits + r * V + c0);
+    /* CE_LOADS loads in flight per thread (with one, 2 blocks x 16 warps per SM
+     * keep ~16 KB of reads in flight: about half the H200's bandwidth); each
+     * thread still merges its columns in ascending order, so the result is the
+     * same bit for bit */
     float m = -INFINITY, s = 0.0f;
-    for (int j = threadIdx.x; j < n4; j += CE_THREADS) {
-        const float4 v = l4[j];
-        ce_slice[j] = v;
-        const float vm = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
-        lse_merge(m, s, vm, expf(v.x - vm) + expf(v.y - vm) + expf(v.z - vm) + expf(v.w - vm));
+    for (int j0 = threadIdx.x; j0 < n4; j0 += CE_LOADS * CE_THREADS) {
+        float4 v[CE_LOADS];
+#pragma unroll
+        for (int u = 0; u < CE_LOADS; u++)
+            if (j0 + u * CE_THREADS < n4) v[u] = l4[j0 + u * CE_THREADS];
+#pragma unroll
+        for (int u = 0; u < CE_LOADS; u++) {
+            if (j0 + u * CE_THREADS >= n4) break;
+            ce_slice[j0 + u * CE_THREADS] = v[u];
+            const float vm = fmaxf(fmaxf(v[u].x, v[u].y), fmaxf(v[u].z, v[u].w));
+            lse_merge(m, s, vm, expf(v[u].x - vm) + expf(v[u].y - vm) + expf(v[u].z - vm) + expf(v[u].w - vm));
+        }
     }
     const float2 mine = block_lse_pair(m, s);
     if (threadIdx.x == 0) part = mine;

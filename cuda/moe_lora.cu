@@ -256,15 +256,24 @@ __device__ void lora_wgrad(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *P, i
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 #pragma unroll
     for (int j = 0; j < RP / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    auto load = [&](int stage, int kt) {
+    /* P's rows of step kt's chunks (-1 past nrows). With gather they are loads of
+     * gidx: fetched one step before the copies that use them, so no copy waits for
+     * an index load (as it would at the issue, with the MMAs of the same warps). */
+    auto rows_of = [&](int kt, int (&src)[PCH]) {
+#pragma unroll
+        for (int i = 0; i < PCH; i++) {
+            const int r = kt * BR + ((tid + i * NTHREADS) >> 4);
+            src[i] = r >= nrows ? -1 : gidx ? gidx[r] / topk : r;
+        }
+    };
+    auto load = [&](int stage, int kt, const int (&src)[PCH]) {
         bf16 *s = smem + stage * STAGE;
         const int r0 = kt * BR;
 #pragma unroll
         for (int i = 0; i < PCH; i++) {
             const int c = tid + i * NTHREADS, r = c >> 4, cc = (c & 15) * 8;
-            const bool ok = r0 + r < nrows && n0 + cc < ncols;
-            const size_t row = !ok ? 0 : gidx ? (size_t)(gidx[r0 + r] / topk) : (size_t)(r0 + r);
-            cp_async16(s + r * LDP + cc, ok ? P + row * ldp + n0 + cc : P, ok);
+            const bool ok = src[i] >= 0 && n0 + cc < ncols;
+            cp_async16(s + r * LDP + cc, ok ? P + (size_t)src[i] * ldp + n0 + cc : P, ok);
         }
         for (int c = tid; c < QCH; c += NTHREADS) {
             const int r = c / (RP / 8), qc = (c % (RP / 8)) * 8;
@@ -273,7 +282,16 @@ __device__ void lora_wgrad(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *P, i
         }
     };
     const int KT = (nrows + BR - 1) / BR;
-    cp_async_prologue<STAGES>(load, KT);
+    int next[PCH]; /* rows of the next step to load */
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < KT) {
+            rows_of(st, next);
+            load(st, st, next);
+        }
+        cp_async_commit();
+    }
+    if (STAGES - 1 < KT) rows_of(STAGES - 1, next);
     for (int kt = 0; kt < KT; kt++) {
         cp_async_wait<STAGES - 2>();
         bf16 *s = smem + (kt % STAGES) * STAGE;
@@ -285,7 +303,10 @@ __device__ void lora_wgrad(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *P, i
             }
         }
         __syncthreads();
-        if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        if (kt + STAGES - 1 < KT) {
+            load((kt + STAGES - 1) % STAGES, kt + STAGES - 1, next);
+            if (kt + STAGES < KT) rows_of(kt + STAGES, next);
+        }
         cp_async_commit();
         if (n0 + warp * 16 < ncols) {
 #pragma unroll
@@ -576,18 +597,34 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
                 lora_wgrad<RP>(acc, smem, lora_x(a, ra), a.ldx, lora_gidx(a, ra), a.topk, a.in, n0,
                                a.g_in ? a.g_in + (size_t)ra * a.ldg : a.gs + (size_t)(ra - c0) * RP,
                                a.g_in ? a.ldg : RP, rb - ra, lora_drop(a, sch, e, ra));
+            /* the old values of JG rank groups loaded before their first store (the
+             * compiler may not move a load past a store through another float
+             * pointer): one wait per JG groups, not one per element */
+            constexpr int JG = RP / 8 < 2 ? RP / 8 : 2;
 #pragma unroll
-            for (int jn = 0; jn < RP / 8; jn++)
+            for (int j0 = 0; j0 < RP / 8; j0 += JG) {
+                float *dst[JG * 4], old[JG * 4];
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int m = n0 + warp * 16 + g + 8 * h, k = jn * 8 + 2 * tq;
-                    if (m >= ncols) continue;
+                for (int jj = 0; jj < JG; jj++)
 #pragma unroll
-                    for (int q = 0; q < 2; q++) {
-                        float *dst = grad_at(a, is_b, e, m, k + q);
-                        if (dst) *dst += a.scale * acc[jn][2 * h + q];
-                    }
-                }
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int q = 0; q < 2; q++) {
+                            const int m = n0 + warp * 16 + g + 8 * h, k = (j0 + jj) * 8 + 2 * tq + q;
+                            dst[(2 * jj + h) * 2 + q] = m < ncols ? grad_at(a, is_b, e, m, k) : NULL;
+                        }
+#pragma unroll
+                for (int i = 0; i < JG * 4; i++) old[i] = dst[i] ? *dst[i] : 0.0f;
+#pragma unroll
+                for (int jj = 0; jj < JG; jj++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int q = 0; q < 2; q++) {
+                            const int i = (2 * jj + h) * 2 + q;
+                            if (dst[i]) *dst[i] = old[i] + a.scale * acc[j0 + jj][2 * h + q];
+                        }
+            }
         }
         if (c1 < hi) grid.sync(); /* phase B is done with the chunk's u and g */
     }

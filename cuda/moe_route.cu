@@ -393,6 +393,7 @@ static __global__ void moe_scatter_bwd_kernel(bf16 *__restrict__ dye, float *__r
     const bf16 *d = dy + (s / K) * lddy, *v = ye ? ye + r * H : bias ? bias + (size_t)idx[s] * H : NULL;
     bf16 *o = dye + r * H;
     float ws = w ? w[s] : 1.0f, dot = 0.0f;
+#pragma unroll 4 /* several chunks' loads in flight (the pointers are __restrict__) */
     for (int i = lane * 8; i < H; i += 256) {
         float a[8], b[8];
         load8(a, d + i);

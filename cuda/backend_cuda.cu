@@ -283,6 +283,7 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     be->adamw = cuda_adamw;
     /* Mixture of experts. An op left NULL makes model_load refuse MoE models. */
     cuda_fill_moe_route_ops(be);
+    cuda_fill_moe_rows_ops(be);
     cuda_fill_moe_gemm_ops(be);
     cuda_fill_moe_lora_ops(be);
     cuda_fill_moe_gemm_lora_ops(be);

@@ -206,9 +206,15 @@ void cuda_offload_init(cuda_ctx *c);
 void cuda_offload_destroy(cuda_ctx *c);
 void cuda_fill_offload_ops(ct_backend *be);
 
-/* moe_route.cu: routing, permutation, gather/scatter, activation, router backward,
- * load-balancing statistics (every be->moe_* op except the GEMM and LoRA ones). */
+/* moe_route.cu: routing, permutation, router backward, load-balancing statistics
+ * (be->moe_route, moe_count, moe_offsets, moe_permute, moe_route_bwd, moe_prob_sum,
+ * moe_aux_loss). */
 void cuda_fill_moe_route_ops(ct_backend *be);
+/* moe_rows.cu: gather, scatter and its backward, the routing weights' gradient,
+ * the clamped SwiGLU and the fused activation backward (be->moe_gather,
+ * moe_scatter, moe_scatter_bwd, moe_weight_grad, moe_clamped_swiglu_fwd/_bwd,
+ * moe_act_bwd). */
+void cuda_fill_moe_rows_ops(ct_backend *be);
 /* moe_gemm.cu: the grouped expert GEMMs (be->moe_linear_fwd, moe_linear_bwd_input). */
 void cuda_fill_moe_gemm_ops(ct_backend *be);
 /* moe_lora.cu: the expert LoRA (be->moe_lora_fwd, moe_lora_bwd). */

@@ -163,7 +163,7 @@ void cuda_lora_fwd_cols(ct_backend *be, void *y, int ldy, const void *x, int ldx
 void cuda_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x, int ldx,
                         int T, int in, const ct_lora_cols *lora, int n_lora, int R, float scale);
 /* The fp32 masters of n_mod (1..CT_LORA_COLS_MAX) modules as one LoRA of rank
- * n_mod R, padded bf16 (moe_lora.cu), queued on st: Ap (E,RP,in) and At (its
+ * n_mod R, padded bf16 (lora_convert.cu), queued on st: Ap (E,RP,in) and At (its
  * transpose, or NULL) hold module q's A in ranks q R .. q R + R - 1, Bt (E,RP,out)
  * module q's B^T on its columns [col0, col0 + cols) of those ranks; everything
  * else zero. RP is a multiple of 8, at least n_mod R. */

@@ -93,7 +93,7 @@ __device__ __forceinline__ row_tile sched_find(const moe_sched &s, int E, int bm
     return t;
 }
 
-/* fp32 LoRA masters -> padded bf16 copies (moe_lora.cu; any output may be NULL):
+/* fp32 LoRA masters -> padded bf16 copies (lora_convert.cu; any output may be NULL):
  * Ap (E,RP,in), At (E,in,RP), Bp (E,out,RP), Bt (E,RP,out), ranks >= R zero. */
 __global__ void lora_convert_kernel(bf16 *Ap, bf16 *At, bf16 *Bp, bf16 *Bt, const float *A, const float *B,
                                     int E, int R, int RP, int in, int out);

@@ -6,7 +6,8 @@
 #             tests/test_hf_parity against them
 #   parity50  50 training steps, ctune on CUDA (bf16) vs HF + PEFT replaying the
 #             same batches (bf16), tiny and qwen3-0.6b shapes: max relative loss diff
-#   parity50moe  the same on tiny qwen3_moe and gpt_oss models (experts adapted)
+#   parity50moe  the same on tiny qwen3_moe and gpt_oss models (experts adapted), and on
+#             tiny qwen3_moe at widths 256 (the grouped GEMMs with the expert LoRA fused in)
 #   sanitize  compute-sanitizer memcheck (2 steps) and racecheck (1 step) of training
 #             on the qwen3-0.6b shape cut to 2 layers (head_dim 128: the wgmma
 #             attention kernels; the tiny models' head_dim 32 runs mma.sync), with
@@ -66,6 +67,12 @@ if has parity50moe; then
     parity50 qwen3_moe configs/models/tiny-moe/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3
     echo "== 50-step parity, tiny gpt_oss"
     parity50 gpt_oss configs/models/tiny-gpt-oss/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3
+    # hidden and expert widths of 256: every expert LoRA module starts on a 256-column
+    # tile, so the grouped GEMMs run with the LoRA fused in (the tiny models' 64 and
+    # 128 take the unfused sequence), as the full-size models do
+    echo "== 50-step parity, tiny qwen3_moe at widths 256 (fused expert LoRA)"
+    python3 -c "import json; c=json.load(open('configs/models/tiny-moe/config.json')); c['hidden_size']=256; c['moe_intermediate_size']=256; json.dump(c, open('/tmp/tiny-moe-256.json','w'))"
+    parity50 qwen3_moe_256 /tmp/tiny-moe-256.json configs/tiny.yaml data/arith/train.shard 2048 2e-3
 fi
 
 # sanitize_run NAME TOOL STEPS MODEL_DIR: a short training run under compute-sanitizer

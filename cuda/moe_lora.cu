@@ -509,14 +509,8 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
 #pragma unroll
                 for (int i = 0; i < JG * 4; i++) old[i] = dst[i] ? *dst[i] : 0.0f;
 #pragma unroll
-                for (int jj = 0; jj < JG; jj++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-#pragma unroll
-                        for (int q = 0; q < 2; q++) {
-                            const int i = (2 * jj + h) * 2 + q;
-                            if (dst[i]) *dst[i] = old[i] + a.scale * acc[j0 + jj][2 * h + q];
-                        }
+                for (int i = 0; i < JG * 4; i++) /* i = 4 jj + 2 h + q, as dst was filled */
+                    if (dst[i]) *dst[i] = old[i] + a.scale * acc[j0 + i / 4][i % 4];
             }
         }
         if (c1 < hi) grid.sync(); /* phase B is done with the chunk's u and g */

@@ -19,7 +19,7 @@
  * chunk fit 8 MB of scratch) and per chunk runs phase A (row tiles: u, g into
  * scratch, dx) and, after a grid barrier, phase B (one work item per expert and
  * 128 columns of dB or dA^T, summing over that expert's rows of the chunk in row
- * order). Each output element has one owner and a fixed summation order: the
+ * order; items dealt to the blocks largest expert first, in snake order). Each output element has one owner and a fixed summation order: the
  * gradients are bit-identical run to run, without atomics. fp32 masters are
  * rounded to padded bf16 copies first (A, A^T, B, B^T as needed; E*RP*(in+out)
  * elements; lora_convert.cu). */

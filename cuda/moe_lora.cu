@@ -19,8 +19,9 @@
  * chunk fit 8 MB of scratch) and per chunk runs phase A (row tiles: u, g into
  * scratch, dx) and, after a grid barrier, phase B (one work item per expert and
  * 128 columns of dB or dA^T, summing over that expert's rows of the chunk in row
- * order; items dealt to the blocks largest expert first, in snake order). Each output element has one owner and a fixed summation order: the
- * gradients are bit-identical run to run, without atomics. fp32 masters are
+ * order; items dealt to the blocks largest expert first, in snake order). Each
+ * output element has one owner and a fixed summation order: the gradients are
+ * bit-identical run to run, without atomics. fp32 masters are
  * rounded to padded bf16 copies first (A, A^T, B, B^T as needed; E*RP*(in+out)
  * elements; lora_convert.cu). */
 #include "moe_gemm.cuh"
@@ -481,7 +482,9 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
          * items take the next round's smallest. Against expert-major round robin this
          * took the RP = 32 call from 730 to 605 us on qwen3-30b-a3b (BENCHMARKS.md).
          * Each item's sum is unchanged, so results are bit-identical. The rank of
-         * expert t counts experts with more rows, or as many and a lower id. */
+         * expert t counts experts with more rows, or as many and a lower id: E
+         * reads of the schedule per expert, E ceil(E / 256) per thread and chunk
+         * (128 at E = 128; 4096 at MOE_MAX_E, where a sort would do better). */
         for (int t = threadIdx.x; t < a.E; t += blockDim.x) {
             const int rt = max(0, min(sch.offs[t + 1], c1) - max(sch.offs[t], c0));
             int rank = 0;

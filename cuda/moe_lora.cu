@@ -257,24 +257,30 @@ __device__ void lora_wgrad(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *P, i
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 #pragma unroll
     for (int j = 0; j < RP / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    /* P's rows of step kt's chunks (-1 past nrows). With gather they are loads of
-     * gidx: fetched one step before the copies that use them, so no copy waits for
-     * an index load (as it would at the issue, with the MMAs of the same warps). */
-    auto rows_of = [&](int kt, int (&src)[PCH]) {
-#pragma unroll
-        for (int i = 0; i < PCH; i++) {
-            const int r = kt * BR + ((tid + i * NTHREADS) >> 4);
-            src[i] = r >= nrows ? -1 : gidx ? gidx[r] / topk : r;
+    /* With gather, P's row of step kt's row r is gidx[kt BR + r] / topk. The indices
+     * travel by cp.async into a ring IDX_AHEAD steps deep, so no copy waits on an
+     * index load: a register load one step ahead left the gathered variant stalled
+     * on the scoreboard (ncu: 3.5 warps per issue against 1.7 without gather).
+     * Iteration kt fetches step kt + IDX_AHEAD and copies step kt + STAGES - 1; its
+     * wait has completed iteration kt - STAGES + 1's group, so that group's fetch
+     * must be the step copied now: IDX_AHEAD = 2 STAGES - 2. */
+    constexpr int IDX_AHEAD = 2 * STAGES - 2;
+    __shared__ int32_t idx_ring[IDX_AHEAD][BR];
+    auto fetch_idx = [&](int kt) {
+        if (tid < BR) {
+            const int r = kt * BR + tid;
+            cp_async4(&idx_ring[kt % IDX_AHEAD][tid], gidx + (r < nrows ? r : 0), r < nrows);
         }
     };
-    auto load = [&](int stage, int kt, const int (&src)[PCH]) {
+    auto load = [&](int stage, int kt) {
         bf16 *s = smem + stage * STAGE;
         const int r0 = kt * BR;
 #pragma unroll
         for (int i = 0; i < PCH; i++) {
             const int c = tid + i * NTHREADS, r = c >> 4, cc = (c & 15) * 8;
-            const bool ok = src[i] >= 0 && n0 + cc < ncols;
-            cp_async16(s + r * LDP + cc, ok ? P + (size_t)src[i] * ldp + n0 + cc : P, ok);
+            const int src = r0 + r >= nrows ? -1 : gidx ? idx_ring[kt % IDX_AHEAD][r] / topk : r0 + r;
+            const bool ok = src >= 0 && n0 + cc < ncols;
+            cp_async16(s + r * LDP + cc, ok ? P + (size_t)src * ldp + n0 + cc : P, ok);
         }
         for (int c = tid; c < QCH; c += NTHREADS) {
             const int r = c / (RP / 8), qc = (c % (RP / 8)) * 8;
@@ -283,16 +289,17 @@ __device__ void lora_wgrad(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *P, i
         }
     };
     const int KT = (nrows + BR - 1) / BR;
-    int next[PCH]; /* rows of the next step to load */
+    if (gidx) { /* the first IDX_AHEAD steps' indices, waited for before any copy */
+        for (int st = 0; st < IDX_AHEAD && st < KT; st++) fetch_idx(st);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+    }
 #pragma unroll
     for (int st = 0; st < STAGES - 1; st++) {
-        if (st < KT) {
-            rows_of(st, next);
-            load(st, st, next);
-        }
+        if (st < KT) load(st, st);
         cp_async_commit();
     }
-    if (STAGES - 1 < KT) rows_of(STAGES - 1, next);
     for (int kt = 0; kt < KT; kt++) {
         cp_async_wait<STAGES - 2>();
         bf16 *s = smem + (kt % STAGES) * STAGE;
@@ -304,10 +311,11 @@ __device__ void lora_wgrad(float (&acc)[RP / 8][4], bf16 *smem, const bf16 *P, i
             }
         }
         __syncthreads();
-        if (kt + STAGES - 1 < KT) {
-            load((kt + STAGES - 1) % STAGES, kt + STAGES - 1, next);
-            if (kt + STAGES < KT) rows_of(kt + STAGES, next);
-        }
+        /* After the wait and barrier above step kt + STAGES - 1's indices have landed
+         * for every thread; the slot refilled here (step kt's) was read STAGES - 1
+         * iterations ago. */
+        if (kt + STAGES - 1 < KT) load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        if (gidx && kt + IDX_AHEAD < KT) fetch_idx(kt + IDX_AHEAD);
         cp_async_commit();
         if (n0 + warp * 16 < ncols) {
 #pragma unroll

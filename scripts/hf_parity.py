@@ -455,7 +455,7 @@ def cmd_train(args):
         hist[step] = (s, total, norm, lr)
         print(f"step {step:5d}  loss {s / max(total, 1):.6f}  grad_norm {norm:.5g}  lr {lr:.6g}  targets {total}",
               flush=True)
-    compare(args, metrics, hist, n_run)
+    return compare(args, metrics, hist, n_run)
 
 
 def rel(a, b):
@@ -494,14 +494,37 @@ def compare(args, metrics, hist, n_run):
     for k, lc, lh in lr_bad[:3]:
         print(f"warning: step {k}: ctune lr {lc:.6g} but hf lr {lh:.6g} "
               "(check --lr/--scheduler/--warmup/--steps)", file=sys.stderr)
+    failed = verdict(args, rows, diffs, gn_diffs)
     if args.out:
         res = {"steps": [r[0] for r in rows], "ctune": [r[1] for r in rows], "hf": [r[2] for r in rows],
                "max_rel_diff": mx, "ctune_grad_norm": [r[3] for r in rows], "hf_grad_norm": [r[4] for r in rows],
                "max_rel_diff_grad_norm": mxg,
                "hf_step_loss": [hist[j][0] / max(hist[j][1], 1) for j in range(1, n_run + 1)]}
+        res["failed"] = failed
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
             f.write("\n")
+    return 1 if failed else 0
+
+
+def verdict(args, rows, diffs, gn_diffs):
+    """PASS/FAIL against --tol-first and --tol-loss (each optional); returns the
+    failed checks. The first logged step compares one forward and backward on the
+    same weights and batch, so only rounding separates the two; later steps add up
+    bf16 rounding through the optimizer, hence the looser bound over all steps."""
+    checks = []
+    if args.tol_first is not None:
+        checks.append((f"step {rows[0][0]} loss", diffs[0], args.tol_first))
+        if gn_diffs:
+            checks.append((f"step {rows[0][0]} grad norm", gn_diffs[0], args.tol_first))
+    if args.tol_loss is not None:
+        checks.append((f"loss over {len(rows)} steps", max(diffs, key=lambda d: math.inf if d != d else d),
+                       args.tol_loss))
+    failed = [f"{what} rel diff {d:.3e} > {tol:g}" for what, d, tol in checks if not d <= tol]  # NaN fails
+    if checks:
+        print("FAIL parity: " + "; ".join(failed) if failed else
+              "PASS parity: " + "; ".join(f"{what} {d:.2e} <= {tol:g}" for what, d, tol in checks))
+    return failed
 
 
 def main():
@@ -532,6 +555,10 @@ def main():
     t.add_argument("--max-grad-norm", type=float, default=1.0)
     t.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     t.add_argument("--out", default=None, help="RESULT.json")
+    t.add_argument("--tol-first", type=float, default=None,
+                   help="fail (exit 1) when the first logged step's loss or grad norm differs by more (relative)")
+    t.add_argument("--tol-loss", type=float, default=None,
+                   help="fail (exit 1) when any logged step's loss differs by more (relative)")
     args = ap.parse_args()
     if args.mode == "train" and (args.steps < 1 or args.warmup < 0 or args.run_steps < 0):
         ap.error("--steps must be >= 1, --warmup and --run-steps >= 0")
@@ -539,8 +566,7 @@ def main():
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
-    (cmd_grads if args.mode == "grads" else cmd_train)(args)
-    return 0
+    return (cmd_grads if args.mode == "grads" else cmd_train)(args) or 0
 
 
 if __name__ == "__main__":

@@ -106,9 +106,18 @@ sanitize_run() {
         --set training.max_steps=$steps --set training.warmup_steps=1 --set training.eval_steps=0 \
         --set data.tokens_per_micro_batch=2048 --set data.max_length=1024 \
         --set memory.gradient_checkpointing=true --set memory.activation_offload=on >"$OUT/san-$name-$tool.log" 2>&1
-    local rc=$?
-    echo "$name $tool: rc $rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$name-$tool.log" | tail -n 1)"
-    [ $rc = 9 ] && FAILED+=("sanitize $name $tool") # 9: the tool found errors
+    local rc=$? summary
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$name-$tool.log" | tail -n 1)
+    echo "$name $tool: rc $rc $summary"
+    [ $rc = 0 ] && return
+    # 9: the tool found errors; any other status (a crash, the timeout) fails too,
+    # except racecheck stopping the program after a summary of 0 hazards (seen on
+    # every run so far, cause not found: BENCHMARKS.md), which is reported instead
+    if [ $rc != 9 ] && [ "$tool" = racecheck ] && [[ $summary == *"RACECHECK SUMMARY: 0 hazards"* ]]; then
+        echo "  racecheck stopped the program after 0 hazards (rc $rc): reported, not failed"
+        return
+    fi
+    FAILED+=("sanitize $name $tool")
 }
 
 if has sanitize; then

@@ -34,7 +34,8 @@ fi
 
 if has fixtures; then
     echo "== HF fixtures"
-    bash scripts/parity_fixtures.sh hf >"$OUT/fixtures.log" 2>&1 || tail -n 5 "$OUT/fixtures.log"
+    # a failed regeneration would leave the committed expectations to test against
+    bash scripts/parity_fixtures.sh hf >"$OUT/fixtures.log" 2>&1 || { tail -n 5 "$OUT/fixtures.log"; FAILED+=(fixtures-hf); }
     for n in llama qwen3; do cp tests/fixtures/parity_$n/expected.safetensors "$OUT/expected_$n.safetensors"; done
     grep -i "loss" "$OUT/fixtures.log" | head -4
     "$B/tests/test_hf_parity" >"$OUT/hf_parity_tests.log" 2>&1 || FAILED+=(fixtures)

@@ -59,6 +59,21 @@ assert rc == 1 and "step 1 grad norm" in out and "FAIL parity" in out, (rc, out)
 '
 }
 
+the_first_grad_norm_bound_reads_the_first_step_only() {
+    # step 1 logged without a grad norm: step 2's (off by 10%) is not step 1's
+    py '
+m = {1: {"loss": 2.0, "lr": 1e-3}, 2: {"loss": 1.9, "lr": 1e-3, "grad_norm": 0.44}}
+hist = {1: (200.0, 100, 0.5, 1e-3), 2: (190.0, 100, 0.4, 1e-3)}
+args = types.SimpleNamespace(tol_first=1e-2, tol_loss=1e-2, out=None, metrics="metrics.jsonl")
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    rc = hf_parity.compare(args, m, hist, 2)
+out = buf.getvalue()
+print(out)
+assert rc == 0 and "PASS parity" in out and "grad norm" not in out.split("PASS parity")[1], (rc, out)
+'
+}
+
 a_nan_loss_never_passes() {
     py '
 rc, out = run([2.0, float("nan")], [(200.0, 100), (190.0, 100)], tol_first=1e-2, tol_loss=1.0)
@@ -93,6 +108,7 @@ fi
 run_test agreeing_runs_pass
 run_test a_later_loss_past_the_bound_fails
 run_test the_first_steps_grad_norm_past_the_bound_fails
+run_test the_first_grad_norm_bound_reads_the_first_step_only
 run_test a_nan_loss_never_passes
 run_test a_logged_window_is_compared_with_the_mean_of_its_steps
 run_test without_bounds_it_reports_and_does_not_judge

@@ -12,7 +12,7 @@ static const char *const projection_names[] = {"q_proj", "k_proj", "v_proj", "o_
 #define N_PROJECTIONS 7
 
 /* Mixtral's experts are w1 (gate), w3 (up), w2 (down) in PEFT's target_modules. */
-static const char *canonical_target(const char *name)
+const char *adapter_canonical_target(const char *name)
 {
     if (!strcmp(name, "w1")) return "gate_proj";
     if (!strcmp(name, "w3")) return "up_proj";
@@ -22,7 +22,7 @@ static const char *canonical_target(const char *name)
 
 static int add_target(ct_lora_config *c, const char *name, const char *src, ct_error *err)
 {
-    name = canonical_target(name);
+    name = adapter_canonical_target(name);
     bool known = false;
     for (int i = 0; i < N_PROJECTIONS; i++) known |= !strcmp(name, projection_names[i]);
     if (!known)

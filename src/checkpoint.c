@@ -14,7 +14,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,17 +28,6 @@
 #define MANIFEST_NAME "manifest.json"
 #define MANIFEST_FORMAT "ctune-checkpoint-manifest"
 #define MAX_FILES 64 /* a checkpoint holds 5 files; more means it is not ours */
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    return remove(path);
-}
-
-static void rm_rf(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) == 0) nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
 
 static void fsync_path(const char *path)
 {
@@ -334,19 +322,19 @@ static int put_in_place(const char *tmp, const char *final, const char *old, ct_
     if (stat(final, &sb) != 0) {
         if (rename(tmp, final) != 0)
             return CT_FAIL_RUNTIME(err, "%s: cannot rename into place (%s)", tmp, strerror(errno));
-        rm_rf(old);
+        ct_remove_tree(old);
         return CT_OK;
     }
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
-        rm_rf(tmp);
+        ct_remove_tree(tmp);
         return CT_OK;
     }
-    rm_rf(old);
+    ct_remove_tree(old);
     if (rename(final, old) != 0)
         return CT_FAIL_RUNTIME(err, "%s: cannot move aside (%s)", final, strerror(errno));
     if (rename(tmp, final) != 0)
         return CT_FAIL_RUNTIME(err, "%s: cannot rename into place (%s)", tmp, strerror(errno));
-    rm_rf(old);
+    ct_remove_tree(old);
     return CT_OK;
 }
 
@@ -357,7 +345,7 @@ int checkpoint_save(const char *output_dir, const ct_lora *lo, const ct_model *m
     snprintf(final, sizeof final, "%s/checkpoint-%lld", output_dir, (long long)st->step);
     snprintf(tmp, sizeof tmp, "%s.tmp", final);
     snprintf(old, sizeof old, "%s.old", final);
-    rm_rf(tmp);
+    ct_remove_tree(tmp);
     int rc = ct_mkdirs(tmp, err);
     if (!rc) rc = lora_save_peft(lo, m, tmp, base_model, err);
     if (!rc) rc = write_state(tmp, lo, m->be, st, err);
@@ -365,7 +353,7 @@ int checkpoint_save(const char *output_dir, const ct_lora *lo, const ct_model *m
     if (!rc) fsync_path(tmp);
     if (!rc) rc = put_in_place(tmp, final, old, err);
     if (rc) {
-        rm_rf(tmp);
+        ct_remove_tree(tmp);
         char why[sizeof err->msg];
         snprintf(why, sizeof why, "%s", err->msg);
         return CT_FAIL_RUNTIME(err, "checkpoint at step %lld not saved: %s; the checkpoints already in %s are "
@@ -382,8 +370,8 @@ int checkpoint_save(const char *output_dir, const ct_lora *lo, const ct_model *m
             char victim[CT_PATH_MAX + 64], doomed[CT_PATH_MAX + 80];
             entry_path(victim, sizeof victim, output_dir, &v[i]);
             snprintf(doomed, sizeof doomed, "%s.deleting", victim);
-            rm_rf(doomed);
-            if (rename(victim, doomed) == 0) rm_rf(doomed);
+            ct_remove_tree(doomed);
+            if (rename(victim, doomed) == 0) ct_remove_tree(doomed);
         }
         free(v);
     }

@@ -8,15 +8,25 @@
  * alpha / sqrt(r) with rsLoRA, from adapter_config.json. Every other floating
  * tensor is written as bf16 too; integer tensors are copied as they are.
  *
+ * gpt_oss's experts are 3-D parameters [E, in, out] (for x @ W), adapted in
+ * PEFT's target_parameters layout (FORMATS.md 3.3): one pair per parameter,
+ * lora_A [R*E, in] with expert e's rows at e*R, lora_B [out, R*E] with expert
+ * e's column j at j*E + e; W[e] gains (B_e @ A_e)^T * scaling. The pair's keys
+ * name the experts module: "experts.base_layer" is gate_up_proj when both
+ * parameters are targeted (PEFT nests its wrapper inside down_proj's), plain
+ * "experts" is down_proj, or the one parameter targeted.
+ *
  * The output keeps the input's layout: the same tensor names in files of the
  * same names (one model.safetensors, or the shards plus a rewritten
  * model.safetensors.index.json), and a copy of every other file of the model
  * folder (config.json, tokenizer files). Memory: one shard at a time. */
 #include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "adapter.h"
 #include "commands.h"
@@ -28,6 +38,7 @@
 
 typedef struct merge_pair {
     const st_tensor *base, *A, *B;
+    int experts;          /* > 0: base is an expert parameter [experts, in, out] */
 } merge_pair;
 
 static bool has_suffix(const char *s, const char *suffix)
@@ -68,6 +79,56 @@ static float *to_f32(const st_tensor *t)
     return out;
 }
 
+static bool targets(const ct_lora_config *lc, const char *projection)
+{
+    for (int k = 0; k < lc->n_target_modules; k++)
+        if (!strcmp(lc->target_modules[k], projection)) return true;
+    return false;
+}
+
+/* The base parameter a target_parameters pair adapts (see the file comment):
+ * writes its name to name and its projection (gate_proj for gate_up_proj) to
+ * *projection; NULL when module names no experts module. */
+static const st_tensor *expert_param(const st_reader *base, const char *module, const ct_lora_config *lc,
+                                     char *name, size_t len, const char **projection)
+{
+    static const char inner[] = ".experts.base_layer", outer[] = ".experts";
+    size_t n = strlen(module);
+    bool gate_up;
+    if (has_suffix(module, inner)) {
+        n -= sizeof inner - 1 - (sizeof outer - 1);
+        gate_up = true;
+    } else if (has_suffix(module, outer)) {
+        gate_up = !targets(lc, "down_proj");
+    } else {
+        return NULL;
+    }
+    *projection = gate_up ? "gate_proj" : "down_proj";
+    snprintf(name, len, "%.*s.%s", (int)n, module, gate_up ? "gate_up_proj" : "down_proj");
+    return st_find(base, name);
+}
+
+/* Checks the shapes of a pair against its base tensor: 2-D A (R, in), B (out, R)
+ * on W (out, in), or the target_parameters layout on an expert parameter. */
+static bool pair_fits(const st_tensor *A, const st_tensor *B, const st_tensor *W, int R, bool expert)
+{
+    if (A->ndim != 2 || B->ndim != 2) return false;
+    if (!expert)
+        return W->ndim == 2 && A->shape[0] == R && B->shape[1] == R && A->shape[1] == W->shape[1] &&
+               B->shape[0] == W->shape[0];
+    int64_t RE = W->ndim == 3 ? (int64_t)R * W->shape[0] : -1;
+    return W->ndim == 3 && A->shape[0] == RE && B->shape[1] == RE && A->shape[1] == W->shape[1] &&
+           B->shape[0] == W->shape[2];
+}
+
+static void format_shape(char *buf, size_t cap, const st_tensor *t)
+{
+    size_t off = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < t->ndim && off < cap; d++)
+        off += (size_t)snprintf(buf + off, cap - off, "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+    if (off < cap) snprintf(buf + off, cap - off, "]");
+}
+
 /* Pairs every lora_A/lora_B of the adapter with its base tensor, checking names,
  * shapes and the configured rank and targets. */
 static int match_pairs(const st_reader *base, const st_reader *ad, const char *ad_path, const ct_lora_config *lc,
@@ -99,21 +160,29 @@ static int match_pairs(const st_reader *base, const st_reader *ad, const char *a
         snprintf(name, sizeof name, "%s.weight", module);
         const st_tensor *W = st_find(base, name);
         const char *leaf = strrchr(module, '.') ? strrchr(module, '.') + 1 : module;
-        bool targeted = false;
-        for (int k = 0; k < lc->n_target_modules; k++) targeted |= !strcmp(lc->target_modules[k], leaf);
+        const char *projection = adapter_canonical_target(leaf);
+        if (!W) {
+            const st_tensor *P = expert_param(base, module, lc, name, sizeof name, &projection);
+            W = P && P->ndim == 3 ? P : NULL;
+        }
+        bool expert = W && W->ndim == 3;
+        char ws[64], as[64], bs[64];
         if (!B) rc = CT_FAIL_INPUT(err, "%s: '%s' has no lora_B", ad_path, t->name);
         else if (!W) rc = CT_FAIL_INPUT(err, "%s: the base model has no tensor '%s' for '%s'", ad_path, name, t->name);
-        else if (!targeted)
-            rc = CT_FAIL_INPUT(err, "%s: '%s' is not in adapter_config.json's target_modules", ad_path, t->name);
+        else if (!targets(lc, projection))
+            rc = CT_FAIL_INPUT(err, "%s: '%s' is not in adapter_config.json's %s", ad_path, t->name,
+                               expert ? "target_parameters" : "target_modules");
         else if (!is_float(t->dtype) || !is_float(B->dtype) || !is_float(W->dtype))
             rc = CT_FAIL_INPUT(err, "%s: '%s': LoRA and base weights must be BF16, F16 or F32", ad_path, module);
-        else if (t->ndim != 2 || B->ndim != 2 || W->ndim != 2 || t->shape[0] != lc->r || B->shape[1] != lc->r ||
-                 t->shape[1] != W->shape[1] || B->shape[0] != W->shape[0])
-            rc = CT_FAIL_INPUT(err, "%s: '%s': lora_A [%lld, %lld] and lora_B [%lld, %lld] do not fit the base "
-                               "weight [%lld, %lld] with r = %d", ad_path, module, (long long)t->shape[0],
-                               (long long)t->shape[1], (long long)B->shape[0], (long long)B->shape[1],
-                               (long long)W->shape[0], (long long)W->shape[1], lc->r);
-        else pairs[np++] = (merge_pair){W, t, B};
+        else if (!pair_fits(t, B, W, lc->r, expert)) {
+            format_shape(as, sizeof as, t);
+            format_shape(bs, sizeof bs, B);
+            format_shape(ws, sizeof ws, W);
+            rc = CT_FAIL_INPUT(err, "%s: '%s': lora_A %s and lora_B %s do not fit the base weight %s '%s' with r = %d",
+                               ad_path, module, as, bs, ws, W->name, lc->r);
+        } else {
+            pairs[np++] = (merge_pair){W, t, B, expert ? (int)W->shape[0] : 0};
+        }
     }
     /* Every B must have had its A. */
     for (size_t i = 0; i < n && !rc; i++) {
@@ -160,6 +229,29 @@ static uint16_t *merged_weight(const merge_pair *p, float scale)
     return merged;
 }
 
+/* An expert parameter [E, in, out]: bf16(W[e] + (B_e @ A_e)^T * scale), with
+ * A_e = rows e*R.. of A [R*E, in] and B_e = columns j*E + e of B [out, R*E]. */
+static uint16_t *merged_expert_param(const merge_pair *p, float scale)
+{
+    size_t E = (size_t)p->experts, in = (size_t)p->base->shape[1], out = (size_t)p->base->shape[2];
+    size_t R = (size_t)p->A->shape[0] / E;
+    float *W = to_f32(p->base), *A = to_f32(p->A), *B = to_f32(p->B);
+    uint16_t *merged = ct_malloc(E * in * out * sizeof(uint16_t));
+    #pragma omp parallel for schedule(static)
+    for (size_t ei = 0; ei < E * in; ei++) {
+        size_t e = ei / in, i = ei % in;
+        for (size_t o = 0; o < out; o++) {
+            float delta = 0;
+            for (size_t j = 0; j < R; j++) delta += B[o * R * E + j * E + e] * A[(e * R + j) * in + i];
+            merged[ei * out + o] = ct_f32_to_bf16(W[ei * out + o] + delta * scale);
+        }
+    }
+    free(W);
+    free(A);
+    free(B);
+    return merged;
+}
+
 /* Adds t to w as bf16 (merged with its pair when it has one) or, for integer
  * tensors, as it is. Returns the bytes written. */
 static int add_tensor(st_writer *w, const st_tensor *t, const merge_pair *pairs, size_t np, float scale,
@@ -174,7 +266,7 @@ static int add_tensor(st_writer *w, const st_tensor *t, const merge_pair *pairs,
     }
     uint16_t *data;
     if (p) {
-        data = merged_weight(p, scale);
+        data = p->experts ? merged_expert_param(p, scale) : merged_weight(p, scale);
     } else {
         data = ct_malloc(t->numel * sizeof(uint16_t) + 2);
         if (t->dtype == CT_DTYPE_BF16) {
@@ -272,7 +364,7 @@ static int write_files(const st_reader *base, const char *out, const merge_pair 
         char path[CT_PATH_MAX + 300];
         snprintf(path, sizeof path, "%s/%s", out, base_name(files[k]));
         if (!rc) rc = st_writer_save(w, path, err);
-        if (!rc) fprintf(stderr, "merge: wrote %s (%zu tensors)\n", path, count);
+        if (!rc) fprintf(stderr, "merge: %s: %zu tensors written\n", base_name(files[k]), count);
         st_writer_free(w);
     }
     free(files);
@@ -282,8 +374,11 @@ static int write_files(const st_reader *base, const char *out, const merge_pair 
 /* The output folder must be new or empty: merging never overwrites a model. */
 static int check_out(const char *out, ct_error *err)
 {
+    struct stat st;
+    if (stat(out, &st) != 0) return CT_OK;
+    if (!S_ISDIR(st.st_mode)) return CT_FAIL_INPUT(err, "%s: exists and is not a folder (merge writes a new folder)", out);
     DIR *d = opendir(out);
-    if (!d) return ct_mkdirs(out, err);
+    if (!d) return CT_FAIL_INPUT(err, "%s: cannot list the folder", out);
     struct dirent *e;
     bool empty = true;
     while ((e = readdir(d)))
@@ -291,6 +386,29 @@ static int check_out(const char *out, ct_error *err)
     closedir(d);
     if (!empty) return CT_FAIL_INPUT(err, "%s: exists and is not empty (merge writes a new folder)", out);
     return CT_OK;
+}
+
+/* Every file goes into OUT.partial, which becomes OUT by one rename once it is
+ * complete: a merge that stops half way (a full disk, a kill) leaves no folder
+ * that looks like a model, and the next try clears the stale OUT.partial. */
+static int write_merged(const st_reader *base, const char *model, const char *out, const merge_pair *pairs,
+                        size_t np, float scale, ct_error *err)
+{
+    char tmp[CT_PATH_MAX + 16], single[CT_PATH_MAX + 64];
+    snprintf(tmp, sizeof tmp, "%s.partial", out);
+    ct_remove_tree(tmp);
+    size_t total = 0;
+    int rc = ct_mkdirs(tmp, err);
+    if (!rc) rc = write_files(base, tmp, pairs, np, scale, &total, err);
+    snprintf(single, sizeof single, "%s/model.safetensors", model);
+    if (!rc && !is_regular(single)) rc = write_index(base, tmp, total, err);
+    if (!rc) rc = copy_side_files(model, tmp, err);
+    if (!rc && rmdir(out) != 0 && errno != ENOENT)
+        rc = CT_FAIL_RUNTIME(err, "%s: cannot replace the empty folder (%s)", out, strerror(errno));
+    if (!rc && rename(tmp, out) != 0)
+        rc = CT_FAIL_RUNTIME(err, "%s: cannot rename to %s (%s)", tmp, out, strerror(errno));
+    if (rc) ct_remove_tree(tmp);
+    return rc;
 }
 
 int cmd_merge(int argc, char **argv, ct_error *err)
@@ -314,14 +432,10 @@ int cmd_merge(int argc, char **argv, ct_error *err)
     snprintf(ad_path, sizeof ad_path, "%s/adapter_model.safetensors", adapter);
     st_reader *ad = st_open(ad_path, err);
     merge_pair *pairs = NULL;
-    size_t np = 0, total = 0;
+    size_t np = 0;
     rc = ad ? match_pairs(base, ad, ad_path, &lc, &pairs, &np, err) : err->code;
     if (!rc) rc = check_out(out, err);
-    if (!rc) rc = write_files(base, out, pairs, np, scale, &total, err);
-    char single[CT_PATH_MAX + 64];
-    snprintf(single, sizeof single, "%s/model.safetensors", model);
-    if (!rc && !is_regular(single)) rc = write_index(base, out, total, err);
-    if (!rc) rc = copy_side_files(model, out, err);
+    if (!rc) rc = write_merged(base, model, out, pairs, np, scale, err);
     if (!rc)
         printf("merged %zu LoRA modules (r %d, scaling %g) into %s\n", np, lc.r, (double)scale, out);
     free(pairs);

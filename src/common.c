@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <libgen.h>
 #include <math.h>
 #include <stdarg.h>
@@ -260,6 +261,18 @@ int ct_write_file_atomic(const char *path, const void *data, size_t len, ct_erro
     free(tmp);
     fsync_dir_of(path);
     return CT_OK;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+void ct_remove_tree(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) == 0) nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 int ct_mkdirs(const char *path, ct_error *err)

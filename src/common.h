@@ -87,6 +87,10 @@ int ct_write_file_atomic(const char *path, const void *data, size_t len, ct_erro
 /* mkdir -p. */
 int ct_mkdirs(const char *path, ct_error *err);
 
+/* rm -rf PATH: a file, or a folder and everything below it (links are removed,
+ * not followed); nothing happens when PATH does not exist. */
+void ct_remove_tree(const char *path);
+
 static inline size_t ct_ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 #endif

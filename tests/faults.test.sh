@@ -1,6 +1,7 @@
 # faults.test.sh — injected faults and what the trainer does about them: a
 # non-finite gradient (the CTUNE_INJECT_NAN_STEP test hook), an output_dir that
-# cannot be written, and a disk that fills up during a save (RLIMIT_FSIZE).
+# cannot be written, and a disk that fills up during a save or a merge
+# (RLIMIT_FSIZE).
 # Sourced helpers: tests/lib.sh.
 source "$(dirname "$0")/lib.sh"
 
@@ -81,6 +82,19 @@ full_disk_during_a_save_keeps_the_previous_checkpoint() {
     grep -q 'resumed from run/checkpoint-2' log2
 }
 
+full_disk_during_a_merge_leaves_no_output_folder() {
+    train run --set training.max_steps=1 2>log || { cat log; false; }
+    # The merged tiny model is 1.6 MiB: with files capped at 1000 KiB its write fails.
+    local rc=0
+    (trap '' XFSZ; ulimit -f 1000; "$CTUNE" merge --model "$MODEL" --adapter run/final --out merged) 2>err.txt || rc=$?
+    [ "$rc" -eq 1 ] || { echo "exit $rc"; cat err.txt; false; }
+    grep -q 'File too large' err.txt
+    [ ! -e merged ] && [ ! -e merged.partial ]
+    # with room again, the same command completes
+    "$CTUNE" merge --model "$MODEL" --adapter run/final --out merged 2>log2 || { cat log2; false; }
+    [ -f merged/model.safetensors ] && [ -f merged/config.json ] && [ ! -e merged.partial ]
+}
+
 token_id_beyond_the_models_vocab_is_an_input_error() {
     # the bundled data uses ids up to 258; a model with 200 rows cannot embed them
     sed 's/"vocab_size": 384/"vocab_size": 200/' "$ROOT/configs/models/tiny/config.json" >small.json
@@ -96,6 +110,7 @@ run_test bad_inject_hook_value_is_an_input_error
 run_test output_dir_that_cannot_be_created_fails_before_step_1
 run_test output_dir_that_cannot_be_written_fails_before_step_1
 run_test full_disk_during_a_save_keeps_the_previous_checkpoint
+run_test full_disk_during_a_merge_leaves_no_output_folder
 run_test token_id_beyond_the_models_vocab_is_an_input_error
 rm -rf "$(dirname "$MODEL")"
 summary

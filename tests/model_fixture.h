@@ -35,6 +35,33 @@ static const char *const fixture_qwen2_json =
     " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 64},"
     " \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}";
 
+/* qwen3_moe: 3 layers, layer 1 dense (mlp_only_layers), E = 4, K = 2, no renormalisation. */
+static const char *const fixture_qwen3_moe_json =
+    "{\"model_type\": \"qwen3_moe\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 40,"
+    " \"moe_intermediate_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
+    " \"norm_topk_prob\": false, \"decoder_sparse_step\": 1, \"mlp_only_layers\": [1],"
+    " \"router_aux_loss_coef\": 0.05, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
+    " \"max_position_embeddings\": 256, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}";
+
+/* mixtral: 2 layers, E = 4, K = 2 (always renormalised), GQA 2:1. */
+static const char *const fixture_mixtral_json =
+    "{\"model_type\": \"mixtral\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 24,"
+    " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+    " \"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"router_aux_loss_coef\": 0.02,"
+    " \"rms_norm_eps\": 1e-5, \"rope_theta\": 1000000.0, \"sliding_window\": null,"
+    " \"max_position_embeddings\": 256, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}";
+
+/* gpt_oss: 2 layers (sliding window 4, then full), sinks, biases, yarn rope,
+ * E = 4, K = 2, swiglu_limit low enough that some activations clamp. */
+static const char *const fixture_gpt_oss_json =
+    "{\"model_type\": \"gpt_oss\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 16,"
+    " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8,"
+    " \"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"sliding_window\": 4, \"swiglu_limit\": 1.5,"
+    " \"rope_theta\": 150000.0, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": 32.0,"
+    " \"beta_slow\": 1.0, \"truncate\": false, \"original_max_position_embeddings\": 64},"
+    " \"rms_norm_eps\": 1e-5, \"max_position_embeddings\": 256, \"tie_word_embeddings\": false}";
+
 /* Writes DIR/config.json and random bf16 weights (norm weights near 1, biases
  * small, matrices N(0, 0.2) so activations are far from trivial). */
 static int fixture_write_model(const char *dir, const char *json, uint64_t seed)

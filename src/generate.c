@@ -7,9 +7,15 @@
  *   rope(q, k) at n_past.. ; K[n_past..], V[n_past..] = k, v
  *   attn = attention_decode(q, K[0..n_past+C), V) ; h = x + attn Wo^T (+LoRA o)
  *   out = h + down(swiglu(gu(rmsnorm(h)))) (+LoRA)
+ * A sparse layer's MLP is graph_moe.c's moe_forward itself (routing, grouped
+ * expert GEMMs and their LoRA, the weighted un-permute), on a workspace sized
+ * for one chunk; gpt_oss's attention sinks go to attention_decode.
  * test_generate.c holds it to the graph: the loss of a document fed one token
  * at a time equals graph_eval's. */
 #include "generate.h"
+
+#include "arena.h"
+#include "graph_moe.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -32,6 +38,8 @@ struct ct_generator {
     void *xf;                   /* (1, H) final norm of the last token */
     void *logits;               /* (1, V) act */
     int32_t *host_pos;          /* (chunk) */
+    ct_moe *moe;                /* sparse layers' block (NULL for a dense model) */
+    void *moe_arena;            /* its buffers, for chunk tokens */
     bool failed;
 };
 
@@ -50,11 +58,6 @@ ct_generator *generator_new(const ct_model *m, const ct_lora *lo, int capacity, 
     const ct_model_config *c = &m->cfg;
     if (capacity < 1 || chunk < 1) {
         CT_FAIL_INPUT(err, "generate: capacity %d and chunk %d must be >= 1", capacity, chunk);
-        return NULL;
-    }
-    if (c->num_experts > 0) {
-        CT_FAIL_INPUT(err, "generate: model_type '%s' is a mixture of experts; generate runs dense models only "
-                      "for now", c->model_type);
         return NULL;
     }
     if (capacity > c->max_position_embeddings) {
@@ -91,6 +94,14 @@ ct_generator *generator_new(const ct_model *m, const ct_lora *lo, int capacity, 
     g->xf = galloc(g, H * A);
     g->logits = galloc(g, (size_t)c->vocab_size * A);
     g->host_pos = ct_malloc(C * sizeof(int32_t));
+    if ((g->moe = moe_new(m, chunk, 1, lo != NULL))) {
+        ct_arena ar = {0}; /* measure, allocate, carve (arena.h) */
+        moe_layout(g->moe, &ar);
+        if ((g->moe_arena = galloc(g, ar.used))) {
+            ar = (ct_arena){.base = g->moe_arena};
+            moe_layout(g->moe, &ar);
+        }
+    }
     if (g->failed) {
         generator_free(g);
         CT_FAIL_RUNTIME(err, "out of %s memory for the KV cache (%d positions) and a %d-token chunk",
@@ -110,8 +121,9 @@ void generator_free(ct_generator *g)
         FREE(g->v_cache[l]);
     }
     FREE(g->tokens); FREE(g->positions); FREE(g->x); FREE(g->xn); FREE(g->h); FREE(g->hn); FREE(g->qkv);
-    FREE(g->attn); FREE(g->gu); FREE(g->act); FREE(g->xf); FREE(g->logits);
+    FREE(g->attn); FREE(g->gu); FREE(g->act); FREE(g->xf); FREE(g->logits); FREE(g->moe_arena);
 #undef FREE
+    moe_free(g->moe);
     free(g->k_cache);
     free(g->v_cache);
     free(g->host_pos);
@@ -160,13 +172,18 @@ static void layer_forward(ct_generator *g, int l, int T)
     be->copy_2d(be, act_at(g, g->v_cache[l], at), KV, v, QKV, T, KV);
     int window = c->layer_sliding[l] ? c->sliding_window : 0;
     be->attention_decode(be, g->attn, Q, q, QKV, g->k_cache[l], KV, g->v_cache[l], KV, T, g->n_past, nq, nkv, D,
-                         1.0f / sqrtf((float)D), window, NULL);
+                         1.0f / sqrtf((float)D), window, w->sinks);
 
     be->copy_2d(be, g->h, H, g->x, H, T, H);
     be->linear_fwd(be, g->h, H, g->attn, Q, w->wo, w->bo, T, Q, H, 1);
     lora_fwd(g, l, CT_MOD_O, g->h, H, g->attn, Q, T);
 
     be->rmsnorm_fwd(be, g->hn, H, NULL, g->h, H, w->mlp_norm, T, 1, H, eps);
+    if (c->layer_sparse[l]) {
+        const moe_lora ml = {.lo = g->lo}; /* no dropout in inference */
+        moe_forward(g->moe, &ml, l, 0, g->hn, g->h, g->x, T, false);
+        return;
+    }
     be->linear_fwd(be, g->gu, 2 * I, g->hn, H, w->wgu, w->bgu, T, H, 2 * I, 0);
     lora_fwd(g, l, CT_MOD_GATE, g->gu, 2 * I, g->hn, H, T);
     lora_fwd(g, l, CT_MOD_UP, act_at(g, g->gu, I), 2 * I, g->hn, H, T);

@@ -1,6 +1,7 @@
 /* test_generate.c — `ctune generate`'s pieces: the attention_decode op against
  * attention_fwd, KV-cache decoding against the training graph (the loss of a
- * document fed one token at a time equals graph_eval's; a prompt fed in chunks
+ * document fed one token at a time equals graph_eval's, for dense models and the
+ * three mixture-of-experts families; a prompt fed in chunks
  * gives the logits of one fed token by token), the samplers, and the byte
  * tokenizer's chat template. GPU tests compare the CUDA backend with the CPU
  * and report "skipped: no GPU" without one. */
@@ -100,8 +101,9 @@ TEST(attention_decode_on_gpu_matches_cpu)
         int T = shapes[s][0], nq = shapes[s][1], nkv = shapes[s][2], D = shapes[s][3], w = shapes[s][4];
         float *q = rnd((size_t)T * nq * D, 1), *k = rnd((size_t)T * nkv * D, 1), *v = rnd((size_t)T * nkv * D, 1);
         for (int n_past = 0; n_past < T; n_past += T / 2) {
-            float *want = run_decode(cpu, q, k, v, T, n_past, nq, nkv, D, w, NULL);
-            float *got = run_decode(gpu, q, k, v, T, n_past, nq, nkv, D, w, NULL);
+            const float *sinks = s == 1 ? (float[16]){0.5f, -1.0f, 2.0f, 0.0f, 1.0f} : NULL; /* gpt_oss */
+            float *want = run_decode(cpu, q, k, v, T, n_past, nq, nkv, D, w, sinks);
+            float *got = run_decode(gpu, q, k, v, T, n_past, nq, nkv, D, w, sinks);
             double e = check_max_norm_err(got, want, (size_t)(T - n_past) * nq * D);
             CHECK(e < 2e-2, "T %d D %d n_past %d: normwise err %g", T, D, n_past, e);
             free(want);
@@ -192,9 +194,10 @@ static double nll(const float *logits, int V, int target)
 
 TEST(kv_cache_decoding_gives_the_graph_loss)
 {
-    const char *models[] = {fixture_llama_json, fixture_qwen3_json, fixture_qwen2_json};
-    const char *names[] = {"llama", "qwen3", "qwen2"};
-    for (int mi = 0; mi < 3; mi++) {
+    const char *models[] = {fixture_llama_json, fixture_qwen3_json, fixture_qwen2_json,
+                            fixture_qwen3_moe_json, fixture_mixtral_json, fixture_gpt_oss_json};
+    const char *names[] = {"llama", "qwen3", "qwen2", "qwen3_moe", "mixtral", "gpt_oss"};
+    for (int mi = 0; mi < 6; mi++) {
         fixture f;
         REQUIRE(fixture_open(&f, backend_cpu_new(), models[mi]) == 0, "fixture %s", names[mi]);
         double want = graph_loss(&f);
@@ -255,14 +258,29 @@ static const char *const gpu_qwen3_json =
     " \"num_key_value_heads\": 2, \"head_dim\": 32, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000.0,"
     " \"max_position_embeddings\": 256, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}";
 
-TEST(kv_cache_decoding_on_gpu_matches_cpu)
+/* configs/models/tiny-moe and tiny-gpt-oss (shapes the CUDA MoE kernels cover)
+ * with a 64-token vocabulary and, for gpt_oss, a sliding window the document
+ * outgrows. */
+static const char *const gpu_qwen3_moe_json =
+    "{\"model_type\": \"qwen3_moe\", \"vocab_size\": 64, \"hidden_size\": 128, \"intermediate_size\": 256,"
+    " \"moe_intermediate_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 32, \"num_experts\": 8, \"num_experts_per_tok\": 2,"
+    " \"norm_topk_prob\": true, \"decoder_sparse_step\": 1, \"mlp_only_layers\": [], \"rms_norm_eps\": 1e-6,"
+    " \"rope_theta\": 10000.0, \"max_position_embeddings\": 256, \"tie_word_embeddings\": false}";
+static const char *const gpu_gpt_oss_json =
+    "{\"model_type\": \"gpt_oss\", \"vocab_size\": 64, \"hidden_size\": 128, \"intermediate_size\": 64,"
+    " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 32,"
+    " \"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"sliding_window\": 4, \"swiglu_limit\": 7.0,"
+    " \"rope_theta\": 150000.0, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": 32.0,"
+    " \"beta_slow\": 1.0, \"truncate\": false, \"original_max_position_embeddings\": 64},"
+    " \"rms_norm_eps\": 1e-5, \"max_position_embeddings\": 256, \"tie_word_embeddings\": false}";
+
+/* A 9-token prefill, then one token at a time, on the GPU and on the CPU. */
+static void check_decoding_on_gpu(ct_backend *gpu, const char *json, const char *name)
 {
-    ct_error why = {0};
-    ct_backend *gpu = backend_cuda_new(&why);
-    if (!gpu) SKIP("skipped: no GPU");
     fixture fc, fg;
-    REQUIRE(fixture_open(&fc, backend_cpu_new(), gpu_qwen3_json) == 0, "cpu fixture");
-    REQUIRE(fixture_open(&fg, gpu, gpu_qwen3_json) == 0, "gpu fixture");
+    REQUIRE(fixture_open(&fc, backend_cpu_new(), json) == 0, "%s cpu fixture", name);
+    REQUIRE(fixture_open(&fg, gpu, json) == 0, "%s gpu fixture", name);
     ct_error err = {0};
     int V = fc.model.cfg.vocab_size;
     float *a = ct_malloc(V * sizeof(float)), *b = ct_malloc(V * sizeof(float));
@@ -271,11 +289,12 @@ TEST(kv_cache_decoding_on_gpu_matches_cpu)
     REQUIRE(gc && gg, "generator_new: %s", err.msg);
     generator_feed(gc, doc, 9, a, &err);
     generator_feed(gg, doc, 9, b, &err);
-    CHECK(check_max_norm_err(b, a, V) < 5e-2, "prefill: normwise err %g", check_max_norm_err(b, a, V));
+    CHECK(check_max_norm_err(b, a, V) < 5e-2, "%s prefill: normwise err %g", name, check_max_norm_err(b, a, V));
     for (int t = 9; t < DOC; t++) {
         generator_feed(gc, &doc[t], 1, a, &err);
         generator_feed(gg, &doc[t], 1, b, &err);
-        CHECK(check_max_norm_err(b, a, V) < 5e-2, "token %d: normwise err %g", t, check_max_norm_err(b, a, V));
+        CHECK(check_max_norm_err(b, a, V) < 5e-2, "%s token %d: normwise err %g", name, t,
+              check_max_norm_err(b, a, V));
     }
     generator_free(gc);
     generator_free(gg);
@@ -284,6 +303,26 @@ TEST(kv_cache_decoding_on_gpu_matches_cpu)
     fixture_close(&fc);
     fixture_close(&fg);
     fc.be->destroy(fc.be);
+}
+
+TEST(kv_cache_decoding_on_gpu_matches_cpu)
+{
+    ct_error why = {0};
+    ct_backend *gpu = backend_cuda_new(&why);
+    if (!gpu) SKIP("skipped: no GPU");
+    check_decoding_on_gpu(gpu, gpu_qwen3_json, "qwen3");
+    gpu->destroy(gpu);
+}
+
+/* Not yet run on a GPU: cmd_generate refuses MoE models off the CPU until it
+ * passes there. */
+TEST(moe_kv_cache_decoding_on_gpu_matches_cpu)
+{
+    ct_error why = {0};
+    ct_backend *gpu = backend_cuda_new(&why);
+    if (!gpu) SKIP("skipped: no GPU");
+    check_decoding_on_gpu(gpu, gpu_qwen3_moe_json, "qwen3_moe");
+    check_decoding_on_gpu(gpu, gpu_gpt_oss_json, "gpt_oss");
     gpu->destroy(gpu);
 }
 
@@ -377,6 +416,7 @@ int main(void)
     RUN(kv_cache_decoding_gives_the_graph_loss);
     RUN(a_prompt_fed_in_chunks_gives_the_logits_of_one_fed_token_by_token);
     RUN(kv_cache_decoding_on_gpu_matches_cpu);
+    RUN(moe_kv_cache_decoding_on_gpu_matches_cpu);
     RUN(greedy_takes_the_argmax_and_the_lowest_id_on_ties);
     RUN(sampling_is_deterministic_for_a_seed_and_follows_the_distribution);
     RUN(top_p_keeps_the_smallest_set_holding_p);

@@ -182,6 +182,12 @@ char *ct_read_file_max(const char *path, size_t max, size_t *len, ct_error *err)
         CT_FAIL_INPUT(err, "%s: cannot open (%s)", path, strerror(errno));
         return NULL;
     }
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) { /* fopen opens a folder; reading it then fails */
+        fclose(f);
+        CT_FAIL_INPUT(err, "%s: is a folder, not a file", path);
+        return NULL;
+    }
     size_t cap = 1 << 16, n = 0;
     char *buf = ct_malloc(cap);
     for (;;) {
@@ -197,11 +203,11 @@ char *ct_read_file_max(const char *path, size_t max, size_t *len, ct_error *err)
             return NULL;
         }
     }
-    int bad = ferror(f);
+    int bad = ferror(f), e = errno;
     fclose(f);
     if (bad) {
         free(buf);
-        CT_FAIL_INPUT(err, "%s: read error", path);
+        CT_FAIL_INPUT(err, "%s: read error (%s)", path, strerror(e));
         return NULL;
     }
     buf[n] = 0;

@@ -310,6 +310,9 @@ TEST(load_failure_leaves_config_untouched)
     CHECK(!config_diff(c, d), "changed %s", config_diff(c, d));
     CHECK(config_load(c, "/nonexistent/ctune.yaml", &e) != CT_OK && starts_with(e.msg, "/nonexistent/ctune.yaml"),
           "%s", e.msg);
+    /* fopen opens a folder and only the read fails: the message says what it is */
+    CHECK(config_load(c, "configs", &e) == CT_ERR_INPUT && !strcmp(e.msg, "configs: is a folder, not a file"),
+          "%s", e.msg);
     free(c); free(d);
 }
 

@@ -11,18 +11,9 @@ static const char *const projection_names[] = {"q_proj", "k_proj", "v_proj", "o_
                                                "gate_proj", "up_proj", "down_proj"};
 #define N_PROJECTIONS 7
 
-/* Mixtral's experts are w1 (gate), w3 (up), w2 (down) in PEFT's target_modules. */
-const char *adapter_canonical_target(const char *name)
-{
-    if (!strcmp(name, "w1")) return "gate_proj";
-    if (!strcmp(name, "w3")) return "up_proj";
-    if (!strcmp(name, "w2")) return "down_proj";
-    return name;
-}
-
 static int add_target(ct_lora_config *c, const char *name, const char *src, ct_error *err)
 {
-    name = adapter_canonical_target(name);
+    name = config_canonical_module(name);
     bool known = false;
     for (int i = 0; i < N_PROJECTIONS; i++) known |= !strcmp(name, projection_names[i]);
     if (!known)

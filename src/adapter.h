@@ -15,11 +15,6 @@
  * inference never applies it. */
 int adapter_read_config(const char *dir, ct_lora_config *out, ct_error *err);
 
-/* The projection name ct_lora_config's target_modules uses for a PEFT module
- * name: Mixtral's experts w1 / w3 / w2 are gate_proj / up_proj / down_proj;
- * any other name is returned as it is. */
-const char *adapter_canonical_target(const char *name);
-
 /* adapter_read_config + lora_init + lora_load_peft: lo holds the adapter on m's
  * backend afterwards (the caller frees it with lora_free). */
 int adapter_load(ct_lora *lo, const ct_model *m, const char *dir, ct_error *err);

@@ -160,7 +160,7 @@ static int match_pairs(const st_reader *base, const st_reader *ad, const char *a
         snprintf(name, sizeof name, "%s.weight", module);
         const st_tensor *W = st_find(base, name);
         const char *leaf = strrchr(module, '.') ? strrchr(module, '.') + 1 : module;
-        const char *projection = adapter_canonical_target(leaf);
+        const char *projection = config_canonical_module(leaf);
         if (!W) {
             const st_tensor *P = expert_param(base, module, lc, name, sizeof name, &projection);
             W = P && P->ndim == 3 ? P : NULL;

@@ -176,6 +176,14 @@ void config_defaults(ct_config *cfg)
     cfg->memory.offload_buffers = 2;
 }
 
+const char *config_canonical_module(const char *name)
+{
+    if (!strcmp(name, "w1")) return "gate_proj";
+    if (!strcmp(name, "w3")) return "up_proj";
+    if (!strcmp(name, "w2")) return "down_proj";
+    return name;
+}
+
 double config_lora_scaling(const ct_lora_config *lora)
 {
     return lora->use_rslora ? lora->lora_alpha / sqrt((double)lora->r) : lora->lora_alpha / lora->r;
@@ -384,9 +392,10 @@ static int set_targets(const src *s, const key_spec *k, const yaml_node_t *n, ct
         if (item->type != YAML_SCALAR_NODE)
             return fail_at(s, item, err, "%s: an entry is %s (expected one of %s)", k->name, node_kind(item),
                            LINEAR_LIST);
-        const char *v = scalar(item);
+        const char *v = config_canonical_module(scalar(item));
         if (word_index(linear_names, v) < 0)
-            return fail_at(s, item, err, "%s: unknown module '%s' (expected one of %s)", k->name, v, LINEAR_LIST);
+            return fail_at(s, item, err, "%s: unknown module '%s' (expected one of %s; Mixtral's w1, w3, w2 stand "
+                           "for gate_proj, up_proj, down_proj)", k->name, v, LINEAR_LIST);
         for (int i = 0; i < l->n_target_modules; i++)
             if (!strcmp(l->target_modules[i], v))
                 return fail_at(s, item, err, "%s: '%s' is listed twice (expected each module once)", k->name, v);

@@ -121,4 +121,9 @@ void config_print(const ct_config *cfg, FILE *out);
 /* The PEFT scaling for this config: alpha/r, or alpha/sqrt(r) with rsLoRA. */
 double config_lora_scaling(const ct_lora_config *lora);
 
+/* The projection name lora.target_modules keeps for a module name: Mixtral's
+ * expert names w1 / w3 / w2 (as PEFT and Axolotl configs list them) stand for
+ * gate_proj / up_proj / down_proj; any other name is returned as it is. */
+const char *config_canonical_module(const char *name);
+
 #endif

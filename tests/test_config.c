@@ -268,11 +268,13 @@ TEST(bad_target_module_lists_valid_names)
 {
     EXPECT_LOAD_ERROR("tm1.yaml", "lora:\n  target_modules:\n    - q_proj\n    - qkv_proj\n", 4,
                       "lora.target_modules: unknown module 'qkv_proj' (expected one of q_proj, k_proj, v_proj, o_proj, "
-                      "gate_proj, up_proj, down_proj)");
+                      "gate_proj, up_proj, down_proj; Mixtral's w1, w3, w2 stand for gate_proj, up_proj, down_proj)");
     EXPECT_LOAD_ERROR("tm2.yaml", "lora:\n  target_modules: [q_proj, v_proj, q_proj]\n", 2,
                       "lora.target_modules: 'q_proj' is listed twice");
     EXPECT_LOAD_ERROR("tm3.yaml", "lora:\n  target_modules: all\n", 2, "lora.target_modules: 'all' is not all-linear");
     EXPECT_LOAD_ERROR("tm4.yaml", "lora:\n  target_modules: []\n", 2, "lora.target_modules: empty list");
+    EXPECT_LOAD_ERROR("tm5.yaml", "lora:\n  target_modules: [w1, gate_proj]\n", 2,
+                      "lora.target_modules: 'gate_proj' is listed twice"); /* w1 is gate_proj */
 }
 
 TEST(target_module_list_is_kept_in_order)
@@ -282,6 +284,12 @@ TEST(target_module_list_is_kept_in_order)
     REQUIRE(config_load(c, write_yaml("tm.yaml", "lora:\n  target_modules: [v_proj, q_proj]\n"), &e) == CT_OK, "%s", e.msg);
     CHECK(!c->lora.target_all_linear && c->lora.n_target_modules == 2, "n %d", c->lora.n_target_modules);
     CHECK(!strcmp(c->lora.target_modules[0], "v_proj") && !strcmp(c->lora.target_modules[1], "q_proj"), "order");
+    /* Mixtral's expert names, as PEFT and Axolotl configs list them */
+    REQUIRE(config_load(c, write_yaml("tmx.yaml", "lora:\n  target_modules: [w2, w1, w3]\n"), &e) == CT_OK, "%s", e.msg);
+    CHECK(c->lora.n_target_modules == 3 && !strcmp(c->lora.target_modules[0], "down_proj") &&
+          !strcmp(c->lora.target_modules[1], "gate_proj") && !strcmp(c->lora.target_modules[2], "up_proj"),
+          "w2, w1, w3 kept as %s, %s, %s", c->lora.target_modules[0], c->lora.target_modules[1],
+          c->lora.target_modules[2]);
     free(c);
 }
 

@@ -1,0 +1,39 @@
+# hf_merge.test.sh — HF transformers + PEFT judge `ctune merge`: for the tiny
+# llama, qwen3_moe, mixtral and gpt_oss models, a few training steps on the CPU,
+# a merge, then scripts/hf_merge_check.py: the merged folder loaded by plain HF
+# gives PEFT's base + adapter logits to bf16 rounding. Needs torch, transformers
+# and peft in $HF_PYTHON (default python3); skipped without them (CI has none).
+# Sourced helpers: tests/lib.sh.
+source "$(dirname "$0")/lib.sh"
+
+PY=${HF_PYTHON:-python3}
+MODELS=$(mktemp -d)
+
+merge_matches_peft() { # MODEL
+    local model=$1
+    "$CTUNE" init --config "$ROOT/configs/models/$model/config.json" --out "$MODELS/$model" --seed 3 >/dev/null
+    "$CTUNE" train "$ROOT/configs/tiny.yaml" --set model="$MODELS/$model" --set output_dir=run \
+        --set "data.train_files=[$ROOT/data/arith/train.shard]" --set data.eval_files= \
+        --set data.tokens_per_micro_batch=256 --set data.max_length=256 --set training.max_steps=4 \
+        --set training.warmup_steps=1 --set training.learning_rate=5e-3 --set training.save_steps=0 \
+        --set training.eval_steps=0 2>log || { cat log; false; }
+    "$CTUNE" merge --model "$MODELS/$model" --adapter run/final --out merged 2>log || { cat log; false; }
+    "$PY" "$ROOT/scripts/hf_merge_check.py" --model "$MODELS/$model" --adapter run/final --merged merged \
+        >check.txt 2>err.txt || { cat check.txt; tail -5 err.txt; false; }
+    cat check.txt
+    grep -q PASS check.txt
+}
+
+llama_merge_matches_peft() { merge_matches_peft tiny; }
+qwen3_moe_merge_matches_peft() { merge_matches_peft tiny-moe; }
+mixtral_merge_matches_peft() { merge_matches_peft tiny-mixtral; }
+gpt_oss_merge_matches_peft() { merge_matches_peft tiny-gpt-oss; }
+
+tests=(llama_merge_matches_peft qwen3_moe_merge_matches_peft mixtral_merge_matches_peft gpt_oss_merge_matches_peft)
+if "$PY" -c "import torch, transformers, peft" 2>/dev/null; then
+    for t in "${tests[@]}"; do run_test "$t"; done
+else
+    for t in "${tests[@]}"; do skip_test "$t" "skipped: no torch, transformers and peft in $PY (set HF_PYTHON)"; done
+fi
+rm -rf "$MODELS"
+summary

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU checks in one go (run on the device machine from the repo root, after
 # `make tests` here and carrying build/). Sections (env GPU_SECTIONS, default all):
-#   kernels   CUDA kernels against the CPU backend (tests/test_backend_cuda)
+#   kernels   CUDA kernels against the CPU backend (tests/test_backend_cuda), and
+#             KV-cache decoding on the GPU, dense and MoE, against the CPU
+#             (tests/test_generate; generate refuses MoE off the CPU until it passes)
 #   fixtures  HF + PEFT expected loss/gradients for tests/fixtures (fp32 CPU), then
 #             tests/test_hf_parity against them
 #   parity50  50 training steps, ctune on CUDA (bf16) vs HF + PEFT replaying the
@@ -30,6 +32,8 @@ if has kernels; then
     echo "== kernels"
     timeout 300 "$B/tests/test_backend_cuda" >"$OUT/cuda_tests.log" 2>&1 || FAILED+=(kernels)
     grep -E "^(FAIL|     |#summary)" "$OUT/cuda_tests.log" | cut -c1-220 | head -30
+    timeout 120 "$B/tests/test_generate" >"$OUT/generate_tests.log" 2>&1 || FAILED+=(generate)
+    grep -E "^(FAIL|skip|     |#summary)" "$OUT/generate_tests.log" | cut -c1-220 | head -12
 fi
 
 if has fixtures; then

@@ -116,8 +116,9 @@ static bool pair_fits(const st_tensor *A, const st_tensor *B, const st_tensor *W
     if (!expert)
         return W->ndim == 2 && A->shape[0] == R && B->shape[1] == R && A->shape[1] == W->shape[1] &&
                B->shape[0] == W->shape[0];
-    int64_t RE = W->ndim == 3 ? (int64_t)R * W->shape[0] : -1;
-    return W->ndim == 3 && A->shape[0] == RE && B->shape[1] == RE && A->shape[1] == W->shape[1] &&
+    /* an expert count of 0 (a crafted file) would divide by zero in the merge */
+    int64_t RE = W->ndim == 3 && W->shape[0] > 0 && W->shape[0] <= 1 << 16 ? (int64_t)R * W->shape[0] : -1;
+    return RE > 0 && A->shape[0] == RE && B->shape[1] == RE && A->shape[1] == W->shape[1] &&
            B->shape[0] == W->shape[2];
 }
 
@@ -394,7 +395,11 @@ static int check_out(const char *out, ct_error *err)
 static int write_merged(const st_reader *base, const char *model, const char *out, const merge_pair *pairs,
                         size_t np, float scale, ct_error *err)
 {
-    char tmp[CT_PATH_MAX + 16], single[CT_PATH_MAX + 64];
+    /* OUT/ names OUT: without the slash, OUT.partial is a sibling, not a child */
+    char dir[CT_PATH_MAX], tmp[CT_PATH_MAX + 16], single[CT_PATH_MAX + 64];
+    snprintf(dir, sizeof dir, "%s", out);
+    for (size_t n = strlen(dir); n > 1 && dir[n - 1] == '/'; n--) dir[n - 1] = 0;
+    out = dir;
     snprintf(tmp, sizeof tmp, "%s.partial", out);
     ct_remove_tree(tmp);
     size_t total = 0;
@@ -422,6 +427,7 @@ int cmd_merge(int argc, char **argv, ct_error *err)
         *slot = argv[++i];
     }
     if (!model || !adapter || !out) return CT_FAIL_INPUT(err, "%s", USAGE);
+    if (!*out || strlen(out) >= CT_PATH_MAX) return CT_FAIL_INPUT(err, "--out: an empty or over-long folder name");
     ct_lora_config lc;
     int rc = adapter_read_config(adapter, &lc, err);
     if (rc) return rc;

@@ -377,6 +377,29 @@ TEST(bad_adapters_and_output_folders_are_input_errors)
     CHECK(cmd_merge(3, argv, &err) == CT_ERR_INPUT && strstr(err.msg, "usage"), "missing arguments: %s", err.msg);
 }
 
+/* OUT/ and an existing empty OUT name the output folder as OUT does: the merge
+ * lands there and no OUT.partial is left beside it. */
+TEST(an_output_folder_given_with_a_slash_or_empty_is_written)
+{
+    char model[300], adapter[300], out[320], partial[330], file[360];
+    path_in(model, sizeof model, "model");
+    path_in(adapter, sizeof adapter, "ad_qd");
+    const char *names[2] = {"merged_slash/", "merged_empty//"};
+    for (int i = 0; i < 2; i++) {
+        path_in(out, sizeof out, names[i]);
+        ct_error err = {0};
+        if (i == 1) REQUIRE(ct_mkdirs(out, &err) == CT_OK, "mkdir: %s", err.msg);
+        CHECK(merge(model, adapter, out, &err) == CT_OK, "%s: %s", names[i], err.msg);
+        snprintf(file, sizeof file, "%s/model.safetensors", out);
+        struct stat st;
+        CHECK(stat(file, &st) == 0, "%s: no model.safetensors", names[i]);
+        size_t n = strlen(out);
+        while (n > 1 && out[n - 1] == '/') out[--n] = 0;
+        snprintf(partial, sizeof partial, "%s.partial", out);
+        CHECK(stat(partial, &st) != 0, "%s: %s left behind", names[i], partial);
+    }
+}
+
 int main(void)
 {
     snprintf(root, sizeof root, "/tmp/ctune_merge_XXXXXX");
@@ -389,6 +412,7 @@ int main(void)
     RUN(a_sharded_model_gives_a_sharded_merged_model);
     RUN(the_merged_model_gives_the_loss_of_base_plus_adapter);
     RUN(bad_adapters_and_output_folders_are_input_errors);
+    RUN(an_output_folder_given_with_a_slash_or_empty_is_written);
     RUN(merged_moe_models_give_the_loss_of_base_plus_adapter);
     RUN(bad_gpt_oss_expert_adapters_are_input_errors);
     char cmd[300];

@@ -44,6 +44,7 @@ void *cuda_scratch(cuda_ctx *c, size_t bytes)
         /* Round up so that slowly growing requests do not regrow every call. */
         size_t want = scratch_round(bytes + bytes / 8);
         CUDA_CHECK(cudaMallocAsync(&c->scratch, want, c->stream));
+        CUDA_CHECK(cudaMemsetAsync(c->scratch, 0, want, c->stream)); /* see cuda_reserve_scratch */
         c->scratch_bytes = want;
     }
     return c->scratch;
@@ -60,7 +61,14 @@ static void *cuda_alloc(ct_backend *be, size_t bytes)
         return NULL;
     }
     CUDA_CHECK(e);
+    /* The zeros must be in place before alloc returns: the batch upload writes
+     * into the graph's arena from the copy stream, which is not ordered after
+     * this stream, and an arena of tens of GiB takes milliseconds to clear (a
+     * memset still running wiped the first micro-batch's tokens and metadata).
+     * Allocation happens at setup, never in a step. */
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, ctx_of(be)->stream));
+    be->host_syncs++;
+    CUDA_CHECK(cudaStreamSynchronize(ctx_of(be)->stream));
     return p;
 }
 

@@ -57,6 +57,11 @@ static bool cuda_reserve_scratch(ct_backend *be, size_t bytes)
         return false;
     }
     CUDA_CHECK(e);
+    /* Zero-filled once, so that no op can ever read what another process left
+     * there, and so that compute-sanitizer's initcheck, which does not see the
+     * TMA stores of cuBLASLt's Hopper kernels, does not flag the loss reading
+     * the logits a GEMM wrote into scratch (the arena is zero-filled too). */
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c->stream));
     if (c->scratch) CUDA_CHECK(cudaFreeAsync(c->scratch, c->stream));
     c->scratch = p;
     c->scratch_bytes = bytes;

@@ -74,3 +74,7 @@ for r in rows:
 PY
 echo "== dense LoRA of modules sharing an input: one at a time vs stacked (T=16384)"
 "$B/bench/lora_bench" 10
+# a wrong first step must not hide in the warm-up that the timing drops (run_record.py)
+first_step_failed() { grep -q '"first_step_ok": false' "$OUT/bench.jsonl" && echo "bench: FAIL: a run's first step disagrees with the steps after it (its error above)"; }
+first_step_failed && exit 1
+exit 0

@@ -138,3 +138,7 @@ for l in open(sys.argv[1]):
     step = f"{r['tokens_per_micro_batch'] / t:.2f} s/step" if t and r.get("tokens_per_micro_batch") else ""
     print(f"{name:<58} " + " ".join(f"{k}={v}" for k, v in r.items() if v is not None and k != "warmup") + " " + step)
 PY
+# a wrong first step must not hide in the warm-up that the timing drops (run_record.py)
+first_step_failed() { grep -q '"first_step_ok": false' "$OUT/memory.jsonl" && echo "bench: FAIL: a run's first step disagrees with the steps after it (its error above)"; }
+first_step_failed && exit 1
+exit 0

@@ -101,6 +101,9 @@ for r in rows:
     print(f"{r['shape']:<26} {r['system']:<24} {str(t):>9} {r.get('peak_gib_smi', 0):>9} "
           f"{str(r.get('host_syncs_per_step', '') or ''):>10} {ratio:>7}{err}")
 PY
+# a wrong first step must not hide in the warm-up that the timing drops (run_record.py)
+first_step_failed() { grep -q '"first_step_ok": false' "$OUT/moe.jsonl" && echo "bench: FAIL: a run's first step disagrees with the steps after it (its error above)"; }
+first_step_failed && exit 1
 [ "$MICRO" = 1 ] || exit 0
 echo "== one MoE layer (T=16384): where the time goes"
 "$B/bench/moe_layer_bench" 10

@@ -17,13 +17,22 @@
 #             on the qwen3-0.6b shape cut to 2 layers (head_dim 128: the wgmma
 #             attention kernels; the tiny models' head_dim 32 runs mma.sync), with
 #             checkpointing and offload on, and on tiny qwen3 (head_dim 32)
+#   firststep the first optimizer step and the first eval at 16k / 32k / 64k / 256k
+#             tokens per micro-batch, checkpointing off and on, against the CPU
+#             backend and across checkpointing (scripts/first_step_check.sh), the
+#             batch upload into fresh memory (tests/test_cuda_upload)
+#   firststep-sanitize  compute-sanitizer memcheck, initcheck and racecheck over such
+#             steps (the small model of first_step_check.sh)
+#   faults    the non-finite skip on the GPU: a NaN injected into step 3's gradient
+#             (CTUNE_INJECT_NAN_STEP) leaves step 3's adapter equal to step 2's,
+#             step 4 trains again, and metrics.jsonl counts the skip
 #   bench     scripts/bench.sh (ctune vs HF + PEFT, qwen3-0.6b shape)
 # Logs and results go to $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 B=${BUILD:-build}
-SECTIONS=${GPU_SECTIONS:-"kernels fixtures parity50 parity50moe sanitize bench"}
+SECTIONS=${GPU_SECTIONS:-"kernels firststep firststep-sanitize faults fixtures parity50 parity50moe sanitize bench"}
 FAILED=() # the checks that failed; the script's exit status is their count
 has() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -34,6 +43,69 @@ if has kernels; then
     grep -E "^(FAIL|     |#summary)" "$OUT/cuda_tests.log" | cut -c1-220 | head -30
     timeout 120 "$B/tests/test_generate" >"$OUT/generate_tests.log" 2>&1 || FAILED+=(generate)
     grep -E "^(FAIL|skip|     |#summary)" "$OUT/generate_tests.log" | cut -c1-220 | head -12
+fi
+
+# firststep_sanitize TOOL T CKPT: one training step of first_step_check.sh's small
+# model at T tokens per micro-batch under compute-sanitizer
+firststep_sanitize() {
+    local tool=$1 T=$2 ck=$3 W=${FIRST_STEP_WORK:-/tmp/first-step-work} log
+    log=$OUT/san-first-$tool-$T-ck$ck.log
+    timeout -k 10 ${SAN_TIMEOUT:-300} compute-sanitizer --tool "$tool" --error-exitcode 9 "$B/ctune" train configs/qwen3-0.6b.yaml \
+        --set model=$W/small --set output_dir=/tmp/san-first-$tool --set device=cuda \
+        --set "data.train_files=[$W/mix512/train.shard]" --set "data.eval_files=[$W/eval512/train.shard]" \
+        --set data.tokens_per_micro_batch=$T --set data.max_length=$T --set memory.gradient_checkpointing=$ck \
+        --set training.max_steps=1 --set training.warmup_steps=0 --set training.eval_steps=1 \
+        --set training.save_steps=0 --set training.resume_from_checkpoint=false >"$log" 2>&1
+    local rc=$? summary
+    # a timeout stops compute-sanitizer, not always the program under it, which
+    # would hold the GPU for the runs after it
+    pkill -9 -f "$B/ctune train" 2>/dev/null
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1)
+    echo "first step $tool T=$T ckpt $ck: rc $rc $summary"
+    if [ $rc != 0 ] && [ "$tool" = racecheck ] && [[ $summary == *"RACECHECK SUMMARY: 0 hazards"* ]]; then
+        echo "  racecheck stopped the program after 0 hazards (rc $rc): reported, not failed"; tail -n 8 "$log"
+        return
+    fi
+    [ $rc = 0 ] || FAILED+=("first step $tool $T $ck")
+}
+
+if has firststep; then
+    echo "== first step"
+    timeout 120 "$B/tests/test_cuda_upload" >"$OUT/upload_tests.log" 2>&1 || FAILED+=(upload)
+    grep -E "^(ok|FAIL|skip|     )" "$OUT/upload_tests.log" | cut -c1-200
+    OUT=$OUT/firststep BUILD=$B timeout 1200 bash scripts/first_step_check.sh >"$OUT/firststep.log" 2>&1 \
+        || FAILED+=(firststep)
+    grep -E "^(FAIL|ok|==|first_step_check|run )" "$OUT/firststep.log" | cut -c1-160
+fi
+
+if has firststep-sanitize; then
+    echo "== first step under compute-sanitizer"
+    [ -f "${FIRST_STEP_WORK:-/tmp/first-step-work}/small/config.json" ] || \
+        OUT=$OUT/firststep BUILD=$B SIZES="" BIG_SIZES="" bash scripts/first_step_check.sh >/dev/null 2>&1
+    # initcheck and racecheck are slow (a 32k-token step under initcheck took over 5 minutes)
+    [ "${SAN_SKIP_MEMCHECK:-0}" = 1 ] || { firststep_sanitize memcheck 32768 false; firststep_sanitize memcheck 65536 true; }
+    for tool in initcheck racecheck; do
+        for ck in ${SAN_CKPT:-false true}; do firststep_sanitize $tool 16384 $ck; done
+    done
+fi
+
+if has faults; then
+    echo "== non-finite skip on the GPU"
+    FW=/tmp/gpu-faults
+    rm -rf $FW; mkdir -p $FW
+    "$B/ctune" init --config configs/models/tiny/config.json --out $FW/tiny --seed 1 >/dev/null
+    CTUNE_INJECT_NAN_STEP=3 "$B/ctune" train configs/tiny.yaml --set model=$FW/tiny --set output_dir=$FW/run \
+        --set device=cuda --set "data.train_files=[data/arith/train.shard]" --set data.eval_files= \
+        --set data.tokens_per_micro_batch=256 --set data.max_length=256 --set training.logging_steps=1 \
+        --set training.eval_steps=0 --set training.save_steps=1 --set training.save_total_limit=0 \
+        --set training.warmup_steps=1 --set training.max_steps=4 --set training.resume_from_checkpoint=false \
+        >"$OUT/faults-nan.log" 2>&1
+    ck=$FW/run/checkpoint
+    why=""
+    cmp -s $ck-2/adapter_model.safetensors $ck-3/adapter_model.safetensors || why="$why step 3 changed the adapter;"
+    cmp -s $ck-3/adapter_model.safetensors $ck-4/adapter_model.safetensors && why="$why step 4 did not train;"
+    grep '"step": 3,' $FW/run/metrics.jsonl 2>/dev/null | grep -q '"nonfinite_skipped": 1' || why="$why no skip logged;"
+    if [ -z "$why" ]; then echo "ok   NaN at step 3 skipped on cuda"; else echo "FAIL NaN skip on cuda:$why"; tail -n 3 "$OUT/faults-nan.log"; FAILED+=(faults-nan); fi
 fi
 
 if has fixtures; then

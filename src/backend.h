@@ -63,7 +63,9 @@ struct ct_backend {
     uint64_t host_syncs;       /* times the host waited for the device (download, sync, free) */
 
     /* ---- memory ---- */
-    void *(*alloc)(ct_backend *be, size_t bytes);  /* zero-filled; NULL when out of memory */
+    /* Zero-filled, the zeros already in place for every stream (copies on the
+     * copy stream may write it at once); NULL when out of memory. Setup only. */
+    void *(*alloc)(ct_backend *be, size_t bytes);
     void (*free)(ct_backend *be, void *p);
     void (*zero)(ct_backend *be, void *p, size_t bytes);
     void (*upload)(ct_backend *be, void *dst, const void *host_src, size_t bytes);

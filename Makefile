@@ -8,8 +8,8 @@
 #   make test-asan  the CPU test suite under AddressSanitizer + UBSan (build-asan/)
 #   make fuzz     libFuzzer targets (clang) for every untrusted-input reader, each
 #                 run FUZZ_SECONDS (default 60); see docs/RELIABILITY.md
-# Options: STATIC=0 links libyaml and zlib dynamically (default: statically when
-# their .a files exist, so the binary runs on machines that lack them);
+# Options: STATIC=0 links libyaml, zlib, PCRE2 and utf8proc dynamically (default:
+# statically when their .a files exist, so the binary runs on machines that lack them);
 # CUDA=0 forces a CPU-only build.
 
 BUILD   ?= build
@@ -23,11 +23,14 @@ STATIC  ?= $(if $(wildcard $(LIBDIR)/libyaml.a),1,0)
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -fopenmp -Isrc -MMD -MP
 LDLIBS  := -lm -lpthread -fopenmp
+# PCRE2 and utf8proc (the tokenizer): static too where their .a files exist.
+static_or_dynamic = $(if $(and $(filter 1,$(STATIC)),$(wildcard $(LIBDIR)/lib$(1).a)),$(LIBDIR)/lib$(1).a,-l$(1))
 ifeq ($(STATIC),1)
   LDLIBS += $(LIBDIR)/libyaml.a $(LIBDIR)/libz.a
 else
   LDLIBS += -lyaml -lz
 endif
+LDLIBS += $(call static_or_dynamic,pcre2-8) $(call static_or_dynamic,utf8proc)
 
 C_SRCS   := $(filter-out src/main.c,$(wildcard src/*.c))
 C_OBJS   := $(C_SRCS:%.c=$(BUILD)/obj/%.o)
@@ -118,7 +121,8 @@ FUZZ_SECONDS ?= 60
 FUZZ_SAN     := address,undefined,float-cast-overflow
 FUZZ_CFLAGS  := -O1 -g -std=c11 -D_GNU_SOURCE -DCT_LIBFUZZER -Isrc -Ifuzz -fno-omit-frame-pointer \
                 -fno-sanitize-recover=all -MMD -MP
-FUZZ_LIB     := src/common.c src/json.c src/config.c src/safetensors.c src/shard.c src/model_config.c
+FUZZ_LIB     := src/common.c src/json.c src/config.c src/safetensors.c src/shard.c src/model_config.c \
+                src/tokenizer.c src/tokenizer_encode.c src/tokenizer_decode.c src/tokenizer_bpe.c src/tokenizer_text.c
 FUZZ_OBJS    := $(FUZZ_LIB:src/%.c=build-fuzz/obj/%.o)
 FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
 
@@ -131,7 +135,7 @@ build-fuzz/obj/%.o: src/%.c | fuzz-cc
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,$(FUZZ_SAN) -c $< -o $@
 
 build-fuzz/fuzz_%: fuzz/fuzz_%.c $(FUZZ_OBJS)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $< $(FUZZ_OBJS) -lyaml -lz -lm
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $< $(FUZZ_OBJS) -lyaml -lz -lpcre2-8 -lutf8proc -lm
 
 fuzz-bins: $(FUZZ_TARGETS:%=build-fuzz/fuzz_%)
 

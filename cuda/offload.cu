@@ -57,10 +57,10 @@ static bool cuda_reserve_scratch(ct_backend *be, size_t bytes)
         return false;
     }
     CUDA_CHECK(e);
-    /* Zero-filled once, so that no op can ever read what another process left
-     * there, and so that compute-sanitizer's initcheck, which does not see the
-     * TMA stores of cuBLASLt's Hopper kernels, does not flag the loss reading
-     * the logits a GEMM wrote into scratch (the arena is zero-filled too). */
+    /* Zero-filled once, as the arena is, so that no op can read what another
+     * process left there: and compute-sanitizer's initcheck, which does not
+     * record cuBLASLt's stores, flagged the loss reading the logits a GEMM had
+     * written into unfilled scratch (the loss equalled the CPU backend's). */
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, c->stream));
     if (c->scratch) CUDA_CHECK(cudaFreeAsync(c->scratch, c->stream));
     c->scratch = p;

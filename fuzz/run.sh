@@ -20,6 +20,7 @@ seed() {
     model_config) files=(configs/models/*/config.json tests/fixtures/*/config.json) ;;
     safetensors) files=(tests/fixtures/*/adapter/*.safetensors tests/fixtures/*/model/*.safetensors) ;;
     shard) files=(tests/fixtures/*/data/*.shard) ;;
+    tokenizer) files=(tests/fixtures/tokenizer/fuzz_seeds/*) ;;
     *) files=() ;;
     esac
     local f
@@ -40,9 +41,13 @@ for name in "$@"; do
     log=$out/fuzz_$name.log
     # -max_len: safetensors seeds are up to ~47 KB; configs are small, and longer
     # YAML or JSON inputs only slow a target down without reaching new code.
+    # Size-dependent costs are still reached: fuzz_config repeats an input that
+    # starts with byte 0x01 up to 64 KiB (a seed in tests/fuzz_regressions/config/
+    # is one), and its 10 s -timeout (25 s for the others) catches a slow one.
     case $name in safetensors|shard) max_len=65536 ;; *) max_len=8192 ;; esac
+    timeout=25; [ "$name" = config ] && timeout=10
     dict=(); [ -f "fuzz/$name.dict" ] && dict=(-dict="fuzz/$name.dict")
-    "$bin" "${dict[@]}" -max_total_time="$secs" -max_len=$max_len -timeout=25 -rss_limit_mb=2048 -print_final_stats=1 \
+    "$bin" "${dict[@]}" -max_total_time="$secs" -max_len=$max_len -timeout=$timeout -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$crashes/" "$corpus" >"$log" 2>&1
     rc=$?
     execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Makes sure the build dependencies (a C compiler, libyaml, zlib) are present.
+# Makes sure the build dependencies (a C compiler, libyaml, zlib, PCRE2 and
+# utf8proc for the tokenizer) are present.
 # As root on Debian/Ubuntu it installs what is missing; otherwise it names the
 # exact command to run and fails.
 set -u
@@ -8,6 +9,8 @@ command -v "${CC:-gcc}" >/dev/null 2>&1 || missing+=(gcc)
 command -v make >/dev/null 2>&1 || missing+=(make)
 [ -f /usr/include/yaml.h ] || missing+=(libyaml-dev)
 [ -f /usr/include/zlib.h ] || missing+=(zlib1g-dev)
+[ -f /usr/include/pcre2.h ] || missing+=(libpcre2-dev)
+[ -f /usr/include/utf8proc.h ] || missing+=(libutf8proc-dev)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing build dependencies: ${missing[*]}"

@@ -50,7 +50,16 @@ fi
 firststep_sanitize() {
     local tool=$1 T=$2 ck=$3 W=${FIRST_STEP_WORK:-/tmp/first-step-work} log
     log=$OUT/san-first-$tool-$T-ck$ck.log
-    timeout -k 10 ${SAN_TIMEOUT:-300} compute-sanitizer --tool "$tool" --error-exitcode 9 "$B/ctune" train configs/qwen3-0.6b.yaml \
+    # initcheck and racecheck report accesses inside cuBLASLt's own kernels (the
+    # split-K reduction reading its workspace; shared memory of the warp-
+    # specialized nvjet GEMMs, whose mbarrier synchronisation racecheck does not
+    # model): initcheck leaves those kernels out; racecheck checks them all (with
+    # them left out it fails with an internal error, "failed to handle a hardware
+    # exception") and passes when every hazard it reports lies in cuBLASLt's
+    local opts=(--error-exitcode 9)
+    [ "$tool" = initcheck ] && opts+=(--kernel-name-exclude kns=nvjet --kernel-name-exclude kns=splitKreduce)
+    [ "$tool" = racecheck ] && opts+=(--print-limit 1000000)
+    timeout -k 10 ${SAN_TIMEOUT:-300} compute-sanitizer --tool "$tool" "${opts[@]}" "$B/ctune" train configs/qwen3-0.6b.yaml \
         --set model=$W/small --set output_dir=/tmp/san-first-$tool --set device=cuda \
         --set "data.train_files=[$W/mix512/train.shard]" --set "data.eval_files=[$W/eval512/train.shard]" \
         --set data.tokens_per_micro_batch=$T --set data.max_length=$T --set memory.gradient_checkpointing=$ck \
@@ -62,9 +71,11 @@ firststep_sanitize() {
     pkill -9 -f "$B/ctune train" 2>/dev/null
     summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1)
     echo "first step $tool T=$T ckpt $ck: rc $rc $summary"
-    if [ $rc != 0 ] && [ "$tool" = racecheck ] && [[ $summary == *"RACECHECK SUMMARY: 0 hazards"* ]]; then
-        echo "  racecheck stopped the program after 0 hazards (rc $rc): reported, not failed"; tail -n 8 "$log"
-        return
+    if [ "$tool" = racecheck ] && [ $rc = 9 ] && grep -q "^done: 1 steps" "$log"; then
+        local ours
+        ours=$(grep -E "^=========     (Read|Write) Thread" "$log" | grep -vcE " at (nvjet_|void cublasLt::)")
+        echo "  hazards outside cuBLASLt's kernels: $ours"
+        [ "$ours" = 0 ] && return
     fi
     [ $rc = 0 ] || FAILED+=("first step $tool $T $ck")
 }
@@ -84,7 +95,7 @@ if has firststep-sanitize; then
         OUT=$OUT/firststep BUILD=$B SIZES="" BIG_SIZES="" bash scripts/first_step_check.sh >/dev/null 2>&1
     # initcheck and racecheck are slow (a 32k-token step under initcheck took over 5 minutes)
     [ "${SAN_SKIP_MEMCHECK:-0}" = 1 ] || { firststep_sanitize memcheck 32768 false; firststep_sanitize memcheck 65536 true; }
-    for tool in initcheck racecheck; do
+    for tool in ${SAN_TOOLS:-initcheck racecheck}; do
         for ck in ${SAN_CKPT:-false true}; do firststep_sanitize $tool 16384 $ck; done
     done
 fi

@@ -12,10 +12,6 @@
 #include "generate.h"
 #include "json.h"
 
-#define USAGE "usage: ctune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompt-ids 1,2,3 | " \
-              "--prompt-file FILE) [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S] " \
-              "[--device cpu|cuda|auto] [--ids]"
-
 typedef struct gen_args {
     const char *model, *adapter, *prompt, *prompt_ids, *prompt_file, *device;
     long long max_new_tokens, seed;
@@ -48,34 +44,38 @@ static int parse_double(const char *opt, const char *s, double lo, double hi, do
 static int parse_args(int argc, char **argv, gen_args *a, ct_error *err)
 {
     *a = (gen_args){.max_new_tokens = 128, .top_p = 1.0, .device = "auto"};
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i];
-        if (!strcmp(o, "--ids")) {
-            a->print_ids = true;
-            continue;
-        }
-        if (i + 1 >= argc) return CT_FAIL_INPUT(err, "%s needs a value (%s)", o, USAGE);
-        const char *v = argv[++i];
-        int rc = CT_OK;
-        if (!strcmp(o, "--model")) a->model = v;
-        else if (!strcmp(o, "--adapter")) a->adapter = v;
-        else if (!strcmp(o, "--prompt")) a->prompt = v;
-        else if (!strcmp(o, "--prompt-ids")) a->prompt_ids = v;
-        else if (!strcmp(o, "--prompt-file")) a->prompt_file = v;
-        else if (!strcmp(o, "--device")) a->device = v;
-        else if (!strcmp(o, "--max-new-tokens")) rc = parse_ll(o, v, 1, 1 << 20, &a->max_new_tokens, err);
-        else if (!strcmp(o, "--seed")) rc = parse_ll(o, v, 0, INT64_MAX, &a->seed, err);
-        else if (!strcmp(o, "--temperature")) rc = parse_double(o, v, 0, 100, &a->temperature, err);
-        else if (!strcmp(o, "--top-p")) rc = parse_double(o, v, 1e-6, 1, &a->top_p, err);
-        else return CT_FAIL_INPUT(err, "unknown option '%s' (%s)", o, USAGE);
-        if (rc) return rc;
-    }
-    if (!a->model) return CT_FAIL_INPUT(err, "--model is required (%s)", USAGE);
+    const char *max_new = NULL, *seed = NULL, *temperature = NULL, *top_p = NULL;
+    const cli_opt opts[] = {
+        {"--model", "DIR", "the model folder", .str = &a->model, .required = true},
+        {"--adapter", "DIR", "a LoRA adapter folder to apply", .str = &a->adapter},
+        {"--prompt", "TEXT", "a user turn, for the byte-level tokenizer of the tiny models", .str = &a->prompt},
+        {"--prompt-ids", "1,2,3", "the prompt as token ids", .str = &a->prompt_ids},
+        {"--prompt-file", "FILE", "the prompt as token ids in a file (commas, spaces or newlines)",
+         .str = &a->prompt_file},
+        {"--max-new-tokens", "N", "most tokens to generate (default 128)", .str = &max_new},
+        {"--temperature", "T", "0 is greedy (default); above 0 samples", .str = &temperature},
+        {"--top-p", "P", "sample from the smallest set holding P of the probability (default 1)", .str = &top_p},
+        {"--seed", "S", "seed of the sampling (default 0)", .str = &seed},
+        {"--device", "cpu|cuda|auto", "where to run (default auto: the GPU when there is one)", .str = &a->device},
+        {"--ids", NULL, "print token ids, also for the tiny models", .flag = &a->print_ids},
+        {0}};
+    const cli_cmd cmd = {"generate", "generate --model DIR [--adapter DIR] (--prompt TEXT | --prompt-ids 1,2,3 | "
+                                     "--prompt-file FILE) [options]", opts};
+    int rc = cli_parse(&cmd, argc, argv, NULL, err);
+    if (!rc && max_new) rc = parse_ll("--max-new-tokens", max_new, 1, 1 << 20, &a->max_new_tokens, err);
+    if (!rc && seed) rc = parse_ll("--seed", seed, 0, INT64_MAX, &a->seed, err);
+    if (!rc && temperature) rc = parse_double("--temperature", temperature, 0, 100, &a->temperature, err);
+    if (!rc && top_p) rc = parse_double("--top-p", top_p, 1e-6, 1, &a->top_p, err);
+    if (rc) return rc;
     if (!!a->prompt + !!a->prompt_ids + !!a->prompt_file != 1)
-        return CT_FAIL_INPUT(err, "give exactly one of --prompt, --prompt-ids, --prompt-file (%s)", USAGE);
+        return CT_FAIL_INPUT(err, "usage: give exactly one of --prompt, --prompt-ids, --prompt-file "
+                             "(see ctune generate --help)");
     if (strcmp(a->device, "cpu") && strcmp(a->device, "cuda") && strcmp(a->device, "auto"))
         return CT_FAIL_INPUT(err, "--device '%s': expected cpu, cuda or auto", a->device);
-    return CT_OK;
+    /* a FIFO among the inputs is refused here rather than block a reader */
+    if (a->prompt_file && (rc = cli_check_file(a->prompt_file, err))) return rc;
+    if (a->adapter && (rc = cli_check_adapter_dir(a->adapter, err))) return rc;
+    return cli_check_model_dir(a->model, err);
 }
 
 /* Token ids separated by commas and/or white space; source names them in errors. */
@@ -174,20 +174,6 @@ int cmd_generate(int argc, char **argv, ct_error *err)
     gen_args a;
     int rc = parse_args(argc, argv, &a, err);
     if (rc) return rc;
-    /* The decoder's MoE block is graph_moe.c's forward, held to the training
-     * graph on the CPU by test_generate.c; its comparison with the CPU on the
-     * GPU has yet to run there, so until then a mixture of experts decodes on
-     * the CPU only (decided before any weight is loaded). */
-    ct_model_config mc;
-    rc = model_config_load(&mc, a.model, err);
-    if (rc) return rc;
-    if (mc.num_experts > 0 && !strcmp(a.device, "cuda"))
-        return CT_FAIL_INPUT(err, "%s: model_type '%s' is a mixture of experts, which generate runs on the CPU "
-                             "only for now: use --device cpu", a.model, mc.model_type);
-    if (mc.num_experts > 0 && !strcmp(a.device, "auto")) {
-        fprintf(stderr, "note: %s is a mixture of experts, which generate runs on the CPU only for now\n", a.model);
-        a.device = "cpu";
-    }
     ct_backend *be = open_backend(a.device, err);
     if (!be) return err->code;
     ct_model m;

@@ -32,7 +32,6 @@
 #include "model_config.h"
 #include "safetensors.h"
 
-#define USAGE "usage: ctune init --config CONFIG.json --out DIR [--seed S]"
 #define CHUNK ((size_t)1 << 20)                 /* elements per independently seeded draw */
 #define DEFAULT_MAX_SHARD_BYTES ((size_t)5000000000) /* huggingface_hub's "5GB" */
 #define MAX_THREADS 64
@@ -204,36 +203,38 @@ static int parse_u64(const char *flag, const char *s, uint64_t *out, ct_error *e
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (!*s || *end || errno || s[0] == '-')
-        return CT_FAIL_INPUT(err, "%s: expected a non-negative integer, found '%s'; " USAGE, flag, s);
+        return CT_FAIL_INPUT(err, "%s: expected a non-negative integer, found '%s' (see ctune init --help)", flag, s);
     *out = v;
     return CT_OK;
 }
 
 int cmd_init(int argc, char **argv, ct_error *err)
 {
-    const char *config = NULL, *out = NULL;
+    const char *config = NULL, *out = NULL, *seed_s = NULL, *max_shard_s = NULL;
+    const cli_opt opts[] = {
+        {"--config", "CONFIG.json", "an HF config.json, or a folder holding one", .str = &config, .required = true},
+        {"--out", "DIR", "the model folder to write; it must not hold a model yet", .str = &out, .required = true},
+        {"--seed", "S", "seed of the random weights (default 0)", .str = &seed_s},
+        {"--max-shard-bytes", "N", "largest safetensors file before sharding (default 5000000000)",
+         .str = &max_shard_s},
+        {0}};
+    const cli_cmd cmd = {"init", "init --config CONFIG.json --out DIR [--seed S]", opts};
     uint64_t seed = 0, max_shard = DEFAULT_MAX_SHARD_BYTES;
-    int rc;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        bool has_value = i + 1 < argc;
-        if (!strcmp(a, "--config") && has_value) config = argv[++i];
-        else if (!strcmp(a, "--out") && has_value) out = argv[++i];
-        else if (!strcmp(a, "--seed") && has_value) { if ((rc = parse_u64(a, argv[++i], &seed, err))) return rc; }
-        else if (!strcmp(a, "--max-shard-bytes") && has_value) { /* hidden: lets tests shard tiny models */
-            if ((rc = parse_u64(a, argv[++i], &max_shard, err))) return rc;
-            if (max_shard == 0) return CT_FAIL_INPUT(err, "--max-shard-bytes must be positive");
-        } else return CT_FAIL_INPUT(err, "unexpected argument '%s'; " USAGE, a);
-    }
-    if (!config || !out) return CT_FAIL_INPUT(err, "--config and --out are required; " USAGE);
+    int rc = cli_parse(&cmd, argc, argv, NULL, err);
+    if (rc) return rc;
+    if (seed_s && (rc = parse_u64("--seed", seed_s, &seed, err))) return rc;
+    if (max_shard_s && (rc = parse_u64("--max-shard-bytes", max_shard_s, &max_shard, err))) return rc;
+    if (max_shard == 0) return CT_FAIL_INPUT(err, "--max-shard-bytes must be positive");
 
     /* Keep the input bytes: DIR/config.json must be exactly what HF will read. */
     struct stat st;
     char *config_path = stat(config, &st) == 0 && S_ISDIR(st.st_mode) ? join(config, "config.json") : ct_strdup(config);
     size_t len;
-    char *text = ct_read_file(config_path, &len, err);
+    char *text = NULL;
+    if ((rc = cli_check_file(config_path, err)) == CT_OK && !(text = ct_read_file(config_path, &len, err)))
+        rc = CT_ERR_INPUT;
     ct_model_config mc;
-    rc = text ? model_config_parse(&mc, text, len, config_path, err) : CT_ERR_INPUT;
+    if (rc == CT_OK) rc = model_config_parse(&mc, text, len, config_path, err);
     static const char *model_files[] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
     for (int i = 0; i < 3 && rc == CT_OK; i++)
         if (exists(out, model_files[i]))

@@ -33,7 +33,6 @@
 #include "json.h"
 #include "safetensors.h"
 
-#define USAGE "usage: ctune merge --model DIR --adapter DIR --out DIR"
 #define INDEX_NAME "model.safetensors.index.json"
 
 typedef struct merge_pair {
@@ -278,6 +277,19 @@ static int add_tensor(st_writer *w, const st_tensor *t, const merge_pair *pairs,
             free(f);
         }
     }
+    /* A merged model must not be written with NaN or Inf in it (an adapter's
+     * huge lora_alpha, a broken base): cheap to count here, costly to find later. */
+    size_t bad = 0;
+    for (size_t i = 0; i < t->numel; i++) bad += (data[i] & 0x7f80) == 0x7f80;
+    if (bad) {
+        free(data);
+        if (p)
+            return CT_FAIL_INPUT(err, "%s: merging the adapter gives %zu non-finite values of %zu (scaling %g from "
+                                 "the adapter's lora_alpha and r; expected a finite merged weight)", t->name, bad,
+                                 t->numel, (double)scale);
+        return CT_FAIL_INPUT(err, "%s: the base model holds %zu non-finite values of %zu (expected finite weights)",
+                             t->name, bad, t->numel);
+    }
     *bytes += t->numel * 2;
     int rc = st_writer_add(w, t->name, CT_DTYPE_BF16, t->ndim, t->shape, data, err);
     free(data);
@@ -419,17 +431,19 @@ static int write_merged(const st_reader *base, const char *model, const char *ou
 int cmd_merge(int argc, char **argv, ct_error *err)
 {
     const char *model = NULL, *adapter = NULL, *out = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char **slot = !strcmp(argv[i], "--model") ? &model : !strcmp(argv[i], "--adapter") ? &adapter
-                          : !strcmp(argv[i], "--out") ? &out : NULL;
-        if (!slot) return CT_FAIL_INPUT(err, "unknown argument '%s' (%s)", argv[i], USAGE);
-        if (i + 1 >= argc) return CT_FAIL_INPUT(err, "%s needs a folder (%s)", argv[i], USAGE);
-        *slot = argv[++i];
-    }
-    if (!model || !adapter || !out) return CT_FAIL_INPUT(err, "%s", USAGE);
+    const cli_opt opts[] = {
+        {"--model", "DIR", "the base model folder (config.json + safetensors)", .str = &model, .required = true},
+        {"--adapter", "DIR", "the PEFT LoRA adapter folder", .str = &adapter, .required = true},
+        {"--out", "DIR", "the merged model folder to write (new or empty)", .str = &out, .required = true},
+        {0}};
+    const cli_cmd cmd = {"merge", "merge --model DIR --adapter DIR --out DIR", opts};
+    int rc = cli_parse(&cmd, argc, argv, NULL, err);
+    if (rc) return rc;
     if (!*out || strlen(out) >= CT_PATH_MAX) return CT_FAIL_INPUT(err, "--out: an empty or over-long folder name");
+    /* a FIFO among the inputs is refused here rather than block a reader */
+    if ((rc = cli_check_model_dir(model, err)) || (rc = cli_check_adapter_dir(adapter, err))) return rc;
     ct_lora_config lc;
-    int rc = adapter_read_config(adapter, &lc, err);
+    rc = adapter_read_config(adapter, &lc, err);
     if (rc) return rc;
     float scale = (float)config_lora_scaling(&lc);
     st_reader *base = st_open(model, err);

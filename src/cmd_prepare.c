@@ -1,26 +1,37 @@
 /* cmd_prepare.c — `ctune prepare`: JSONL of token ids -> DIR/train.shard (and
  * DIR/eval.shard), no Python needed.
  *
- * Each non-blank line is one document: {"input_ids": [...]} with optionally
- * "labels" (HF style: -100 = no loss, else equal to input_ids) or "loss_mask"
- * (0/1). Other keys are ignored, so rows straight from a tokenized HF dataset
- * work. The file is read twice: once to count documents, so the eval split can
- * be an exact, seeded choice before any document is stored; once to parse. Every
- * line is validated before anything is written, so a bad line leaves DIR as it
- * was. */
+ * Each non-blank line is one document: {"input_ids": [...]} with optionally a
+ * loss mask in any of the forms HF and TRL write: "labels" (-100 = no loss,
+ * else equal to input_ids), "loss_mask", "completion_mask" or "assistant_masks"
+ * (1 = train on the token; 0/1 or booleans). Several of them must agree token by
+ * token. Other keys are ignored, so rows straight from a tokenized HF or TRL
+ * dataset work. The file is read twice: once to count documents, so the eval
+ * split can be an exact, seeded choice before any document is stored; once to
+ * parse. Every line is validated before anything is written, so a bad line
+ * leaves DIR as it was.
+ *
+ * Memory: json_parse builds ~80 bytes of tree per array item (a 100 MB line of
+ * ids took 1.9 to 4.5 GB), so lines are read here without a tree: one pass over
+ * the bytes checks the grammar as json.c does (strings: escapes and UTF-8;
+ * numbers: RFC 8259 and finite; depth <= 64) and keeps only where each field
+ * we use lies; then its items go straight into the token and mask arrays (5
+ * bytes a token). Unlike json.c, duplicate keys are caught only among those
+ * fields. */
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "commands.h"
-#include "json.h"
 #include "shard.h"
 
-#define PREPARE_USAGE "usage: ctune prepare --in FILE.jsonl --out DIR [--vocab-size V] " \
-                      "[--eval-fraction F] [--seed S]"
+#define SCAN_MAX_DEPTH 64
+#define LINE_KEEP_BYTES ((size_t)16 << 20) /* a larger line buffer is freed before its document is stored */
 
 typedef struct prepare_opts {
     const char *in, *out;
@@ -45,41 +56,50 @@ static int parse_u64(const char *flag, const char *s, uint64_t max, uint64_t *ou
     return CT_OK;
 }
 
+/* --in must be a regular file and --out a folder or nothing yet: checked before
+ * any reading, so a folder or a FIFO is an input error, not a read error or a hang. */
+static int check_paths(const prepare_opts *o, ct_error *err)
+{
+    int rc = cli_check_file(o->in, err);
+    if (rc) return rc;
+    struct stat st;
+    if (stat(o->out, &st) == 0 && !S_ISDIR(st.st_mode))
+        return CT_FAIL_INPUT(err, "--out %s: exists and is not a folder (give a folder for train.shard and eval.shard)",
+                             o->out);
+    return CT_OK;
+}
+
 static int parse_args(int argc, char **argv, prepare_opts *o, ct_error *err)
 {
     *o = (prepare_opts){ .seed = 42 };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--in") || !strcmp(a, "--out") || !strcmp(a, "--vocab-size") ||
-            !strcmp(a, "--eval-fraction") || !strcmp(a, "--seed")) {
-            if (i + 1 >= argc) return CT_FAIL_INPUT(err, "%s needs a value; " PREPARE_USAGE, a);
-            const char *v = argv[++i];
-            uint64_t u;
-            if (!strcmp(a, "--in")) o->in = v;
-            else if (!strcmp(a, "--out")) o->out = v;
-            else if (!strcmp(a, "--seed")) {
-                int rc = parse_u64(a, v, UINT64_MAX, &o->seed, err);
-                if (rc) return rc;
-            } else if (!strcmp(a, "--vocab-size")) {
-                int rc = parse_u64(a, v, UINT32_MAX, &u, err);
-                if (rc) return rc;
-                if (u == 0) return CT_FAIL_INPUT(err, "--vocab-size must be at least 1, got '%s'", v);
-                o->vocab_size = (uint32_t)u;
-            } else {
-                char *end;
-                o->eval_fraction = strtod(v, &end);
-                if (end == v || *end || !(o->eval_fraction >= 0.0 && o->eval_fraction < 1.0))
-                    return CT_FAIL_INPUT(err, "--eval-fraction must be a number in [0, 1), got '%s'", v);
-            }
-        } else if (a[0] == '-') {
-            return CT_FAIL_INPUT(err, "unknown flag '%s'; " PREPARE_USAGE, a);
-        } else {
-            return CT_FAIL_INPUT(err, "unexpected argument '%s'; " PREPARE_USAGE, a);
-        }
+    const char *vocab = NULL, *fraction = NULL, *seed = NULL;
+    const cli_opt opts[] = {
+        {"--in", "FILE.jsonl", "token-id JSONL: input_ids, and labels, loss_mask, completion_mask or "
+                               "assistant_masks", .str = &o->in, .required = true},
+        {"--out", "DIR", "the folder for train.shard and eval.shard", .str = &o->out, .required = true},
+        {"--vocab-size", "V", "refuse token ids >= V", .str = &vocab},
+        {"--eval-fraction", "F", "this fraction of the documents goes to eval.shard, in [0, 1) (default 0)",
+         .str = &fraction},
+        {"--seed", "S", "seed of the train/eval split (default 42)", .str = &seed},
+        {0}};
+    const cli_cmd cmd = {"prepare", "prepare --in FILE.jsonl --out DIR [--vocab-size V] [--eval-fraction F] "
+                                    "[--seed S]", opts};
+    int rc = cli_parse(&cmd, argc, argv, NULL, err);
+    if (rc) return rc;
+    uint64_t u;
+    if (seed && (rc = parse_u64("--seed", seed, UINT64_MAX, &o->seed, err))) return rc;
+    if (vocab) {
+        if ((rc = parse_u64("--vocab-size", vocab, UINT32_MAX, &u, err))) return rc;
+        if (u == 0) return CT_FAIL_INPUT(err, "--vocab-size must be at least 1, got '%s'", vocab);
+        o->vocab_size = (uint32_t)u;
     }
-    if (!o->in) return CT_FAIL_INPUT(err, PREPARE_USAGE " (--in is missing)");
-    if (!o->out) return CT_FAIL_INPUT(err, PREPARE_USAGE " (--out is missing)");
-    return CT_OK;
+    if (fraction) {
+        char *end;
+        o->eval_fraction = strtod(fraction, &end);
+        if (end == fraction || *end || !(o->eval_fraction >= 0.0 && o->eval_fraction < 1.0))
+            return CT_FAIL_INPUT(err, "--eval-fraction must be a number in [0, 1), got '%s'", fraction);
+    }
+    return check_paths(o, err);
 }
 
 static bool is_blank(const char *s, size_t n)
@@ -89,110 +109,378 @@ static bool is_blank(const char *s, size_t n)
     return true;
 }
 
-/* What a JSON value is, for "expected X, found Y" messages. */
-static const char *describe(const json_value *v, char *buf, size_t n)
+// ---- scanning one line ----
+
+enum { F_INPUT_IDS, F_LABELS, F_LOSS_MASK, F_COMPLETION_MASK, F_ASSISTANT_MASKS, N_FIELDS };
+static const char *const field_names[N_FIELDS] = {"input_ids", "labels", "loss_mask", "completion_mask",
+                                                  "assistant_masks"};
+
+typedef struct field {
+    bool present;
+    size_t start, end;  /* the value's bytes */
+    size_t count;       /* items, when it is an array */
+} field;
+
+typedef struct scanner {
+    const char *s;
+    size_t len, pos;
+    const char *src;    /* FILE:LINE */
+    ct_error *err;
+} scanner;
+
+static int scan_fail(scanner *p, size_t off, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int scan_fail(scanner *p, size_t off, const char *fmt, ...)
 {
-    switch (v->type) {
-    case JSON_NULL: return "null";
-    case JSON_BOOL: return "a boolean";
-    case JSON_NUMBER: snprintf(buf, n, "%.17g", v->number); return buf;
-    case JSON_STRING: return "a string";
-    case JSON_ARRAY: return "an array";
-    case JSON_OBJECT: return "an object";
-    }
-    return "an unknown value";
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return CT_FAIL_INPUT(p->err, "%s: offset %zu: %s", p->src, off, what);
 }
 
-/* A member that is present and not null, which must then be an array of the
- * same length as input_ids (n; 0 for input_ids itself). NULL when absent. */
-static int get_array(const json_value *root, const char *key, size_t n, const char *src,
-                     const json_value **out, ct_error *err)
+/* The byte at pos, for "expected X, found Y" messages. */
+static const char *found(const scanner *p, char *buf, size_t n)
 {
-    const json_value *v = json_get(root, key);
-    *out = NULL;
-    if (!v || v->type == JSON_NULL) return CT_OK;
-    char b[32];
-    if (v->type != JSON_ARRAY)
-        return CT_FAIL_INPUT(err, "%s: %s must be an array, found %s", src, key, describe(v, b, sizeof b));
-    if (n && v->count != n)
-        return CT_FAIL_INPUT(err, "%s: %s has %zu entries but input_ids has %zu", src, key, v->count, n);
+    if (p->pos >= p->len) return "the end of the input";
+    unsigned char c = (unsigned char)p->s[p->pos];
+    if (c >= 0x20 && c < 0x7f) snprintf(buf, n, "'%c'", c);
+    else snprintf(buf, n, "byte 0x%02x", c);
+    return buf;
+}
+
+static bool at(const scanner *p, char c) { return p->pos < p->len && p->s[p->pos] == c; }
+static bool digit_at(const scanner *p, size_t i) { return i < p->len && p->s[i] >= '0' && p->s[i] <= '9'; }
+
+static void scan_ws(scanner *p)
+{
+    while (at(p, ' ') || at(p, '\t') || at(p, '\r') || at(p, '\n')) p->pos++;
+}
+
+static int hex4(const char *s, unsigned *out)
+{
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = s[i];
+        unsigned d;
+        if (c >= '0' && c <= '9') d = (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f') d = (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') d = (unsigned)(c - 'A' + 10);
+        else return -1;
+        v = v * 16 + d;
+    }
     *out = v;
+    return 0;
+}
+
+/* Length of the well-formed UTF-8 sequence at s[0..n), or 0 (json.c's rules:
+ * no overlong forms, surrogates or code points past U+10FFFF). */
+static size_t utf8_len(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0], lo = 0x80, hi = 0xbf; /* allowed range of the second byte */
+    size_t len;
+    if (c < 0x80) return 1;
+    if (c >= 0xc2 && c <= 0xdf) len = 2;
+    else if (c >= 0xe0 && c <= 0xef) { len = 3; if (c == 0xe0) lo = 0xa0; if (c == 0xed) hi = 0x9f; }
+    else if (c >= 0xf0 && c <= 0xf4) { len = 4; if (c == 0xf0) lo = 0x90; if (c == 0xf4) hi = 0x8f; }
+    else return 0;
+    if (n < len || s[1] < lo || s[1] > hi) return 0;
+    for (size_t i = 2; i < len; i++)
+        if (s[i] < 0x80 || s[i] > 0xbf) return 0;
+    return len;
+}
+
+static int scan_string(scanner *p)
+{
+    size_t open = p->pos++;
+    while (p->pos < p->len) {
+        unsigned char c = (unsigned char)p->s[p->pos];
+        if (c == '"') {
+            p->pos++;
+            return CT_OK;
+        }
+        if (c < 0x20) return scan_fail(p, p->pos, "control character 0x%02x inside a string (it must be escaped)", c);
+        if (c != '\\') {
+            size_t n = utf8_len((const unsigned char *)p->s + p->pos, p->len - p->pos);
+            if (!n) return scan_fail(p, p->pos, "invalid UTF-8 byte 0x%02x in a string", c);
+            p->pos += n;
+            continue;
+        }
+        if (p->pos + 1 >= p->len) break;
+        char e = p->s[p->pos + 1];
+        if (e && strchr("\"\\/bfnrt", e)) {
+            p->pos += 2;
+            continue;
+        }
+        if (e != 'u') return scan_fail(p, p->pos, "invalid escape '\\%c' in a string", e >= 0x20 && e < 0x7f ? e : '?');
+        unsigned cp, lo;
+        if (p->len - p->pos < 6 || hex4(p->s + p->pos + 2, &cp) != 0)
+            return scan_fail(p, p->pos, "expected 4 hex digits after '\\u'");
+        if (cp >= 0xdc00 && cp <= 0xdfff) return scan_fail(p, p->pos, "unpaired low surrogate \\u%04x", cp);
+        if (cp >= 0xd800 && cp <= 0xdbff) {
+            const char *q = p->s + p->pos + 6;
+            if (p->len - p->pos < 12 || q[0] != '\\' || q[1] != 'u' || hex4(q + 2, &lo) != 0 || lo < 0xdc00 ||
+                lo > 0xdfff)
+                return scan_fail(p, p->pos, "high surrogate \\u%04x is not followed by a low surrogate", cp);
+            p->pos += 6;
+        }
+        p->pos += 6;
+    }
+    return scan_fail(p, open, "unterminated string (no closing '\"' before the end of the input)");
+}
+
+/* strtod of s[0..n), which need not be NUL-terminated. */
+static double number_at(const char *s, size_t n)
+{
+    char buf[64], *b = n < sizeof buf ? buf : ct_malloc(n + 1);
+    memcpy(b, s, n);
+    b[n] = '\0';
+    double v = strtod(b, NULL);
+    if (b != buf) free(b);
+    return v;
+}
+
+static int scan_number(scanner *p)
+{
+    size_t start = p->pos, i = p->pos;
+    bool exponent = false;
+    if (at(p, '-')) i++;
+    if (!digit_at(p, i)) return scan_fail(p, i, "expected a digit in a number");
+    if (p->s[i] == '0') {
+        if (digit_at(p, ++i)) return scan_fail(p, start, "leading zeros are not allowed in numbers");
+    } else {
+        while (digit_at(p, i)) i++;
+    }
+    if (i < p->len && p->s[i] == '.') {
+        if (!digit_at(p, ++i)) return scan_fail(p, i, "expected a digit after '.'");
+        while (digit_at(p, i)) i++;
+    }
+    if (i < p->len && (p->s[i] == 'e' || p->s[i] == 'E')) {
+        exponent = true;
+        i++;
+        if (i < p->len && (p->s[i] == '+' || p->s[i] == '-')) i++;
+        if (!digit_at(p, i)) return scan_fail(p, i, "expected a digit in the exponent");
+        while (digit_at(p, i)) i++;
+    }
+    /* only an exponent or some 300 digits can leave the range of a double */
+    if ((exponent || i - start > 300) && !isfinite(number_at(p->s + start, i - start)))
+        return scan_fail(p, start, "number %.*s is out of range", (int)(i - start < 40 ? i - start : 40), p->s + start);
+    p->pos = i;
     return CT_OK;
+}
+
+static int scan_literal(scanner *p, const char *word)
+{
+    size_t n = strlen(word);
+    char b[16];
+    if (p->len - p->pos < n || memcmp(p->s + p->pos, word, n) != 0)
+        return scan_fail(p, p->pos, "expected a value, found %s", found(p, b, sizeof b));
+    p->pos += n;
+    return CT_OK;
+}
+
+static int scan_container(scanner *p, int depth, field *fields, size_t *count);
+
+/* Any value at pos; an array's item count goes to *count. */
+static int scan_value(scanner *p, int depth, size_t *count)
+{
+    char b[16], c = p->pos < p->len ? p->s[p->pos] : 0;
+    switch (c) {
+    case '{': return scan_container(p, depth + 1, NULL, count);
+    case '[': return scan_container(p, depth + 1, NULL, count);
+    case '"': return scan_string(p);
+    case 't': return scan_literal(p, "true");
+    case 'f': return scan_literal(p, "false");
+    case 'n': return scan_literal(p, "null");
+    default:
+        if (c == '-' || (c >= '0' && c <= '9')) return scan_number(p);
+        return scan_fail(p, p->pos, "expected a value, found %s", found(p, b, sizeof b));
+    }
+}
+
+static int field_of(const char *key, size_t n)
+{
+    for (int k = 0; k < N_FIELDS; k++)
+        if (strlen(field_names[k]) == n && !memcmp(field_names[k], key, n)) return k;
+    return -1;
+}
+
+/* An object or array at pos. In the top-level object (fields not NULL) the
+ * fields we use are recorded. */
+static int scan_container(scanner *p, int depth, field *fields, size_t *count)
+{
+    bool object = at(p, '{');
+    char close = object ? '}' : ']', b[16];
+    size_t open = p->pos++, n = 0;
+    if (depth > SCAN_MAX_DEPTH) return scan_fail(p, open, "nesting deeper than %d levels", SCAN_MAX_DEPTH);
+    scan_ws(p);
+    if (at(p, close)) {
+        p->pos++;
+        if (count) *count = 0;
+        return CT_OK;
+    }
+    for (;;) {
+        int rc, f = -1;
+        size_t key = p->pos, items = 0;
+        if (object) {
+            if (!at(p, '"')) return scan_fail(p, p->pos, "expected a string key, found %s", found(p, b, sizeof b));
+            if ((rc = scan_string(p))) return rc;
+            f = fields ? field_of(p->s + key + 1, p->pos - key - 2) : -1;
+            if (f >= 0 && fields[f].present)
+                return scan_fail(p, key, "duplicate key '%s' in an object", field_names[f]);
+            scan_ws(p);
+            if (!at(p, ':')) return scan_fail(p, p->pos, "expected ':' after an object key, found %s", found(p, b, sizeof b));
+            p->pos++;
+            scan_ws(p);
+        }
+        size_t start = p->pos;
+        if ((rc = scan_value(p, depth, &items))) return rc;
+        if (f >= 0) fields[f] = (field){true, start, p->pos, items};
+        n++;
+        scan_ws(p);
+        if (at(p, close)) break;
+        if (!at(p, ',')) return scan_fail(p, p->pos, "expected ',' or '%c', found %s", close, found(p, b, sizeof b));
+        p->pos++;
+        scan_ws(p);
+    }
+    p->pos++; /* the close */
+    if (count) *count = n;
+    return CT_OK;
+}
+
+/* What a (scanned) value is, for "expected X, found Y" messages. */
+static const char *describe(const char *s, size_t n, char *buf, size_t cap)
+{
+    switch (s[0]) {
+    case 'n': return "null";
+    case 't': case 'f': return "a boolean";
+    case '"': return "a string";
+    case '[': return "an array";
+    case '{': return "an object";
+    }
+    snprintf(buf, cap, "%.17g", number_at(s, n));
+    return buf;
+}
+
+/* Checks the whole line; fields receive where the fields we use lie. */
+static int scan_line(scanner *p, field fields[N_FIELDS])
+{
+    memset(fields, 0, N_FIELDS * sizeof *fields);
+    scan_ws(p);
+    size_t start = p->pos, ignored;
+    int rc = at(p, '{') ? scan_container(p, 1, fields, &ignored) : scan_value(p, 0, &ignored);
+    if (rc) return rc;
+    size_t end = p->pos;
+    char b[32];
+    scan_ws(p);
+    if (p->pos < p->len)
+        return scan_fail(p, p->pos, "expected the end of the input after the JSON value, found %s", found(p, b, sizeof b));
+    if (p->s[start] != '{')
+        return CT_FAIL_INPUT(p->err, "%s: expected a JSON object, found %s", p->src,
+                             describe(p->s + start, end - start, b, sizeof b));
+    return CT_OK;
+}
+
+/* Steps through the items of a scanned array (p->pos starts just after its
+ * '['): *item and *n get the next item's bytes; false at its ']'. */
+static bool next_item(scanner *p, const char **item, size_t *n)
+{
+    scan_ws(p);
+    if (at(p, ']')) return false;
+    size_t start = p->pos, ignored;
+    int rc = scan_value(p, 1, &ignored);
+    CT_ASSERT(rc == CT_OK, "prepare: an item of a scanned array does not scan again");
+    *item = p->s + start;
+    *n = p->pos - start;
+    scan_ws(p);
+    if (at(p, ',')) p->pos++;
+    return true;
+}
+
+/* An integer literal (no fraction or exponent) into *out. Literals of more than
+ * 18 digits, beyond every range used here, count as not integers. */
+static bool item_integer(const char *s, size_t n, long long *out)
+{
+    size_t neg = s[0] == '-';
+    if (n == neg || n - neg > 18) return false;
+    long long v = 0;
+    for (size_t i = neg; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return false;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = neg ? -v : v;
+    return true;
+}
+
+/* Mask item i of field k: 1 = train on token i, 0 = not, -1 = not a valid item. */
+static int item_mask(int k, const char *s, size_t n, uint32_t token)
+{
+    long long v;
+    if (k == F_LABELS) return item_integer(s, n, &v) && (v == -100 || v == token) ? v != -100 : -1;
+    if (n == 4 && !memcmp(s, "true", 4)) return 1;
+    if (n == 5 && !memcmp(s, "false", 5)) return 0;
+    return item_integer(s, n, &v) && (v == 0 || v == 1) ? (int)v : -1;
 }
 
 /* Parses one line into tokens/mask (grown as needed); *len receives its length. */
 static int parse_doc(const char *line, size_t line_len, const char *src, uint32_t vocab_size,
                      uint32_t **tokens, uint8_t **mask, size_t *cap, size_t *len, ct_error *err)
 {
-    json_doc *doc = json_parse(line, line_len, src, err);
-    if (!doc) return CT_ERR_INPUT;
-    int rc = CT_OK;
+    scanner p = {.s = line, .len = line_len, .src = src, .err = err};
+    field f[N_FIELDS];
+    int rc = scan_line(&p, f);
+    if (rc) return rc;
     char b[32];
-    const json_value *root = json_root(doc), *ids, *labels = NULL, *lmask = NULL;
-    if (root->type != JSON_OBJECT) {
-        rc = CT_FAIL_INPUT(err, "%s: expected a JSON object, found %s", src, describe(root, b, sizeof b));
-        goto done;
+    for (int k = 0; k < N_FIELDS; k++) {
+        if (f[k].present && line[f[k].start] == 'n') f[k].present = false; /* null is absent */
+        if (f[k].present && line[f[k].start] != '[')
+            return CT_FAIL_INPUT(err, "%s: %s must be an array, found %s", src, field_names[k],
+                                 describe(line + f[k].start, f[k].end - f[k].start, b, sizeof b));
     }
-    if ((rc = get_array(root, "input_ids", 0, src, &ids, err))) goto done;
-    if (!ids) {
-        rc = CT_FAIL_INPUT(err, "%s: input_ids is missing", src);
-        goto done;
-    }
-    size_t n = ids->count;
-    if (n == 0) {
-        rc = CT_FAIL_INPUT(err, "%s: input_ids is empty", src);
-        goto done;
-    }
-    if ((rc = get_array(root, "labels", n, src, &labels, err))) goto done;
-    if ((rc = get_array(root, "loss_mask", n, src, &lmask, err))) goto done;
-    if (labels && lmask) {
-        rc = CT_FAIL_INPUT(err, "%s: has both labels and loss_mask; give one of them", src);
-        goto done;
-    }
+    if (!f[F_INPUT_IDS].present) return CT_FAIL_INPUT(err, "%s: input_ids is missing", src);
+    size_t n = f[F_INPUT_IDS].count, i, item_len;
+    if (n == 0) return CT_FAIL_INPUT(err, "%s: input_ids is empty", src);
+    for (int k = 1; k < N_FIELDS; k++)
+        if (f[k].present && f[k].count != n)
+            return CT_FAIL_INPUT(err, "%s: %s has %zu entries but input_ids has %zu", src, field_names[k],
+                                 f[k].count, n);
     if (n > *cap) {
         *cap = n;
         *tokens = ct_realloc(*tokens, n * sizeof **tokens);
         *mask = ct_realloc(*mask, n);
     }
-    for (size_t i = 0; i < n; i++) {
-        const json_value *t = ids->items[i];
-        if (t->type != JSON_NUMBER || !t->is_integer || t->integer < 0 || t->integer > UINT32_MAX) {
-            rc = CT_FAIL_INPUT(err, "%s: input_ids[%zu] must be an integer token id in [0, 4294967295], "
-                               "found %s", src, i, describe(t, b, sizeof b));
-            goto done;
-        }
-        uint32_t id = (uint32_t)t->integer;
-        if (vocab_size && id >= vocab_size) {
-            rc = CT_FAIL_INPUT(err, "%s: input_ids[%zu] = %u >= vocab size %u", src, i, id, vocab_size);
-            goto done;
-        }
-        (*tokens)[i] = id;
+    const char *item;
+    for (i = 0, p.pos = f[F_INPUT_IDS].start + 1; next_item(&p, &item, &item_len); i++) {
+        long long id;
+        if (!item_integer(item, item_len, &id) || id < 0 || id > UINT32_MAX)
+            return CT_FAIL_INPUT(err, "%s: input_ids[%zu] must be an integer token id in [0, 4294967295], found %s",
+                                 src, i, describe(item, item_len, b, sizeof b));
+        if (vocab_size && id >= vocab_size)
+            return CT_FAIL_INPUT(err, "%s: input_ids[%zu] = %lld >= vocab size %u", src, i, id, vocab_size);
+        (*tokens)[i] = (uint32_t)id;
         (*mask)[i] = 1;
-        if (labels) {
-            const json_value *l = labels->items[i];
-            if (l->type != JSON_NUMBER || !l->is_integer || (l->integer != -100 && l->integer != id)) {
-                rc = CT_FAIL_INPUT(err, "%s: labels[%zu] must be -100 or input_ids[%zu] = %u (labels are "
-                                   "unshifted), found %s", src, i, i, id, describe(l, b, sizeof b));
-                goto done;
-            }
-            (*mask)[i] = l->integer != -100;
-        } else if (lmask) {
-            const json_value *m = lmask->items[i];
-            if (m->type == JSON_BOOL) {
-                (*mask)[i] = m->boolean;
-            } else if (m->type == JSON_NUMBER && m->is_integer && (m->integer == 0 || m->integer == 1)) {
-                (*mask)[i] = (uint8_t)m->integer;
-            } else {
-                rc = CT_FAIL_INPUT(err, "%s: loss_mask[%zu] must be 0 or 1, found %s",
-                                   src, i, describe(m, b, sizeof b));
-                goto done;
-            }
+    }
+    int first = -1; /* the first mask field given; any other must agree with it */
+    for (int k = 1; k < N_FIELDS; k++) {
+        if (!f[k].present) continue;
+        for (i = 0, p.pos = f[k].start + 1; next_item(&p, &item, &item_len); i++) {
+            int m = item_mask(k, item, item_len, (*tokens)[i]);
+            if (m < 0 && k == F_LABELS)
+                return CT_FAIL_INPUT(err, "%s: labels[%zu] must be -100 or input_ids[%zu] = %u (labels are "
+                                     "unshifted), found %s", src, i, i, (*tokens)[i], describe(item, item_len, b, sizeof b));
+            if (m < 0)
+                return CT_FAIL_INPUT(err, "%s: %s[%zu] must be 0 or 1, found %s", src, field_names[k], i,
+                                     describe(item, item_len, b, sizeof b));
+            if (first >= 0 && (*mask)[i] != m)
+                return CT_FAIL_INPUT(err, "%s: %s and %s disagree at token %zu (one trains on it, the other does "
+                                     "not); give one mask field, or fields that agree", src, field_names[first],
+                                     field_names[k], i);
+            (*mask)[i] = (uint8_t)m;
         }
+        if (first < 0) first = k;
     }
     *len = n;
-done:
-    json_free(doc);
-    return rc;
+    return CT_OK;
 }
 
 /* Reads the next line into *line (getline's buffer); strips the newline.
@@ -253,6 +541,11 @@ static int read_docs(FILE *f, const prepare_opts *o, const uint8_t *is_eval, siz
         size_t n = 0;
         rc = parse_doc(line, len, src, o->vocab_size, &tokens, &mask, &tok_cap, &n, err);
         if (rc) break;
+        if (line_cap > LINE_KEEP_BYTES) { /* not kept while the writer grows: the peak is the line or the tokens */
+            free(line);
+            line = NULL;
+            line_cap = 0;
+        }
         size_t labels = 0;
         for (size_t j = 0; j < n; j++) labels += mask[j];
         *no_labels += labels == 0;
@@ -303,10 +596,6 @@ static int write_outputs(const prepare_opts *o, shard_writer *w[2], const split_
 int cmd_prepare(int argc, char **argv, ct_error *err)
 {
     prepare_opts o;
-    if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        printf("%s\n", PREPARE_USAGE);
-        return CT_OK;
-    }
     int rc = parse_args(argc, argv, &o, err);
     if (rc) return rc;
 

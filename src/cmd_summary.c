@@ -14,7 +14,6 @@
 #include "config.h"
 #include "metrics.h"
 
-#define USAGE "usage: ctune summary RUN_DIR... [--out FILE.csv]"
 #define N_COLS 7
 
 typedef struct row {
@@ -47,7 +46,8 @@ static int read_run(const char *dir, row *r, ct_error *err)
     while (n > 1 && r->name[n - 1] == '/') r->name[--n] = 0;
     snprintf(path, sizeof path, "%s/metrics.jsonl", r->name);
     ct_metrics m;
-    int rc = metrics_read(path, &m, err);
+    int rc = cli_check_file(path, err); /* a FIFO would block the reader */
+    if (!rc) rc = metrics_read(path, &m, err);
     if (rc) return rc;
     r->steps = 0;
     r->train_loss = r->eval_loss = r->tokens_per_second = r->wall = r->peak_gib = NAN;
@@ -124,28 +124,24 @@ static int write_csv(const char *path, const row *rows, size_t n, ct_error *err)
 int cmd_summary(int argc, char **argv, ct_error *err)
 {
     const char *out = "summary.csv";
-    row *rows = ct_calloc((size_t)argc + 1, sizeof *rows);
-    size_t n = 0, given = 0;
-    int rc = CT_OK;
-    for (int i = 1; i < argc && !rc; i++) {
-        if (!strcmp(argv[i], "--out")) {
-            if (i + 1 >= argc) rc = CT_FAIL_INPUT(err, "--out needs a file (%s)", USAGE);
-            else out = argv[++i];
-            continue;
-        }
-        if (argv[i][0] == '-') {
-            rc = CT_FAIL_INPUT(err, "unknown option '%s' (%s)", argv[i], USAGE);
-            break;
-        }
-        given++;
+    const cli_opt opts[] = {
+        {"--out", "FILE.csv", "where to write the table as CSV (default summary.csv)", .str = &out},
+        {0}};
+    const cli_cmd cmd = {"summary", "summary RUN_DIR... [--out FILE.csv]", opts};
+    int n_args;
+    int rc = cli_parse(&cmd, argc, argv, &n_args, err);
+    if (rc) return rc;
+    if (n_args == 0) return CT_FAIL_INPUT(err, "usage: ctune summary RUN_DIR... [--out FILE.csv] (no run folder given)");
+    row *rows = ct_calloc((size_t)n_args, sizeof *rows);
+    size_t n = 0;
+    for (int i = 1; i <= n_args; i++) {
         struct stat st;
         if (stat(argv[i], &st) != 0 || !S_ISDIR(st.st_mode)) continue; /* a glob's stray file (summary.csv) */
         ct_error why = {0};
         if (read_run(argv[i], &rows[n], &why) == CT_OK) n++;
         else fprintf(stderr, "summary: %s left out: %s\n", argv[i], why.msg);
     }
-    if (!rc && given == 0) rc = CT_FAIL_INPUT(err, "%s", USAGE);
-    if (!rc && n == 0) rc = CT_FAIL_INPUT(err, "none of the %zu paths is a run folder with a metrics.jsonl", given);
+    if (n == 0) rc = CT_FAIL_INPUT(err, "none of the %d paths is a run folder with a readable metrics.jsonl", n_args);
     if (!rc) {
         print_table(rows, n);
         rc = write_csv(out, rows, n, err);

@@ -2,62 +2,143 @@
  * overrides, validate, then run. `ctune eval` also takes --model/--data
  * directly, without a config file. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "commands.h"
 #include "config.h"
 #include "train.h"
 
+/* What the command line says, before any of it is applied to a config. */
 typedef struct train_args {
-    const char *config_path;
-    bool print_config;
-    bool dry_run;
+    const char **sets;      /* the --set values in order (room for argc) */
+    int n_sets;
+    bool print_config, dry_run;
     const char *adapter;    /* eval only */
+    const char *model, *device, *max_length, *tokens_per_micro_batch; /* eval without a config */
+    const char **data;      /* eval --data shards (room for argc) */
+    int n_data;
 } train_args;
 
-/* Reads CONFIG [--set k=v]... [--print-config] [--adapter DIR] into cfg. */
-static int parse(int argc, char **argv, ct_config *cfg, train_args *a, bool allow_adapter, ct_error *err)
+static int add_set(void *ctx, const char *value, ct_error *err)
+{
+    train_args *a = ctx;
+    a->sets[a->n_sets++] = value;
+    return CT_OK;
+}
+
+static int add_data(void *ctx, const char *value, ct_error *err)
+{
+    train_args *a = ctx;
+    a->data[a->n_data++] = value;
+    return CT_OK;
+}
+
+static int apply_sets(ct_config *cfg, const train_args *a, ct_error *err)
+{
+    int rc = CT_OK;
+    for (int i = 0; i < a->n_sets && !rc; i++) rc = config_set(cfg, a->sets[i], err);
+    return rc;
+}
+
+/* config_set with "key=value", for the options that are a config key by another name. */
+static int set_key(ct_config *cfg, const char *key, const char *value, ct_error *err)
+{
+    if (!value) return CT_OK;
+    char set[CT_PATH_MAX + 64];
+    snprintf(set, sizeof set, "%s=%s", key, value);
+    return config_set(cfg, set, err);
+}
+
+/* `ctune eval --model DIR --data SHARD...`: the defaults with these values. */
+static int config_direct(ct_config *cfg, const train_args *a, ct_error *err)
+{
+    config_defaults(cfg);
+    snprintf(cfg->output_dir, sizeof cfg->output_dir, ".");
+    if (!a->model) return CT_FAIL_INPUT(err, "usage: ctune eval --model DIR --data SHARD... (--model missing)");
+    if (a->n_data == 0) return CT_FAIL_INPUT(err, "usage: ctune eval --model DIR --data SHARD... (--data missing)");
+    if (a->n_data > CT_MAX_FILES) return CT_FAIL_INPUT(err, "usage: more than %d --data files", CT_MAX_FILES);
+    int rc = CT_OK;
+    for (int i = 0; i < a->n_data && !rc; i++) {
+        const char *path = a->data[i];
+        if (strlen(path) >= CT_PATH_MAX) return CT_FAIL_INPUT(err, "%s: path too long", path);
+        rc = cli_check_file(path, err);
+        strcpy(cfg->data.eval_files[i], path);
+        strcpy(cfg->data.train_files[i], path);
+    }
+    cfg->data.n_eval_files = cfg->data.n_train_files = a->n_data;
+    if (!rc) rc = set_key(cfg, "model", a->model, err);
+    if (!rc) rc = set_key(cfg, "device", a->device, err);
+    if (!rc) rc = set_key(cfg, "data.max_length", a->max_length, err);
+    if (!rc) rc = set_key(cfg, "data.tokens_per_micro_batch", a->tokens_per_micro_batch, err);
+    if (!rc) rc = apply_sets(cfg, a, err);
+    if (!rc && cfg->data.max_length > cfg->data.tokens_per_micro_batch)
+        cfg->data.max_length = cfg->data.tokens_per_micro_batch;
+    return rc;
+}
+
+/* Parses the command line of train (eval false) or eval into a, then builds cfg:
+ * the config file first, so that --set overrides it wherever it stands. */
+static int parse(int argc, char **argv, bool eval, ct_config *cfg, train_args *a, ct_error *err)
 {
     memset(a, 0, sizeof *a);
-    config_defaults(cfg);
-    /* The file comes first so that --set overrides it wherever it stands. */
-    for (int i = 1; i < argc; i++) {
-        if (argv[i][0] != '-') {
-            if (a->config_path) return CT_FAIL_INPUT(err, "usage: one config file expected, got '%s' and '%s'",
-                                                     a->config_path, argv[i]);
-            a->config_path = argv[i];
-        } else if (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--adapter")) {
-            i++;
-        }
-    }
-    if (!a->config_path) return CT_FAIL_INPUT(err, "usage: ctune %s CONFIG.yaml [--set key=value]...", argv[0]);
-    int rc = config_load(cfg, a->config_path, err);
+    a->sets = ct_calloc((size_t)argc, sizeof *a->sets);
+    a->data = ct_calloc((size_t)argc, sizeof *a->data);
+    const cli_opt train_opts[] = {
+        {"--set", "key=value", "override a config key (repeatable; applied after the file)", .call = add_set, .ctx = a},
+        {"--print-config", NULL, "print the resolved config and exit", .flag = &a->print_config},
+        {"--dry-run", NULL, "load model and data, print the memory plan and exit", .flag = &a->dry_run},
+        {0}};
+    const cli_opt eval_opts[] = {
+        {"--set", "key=value", "override a config key (repeatable; applied after the file)", .call = add_set, .ctx = a},
+        {"--adapter", "DIR", "evaluate base + this adapter (its adapter_config.json gives rank and targets)",
+         .str = &a->adapter},
+        {"--print-config", NULL, "print the resolved config and exit", .flag = &a->print_config},
+        {"--model", "DIR", "without CONFIG: the model folder", .str = &a->model},
+        {"--data", "SHARD", "without CONFIG: the eval shards (or globs)", .call = add_data, .ctx = a, .many = true},
+        {"--device", "cpu|cuda|auto", "without CONFIG: where to run (default auto)", .str = &a->device},
+        {"--max-length", "N", "without CONFIG: data.max_length", .str = &a->max_length},
+        {"--tokens-per-micro-batch", "N", "without CONFIG: data.tokens_per_micro_batch",
+         .str = &a->tokens_per_micro_batch},
+        {0}};
+    const cli_cmd cmd = eval ? (cli_cmd){"eval", "eval CONFIG.yaml [--set key=value]... [--adapter DIR]\n"
+                                                 "   or: ctune eval --model DIR --data SHARD... [--adapter DIR] [options]",
+                                         eval_opts}
+                             : (cli_cmd){"train", "train CONFIG.yaml [--set key=value]... [--print-config] [--dry-run]",
+                                         train_opts};
+    int n_args = 0;
+    int rc = cli_parse(&cmd, argc, argv, &n_args, err);
     if (rc) return rc;
-    for (int i = 1; i < argc; i++) {
-        if (argv[i][0] != '-') continue;
-        if (!strcmp(argv[i], "--set")) {
-            if (i + 1 >= argc) return CT_FAIL_INPUT(err, "usage: --set needs key=value");
-            if ((rc = config_set(cfg, argv[++i], err))) return rc;
-        } else if (!strcmp(argv[i], "--print-config")) {
-            a->print_config = true;
-        } else if (!allow_adapter && !strcmp(argv[i], "--dry-run")) {
-            a->dry_run = true;
-        } else if (allow_adapter && !strcmp(argv[i], "--adapter")) {
-            if (i + 1 >= argc) return CT_FAIL_INPUT(err, "usage: --adapter needs a folder");
-            a->adapter = argv[++i];
-        } else {
-            return CT_FAIL_INPUT(err, "usage: unknown option '%s' (ctune %s CONFIG.yaml [--set key=value]... %s)",
-                                 argv[i], argv[0], allow_adapter ? "[--adapter DIR]" : "[--print-config] [--dry-run]");
-        }
+    bool direct = a->model || a->n_data || a->device || a->max_length || a->tokens_per_micro_batch;
+    if (n_args > 1)
+        return CT_FAIL_INPUT(err, "usage: one config file expected, got '%s' and '%s'", argv[1], argv[2]);
+    if (direct && n_args == 1)
+        return CT_FAIL_INPUT(err, "usage: --model, --data, --device, --max-length and --tokens-per-micro-batch are "
+                             "for eval without a config file; with %s use --set (see ctune eval --help)", argv[1]);
+    if (n_args == 1) {
+        config_defaults(cfg);
+        if (!(rc = cli_check_file(argv[1], err)) && !(rc = config_load(cfg, argv[1], err))) rc = apply_sets(cfg, a, err);
+    } else if (eval && direct) {
+        rc = config_direct(cfg, a, err);
+    } else {
+        return CT_FAIL_INPUT(err, "usage: ctune %s CONFIG.yaml [--set key=value]...%s (see ctune %s --help)",
+                             cmd.name, eval ? " | ctune eval --model DIR --data SHARD..." : "", cmd.name);
     }
-    return config_validate(cfg, err);
+    return rc ? rc : config_validate(cfg, err);
+}
+
+static void args_free(train_args *a)
+{
+    free(a->sets);
+    free(a->data);
 }
 
 int cmd_train(int argc, char **argv, ct_error *err)
 {
     static ct_config cfg; /* large (file lists): keep it off the stack */
     train_args a;
-    int rc = parse(argc, argv, &cfg, &a, false, err);
+    int rc = parse(argc, argv, false, &cfg, &a, err);
+    args_free(&a);
     if (rc) return rc;
     if (a.print_config) {
         config_print(&cfg, stdout);
@@ -66,67 +147,16 @@ int cmd_train(int argc, char **argv, ct_error *err)
     return a.dry_run ? train_dry_run(&cfg, err) : train_run(&cfg, err);
 }
 
-/* `ctune eval --model DIR [--adapter DIR] --data SHARD... [--device D]
- * [--max-length N] [--tokens-per-micro-batch N]`: no config file; the defaults
- * with these values. */
-static int parse_direct(int argc, char **argv, ct_config *cfg, const char **adapter, ct_error *err)
-{
-    config_defaults(cfg);
-    snprintf(cfg->output_dir, sizeof cfg->output_dir, ".");
-    *adapter = NULL;
-    int rc = CT_OK;
-    for (int i = 1; i < argc && !rc; i++) {
-        const char *flag = argv[i];
-        if (i + 1 >= argc) return CT_FAIL_INPUT(err, "usage: %s needs a value", flag);
-        char set[CT_PATH_MAX + 64];
-        if (!strcmp(flag, "--model")) {
-            snprintf(set, sizeof set, "model=%s", argv[++i]);
-            rc = config_set(cfg, set, err);
-        } else if (!strcmp(flag, "--adapter")) {
-            *adapter = argv[++i];
-        } else if (!strcmp(flag, "--device")) {
-            snprintf(set, sizeof set, "device=%s", argv[++i]);
-            rc = config_set(cfg, set, err);
-        } else if (!strcmp(flag, "--max-length")) {
-            snprintf(set, sizeof set, "data.max_length=%s", argv[++i]);
-            rc = config_set(cfg, set, err);
-        } else if (!strcmp(flag, "--tokens-per-micro-batch")) {
-            snprintf(set, sizeof set, "data.tokens_per_micro_batch=%s", argv[++i]);
-            rc = config_set(cfg, set, err);
-        } else if (!strcmp(flag, "--data")) {
-            /* every following argument up to the next flag is a shard (or glob) */
-            while (i + 1 < argc && argv[i + 1][0] != '-') {
-                const char *path = argv[++i];
-                if (cfg->data.n_eval_files >= CT_MAX_FILES)
-                    return CT_FAIL_INPUT(err, "usage: more than %d --data files", CT_MAX_FILES);
-                if (strlen(path) >= CT_PATH_MAX) return CT_FAIL_INPUT(err, "%s: path too long", path);
-                strcpy(cfg->data.eval_files[cfg->data.n_eval_files], path);
-                strcpy(cfg->data.train_files[cfg->data.n_eval_files], path);
-                cfg->data.n_eval_files++;
-                cfg->data.n_train_files++;
-            }
-        } else {
-            return CT_FAIL_INPUT(err, "usage: unknown option '%s' (ctune eval --model DIR [--adapter DIR] "
-                                 "--data SHARD... [--device cpu|cuda|auto])", flag);
-        }
-    }
-    if (rc) return rc;
-    if (!cfg->model[0]) return CT_FAIL_INPUT(err, "usage: ctune eval --model DIR --data SHARD... (--model missing)");
-    if (cfg->data.n_eval_files == 0) return CT_FAIL_INPUT(err, "usage: ctune eval --model DIR --data SHARD... (--data missing)");
-    if (cfg->data.max_length > cfg->data.tokens_per_micro_batch) cfg->data.max_length = cfg->data.tokens_per_micro_batch;
-    return config_validate(cfg, err);
-}
-
 int cmd_eval(int argc, char **argv, ct_error *err)
 {
     static ct_config cfg;
     train_args a;
-    int rc;
-    if (argc > 1 && argv[1][0] == '-') {
-        const char *adapter;
-        if ((rc = parse_direct(argc, argv, &cfg, &adapter, err))) return rc;
-        return eval_run(&cfg, adapter, err);
+    int rc = parse(argc, argv, true, &cfg, &a, err);
+    args_free(&a);
+    if (rc) return rc;
+    if (a.print_config) {
+        config_print(&cfg, stdout);
+        return CT_OK;
     }
-    if ((rc = parse(argc, argv, &cfg, &a, true, err))) return rc;
     return eval_run(&cfg, a.adapter, err);
 }

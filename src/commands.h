@@ -1,9 +1,12 @@
 /* commands.h — one function per ctune subcommand. argv[0] is the subcommand name.
- * Each returns CT_OK or an error code with a one-line message in err (main prints
- * "ctune: MESSAGE" and exits with the code: 1 runtime failure, 2 bad input/usage). */
+ * Each returns CT_OK, CLI_HELP (it printed its --help; main exits 0) or an error
+ * code with a one-line message in err (main prints "ctune CMD: MESSAGE" and exits
+ * with the code: 1 runtime failure, 2 bad input/usage). Options are parsed by
+ * cli_parse (cli.h), so every command has --help and the same error messages. */
 #ifndef CT_COMMANDS_H
 #define CT_COMMANDS_H
 
+#include "cli.h"
 #include "common.h"
 
 int cmd_train(int argc, char **argv, ct_error *err);    /* cmd_train.c */

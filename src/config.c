@@ -8,7 +8,16 @@
  * YAML is read with libyaml's document API: the whole tree is small, and nodes
  * carry their start marks, which gives every error its line. libyaml does not
  * reject duplicate keys, so the mapping walk does. Scalars are read by their
- * text, not by YAML 1.1 tags: `on`/`off` are tristate words here, not booleans. */
+ * text, not by YAML 1.1 tags: `on`/`off` are tristate words here, not booleans.
+ *
+ * Before the tree is built, one pass over the parser's events refuses nesting
+ * deeper than CT_CONFIG_MAX_DEPTH. libyaml's scanner checks every open flow
+ * level for a stale simple key on every token, which is quadratic in depth
+ * (80,000 levels of '[' took 21 s, a megabyte would take an hour); the event
+ * pass stops at level 65, when the scanner has looked at most 1024 characters
+ * ahead (the 80,000-deep file now fails in under a millisecond). Each key keeps where its value came from
+ * (cfg->origin), so that config_validate blames the file line or the --set that
+ * set it. */
 #include "config.h"
 
 #include <ctype.h>
@@ -95,8 +104,9 @@ static const key_spec keys[] = {
     INTK("training.max_steps", training.max_steps, -1, INT_MAX, NOT_ZERO,
          "-1 (use num_train_epochs) or an integer >= 1"),
     FLTK("training.num_train_epochs", training.num_train_epochs, 0, INFINITY, LO_OPEN, "a number > 0"),
-    INTK("training.gradient_accumulation_steps", training.gradient_accumulation_steps, 1, INT_MAX, 0,
-         "an integer >= 1"),
+    /* the trainer keeps 2 x this many micro-batches loaded ahead: bounded, so that count fits an int */
+    INTK("training.gradient_accumulation_steps", training.gradient_accumulation_steps, 1, 65536, 0,
+         "an integer in [1, 65536]"),
     FLTK("training.weight_decay", training.weight_decay, 0, INFINITY, 0, "a number >= 0"),
     FLTK("training.adam_beta1", training.adam_beta1, 0, 1, HI_OPEN, "a number in [0, 1)"),
     FLTK("training.adam_beta2", training.adam_beta2, 0, 1, HI_OPEN, "a number in [0, 1)"),
@@ -111,6 +121,7 @@ static const key_spec keys[] = {
     INTK("training.save_total_limit", training.save_total_limit, 0, INT_MAX, 0, "an integer >= 0 (0 keeps all)"),
     { .name = "training.resume_from_checkpoint", .kind = K_RESUME, .off = OFF(training),
       .expect = "auto, false or a checkpoint folder" },
+    BOOLK("training.resume_allow_changes", training.resume_allow_changes),
     BOOLK("training.router_aux_loss", training.router_aux_loss),
     BOOLK("memory.gradient_checkpointing", memory.gradient_checkpointing),
     ENUMK("memory.checkpoint_layers", memory.checkpoint_layers, ckpt_layer_names, "all or auto"),
@@ -118,6 +129,7 @@ static const key_spec keys[] = {
     INTK("memory.offload_buffers", memory.offload_buffers, 1, 2, 0, "1 or 2"),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
+_Static_assert(N_KEYS == CT_CONFIG_KEYS, "CT_CONFIG_KEYS in config.h counts the keys of this table");
 
 static const char *const sections[] = { "lora", "data", "training", "memory", NULL };
 
@@ -155,7 +167,7 @@ void config_defaults(ct_config *cfg)
     t->learning_rate = 2e-4;
     t->lr_scheduler_type = CT_SCHED_COSINE;
     t->warmup_steps = 10;
-    t->max_steps = 1000;
+    t->max_steps = -1;
     t->num_train_epochs = 1;
     t->gradient_accumulation_steps = 1;
     t->weight_decay = 0;
@@ -211,6 +223,25 @@ static int fail_at(const src *s, const yaml_node_t *node, ct_error *err, const c
 }
 
 static const char *scalar(const yaml_node_t *n) { return (const char *)n->data.scalar.value; }
+
+/* A double-quoted "\0" puts a NUL inside a scalar; C would read the text before it. */
+static bool has_nul(const yaml_node_t *n) { return strlen(scalar(n)) != n->data.scalar.length; }
+
+/* Messages are one line: control characters that came from the input (a
+ * newline inside a quoted value, a tab in a path) are written as \xNN. */
+static int one_line(ct_error *err, int rc)
+{
+    if (rc == CT_OK || !err) return rc;
+    char out[sizeof err->msg];
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)err->msg; *p && o + 5 < sizeof out; p++) {
+        if (*p < 0x20 || *p == 0x7f) o += (size_t)snprintf(out + o, sizeof out - o, "\\x%02x", *p);
+        else out[o++] = (char)*p;
+    }
+    out[o] = '\0';
+    memcpy(err->msg, out, o + 1);
+    return rc;
+}
 
 static bool is_null(const yaml_node_t *n)
 {
@@ -375,6 +406,7 @@ static int set_files(const src *s, const key_spec *k, const yaml_node_t *n, ct_c
 static int set_targets(const src *s, const key_spec *k, const yaml_node_t *n, ct_lora_config *l, ct_error *err)
 {
     if (n->type == YAML_SCALAR_NODE) {
+        if (has_nul(n)) return fail_at(s, n, err, "%s: the value holds a NUL character (expected %s)", k->name, k->expect);
         if (strcmp(scalar(n), "all-linear"))
             return fail_at(s, n, err, "%s: '%s' is not all-linear (expected %s)", k->name, scalar(n), k->expect);
         l->n_target_modules = 0;
@@ -389,9 +421,10 @@ static int set_targets(const src *s, const key_spec *k, const yaml_node_t *n, ct
     l->target_all_linear = false;
     for (yaml_node_item_t *it = n->data.sequence.items.start; it < n->data.sequence.items.top; it++) {
         yaml_node_t *item = yaml_document_get_node(s->doc, *it);
-        if (item->type != YAML_SCALAR_NODE)
-            return fail_at(s, item, err, "%s: an entry is %s (expected one of %s)", k->name, node_kind(item),
-                           LINEAR_LIST);
+        if (item->type != YAML_SCALAR_NODE || has_nul(item))
+            return fail_at(s, item, err, "%s: an entry %s (expected one of %s)", k->name,
+                           item->type == YAML_SCALAR_NODE ? "holds a NUL character" :
+                           item->type == YAML_MAPPING_NODE ? "is a mapping" : "is a list", LINEAR_LIST);
         const char *v = config_canonical_module(scalar(item));
         if (word_index(linear_names, v) < 0)
             return fail_at(s, item, err, "%s: unknown module '%s' (expected one of %s; Mixtral's w1, w3, w2 stand "
@@ -413,6 +446,7 @@ static int set_value(const src *s, const key_spec *k, const yaml_node_t *n, ct_c
     if (n->type != YAML_SCALAR_NODE)
         return fail_at(s, n, err, "%s: got %s (expected %s)", k->name, node_kind(n), k->expect);
     if (is_null(n)) return fail_at(s, n, err, "%s: no value (expected %s)", k->name, k->expect);
+    if (has_nul(n)) return fail_at(s, n, err, "%s: the value holds a NUL character (expected %s)", k->name, k->expect);
     const char *v = scalar(n);
     switch (k->kind) {
     case K_PATH:
@@ -469,6 +503,16 @@ static int set_value(const src *s, const key_spec *k, const yaml_node_t *n, ct_c
     }
 }
 
+/* Records in cfg where key K got its value: the file and the line of KEY_NODE,
+ * or the --set text (both fit CT_ORIGIN_MAX: paths are shorter than CT_PATH_MAX
+ * and --set texts are cut). */
+static void set_origin(ct_config *cfg, const key_spec *k, const src *s, const yaml_node_t *key_node)
+{
+    char *o = cfg->origin[k - keys];
+    if (s->set_text) snprintf(o, CT_ORIGIN_MAX, "--set %s", s->set_text);
+    else snprintf(o, CT_ORIGIN_MAX, "%s:%zu", s->path, key_node->start_mark.line + 1);
+}
+
 // ---- mappings ----
 
 /* Checks that the pair at P has a scalar key not seen earlier in the mapping M. */
@@ -477,6 +521,9 @@ static int check_key(const src *s, const yaml_node_t *m, const yaml_node_pair_t 
     yaml_node_t *key = yaml_document_get_node(s->doc, p->key);
     if (key->type != YAML_SCALAR_NODE)
         return fail_at(s, key, err, "a key is %s (expected a plain %skey name)", node_kind(key), prefix);
+    if (has_nul(key))
+        return fail_at(s, key, err, "the key '%s%s' goes on past a NUL character (expected a plain key name)", prefix,
+                       scalar(key));
     for (const yaml_node_pair_t *q = m->data.mapping.pairs.start; q < p; q++) {
         yaml_node_t *prev = yaml_document_get_node(s->doc, q->key);
         if (prev->type == YAML_SCALAR_NODE && !strcmp(scalar(prev), scalar(key)))
@@ -498,6 +545,7 @@ static int read_section(const src *s, const char *section, const yaml_node_t *m,
         const key_spec *k = find_key(full);
         if (!k) return fail_unknown(s, key, err, full, full + strlen(prefix));
         if ((rc = set_value(s, k, yaml_document_get_node(s->doc, p->value), cfg, err))) return rc;
+        set_origin(cfg, k, s, key);
     }
     return CT_OK;
 }
@@ -524,6 +572,7 @@ static int read_root(const src *s, const yaml_node_t *root, ct_config *cfg, ct_e
             const key_spec *k = find_key(name);
             if (!k || strchr(name, '.')) return fail_unknown(s, key, err, name, leaf_of(name));
             rc = set_value(s, k, val, cfg, err);
+            if (!rc) set_origin(cfg, k, s, key);
         }
         if (rc) return rc;
     }
@@ -553,13 +602,43 @@ static int fail_syntax(const src *s, const yaml_parser_t *p, const char *text, s
     return CT_FAIL_INPUT(err, "%s:%zu: YAML syntax error: %s", s->path, problem_line(p, text, len), problem);
 }
 
-/* Loads the single YAML document in TEXT into *doc (the caller deletes it). */
-static int load_document(const src *s, const char *text, size_t len, yaml_document_t *doc, ct_error *err)
+/* One pass over TEXT's events: a syntax error, or nesting deeper than
+ * CT_CONFIG_MAX_DEPTH, which stops the scan at the first level too deep. */
+static int check_depth(const src *s, const char *text, size_t len, ct_error *err)
 {
     yaml_parser_t parser;
     CT_ASSERT(yaml_parser_initialize(&parser), "config: libyaml parser init failed");
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
-    int rc = CT_OK;
+    int depth = 0, rc = CT_OK;
+    for (bool end = false; !end && !rc;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev)) {
+            rc = fail_syntax(s, &parser, text, len, err);
+            break;
+        }
+        if (ev.type == YAML_SEQUENCE_START_EVENT || ev.type == YAML_MAPPING_START_EVENT) depth++;
+        if (ev.type == YAML_SEQUENCE_END_EVENT || ev.type == YAML_MAPPING_END_EVENT) depth--;
+        if (depth > CT_CONFIG_MAX_DEPTH && s->set_text)
+            rc = CT_FAIL_INPUT(err, "--set %s: the value nests deeper than %d levels (expected a scalar or a flow "
+                               "list such as [a, b])", s->set_text, CT_CONFIG_MAX_DEPTH);
+        else if (depth > CT_CONFIG_MAX_DEPTH)
+            rc = CT_FAIL_INPUT(err, "%s:%zu: nesting deeper than %d levels (a config needs 3: the top level, a "
+                               "section, a list)", s->path, ev.start_mark.line + 1, CT_CONFIG_MAX_DEPTH);
+        end = ev.type == YAML_STREAM_END_EVENT;
+        yaml_event_delete(&ev);
+    }
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
+/* Loads the single YAML document in TEXT into *doc (the caller deletes it). */
+static int load_document(const src *s, const char *text, size_t len, yaml_document_t *doc, ct_error *err)
+{
+    int rc = check_depth(s, text, len, err);
+    if (rc) return rc;
+    yaml_parser_t parser;
+    CT_ASSERT(yaml_parser_initialize(&parser), "config: libyaml parser init failed");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     if (!yaml_parser_load(&parser, doc)) {
         rc = fail_syntax(s, &parser, text, len, err);
         yaml_parser_delete(&parser);
@@ -587,7 +666,7 @@ int config_load(ct_config *cfg, const char *path, ct_error *err)
 {
     size_t len;
     char *text = ct_read_file_max(path, CT_CONFIG_MAX_BYTES, &len, err);
-    if (!text) return CT_ERR_INPUT;
+    if (!text) return one_line(err, CT_ERR_INPUT);
     int rc = config_parse_text(cfg, text, len, path, err);
     free(text);
     return rc;
@@ -596,7 +675,8 @@ int config_load(ct_config *cfg, const char *path, ct_error *err)
 int config_parse_text(ct_config *cfg, const char *text, size_t len, const char *path, ct_error *err)
 {
     if (strlen(path) >= CT_PATH_MAX)
-        return CT_FAIL_INPUT(err, "%s: path is too long (expected at most %d characters)", path, CT_PATH_MAX - 1);
+        return one_line(err, CT_FAIL_INPUT(err, "%s: path is too long (expected at most %d characters)", path,
+                                           CT_PATH_MAX - 1));
     ct_config *tmp = ct_malloc(sizeof *tmp);
     config_defaults(tmp);
     strcpy(tmp->source_path, path);
@@ -610,25 +690,35 @@ int config_parse_text(ct_config *cfg, const char *text, size_t len, const char *
     }
     if (!rc) memcpy(cfg, tmp, sizeof *cfg);
     free(tmp);
-    return rc;
+    return one_line(err, rc);
 }
 
-int config_set(ct_config *cfg, const char *assignment, ct_error *err)
+/* Messages and origins show at most this much of a --set (a value can be a
+ * megabyte); a longer one is cut and ends in "...". */
+#define SET_SHOWN_MAX 300
+
+static int set_one(ct_config *cfg, const char *assignment, ct_error *err)
 {
+    char shown[SET_SHOWN_MAX + 4];
+    if (snprintf(shown, sizeof shown, "%s", assignment) >= (int)sizeof shown) strcpy(shown + SET_SHOWN_MAX, "...");
     const char *eq = strchr(assignment, '=');
+    for (const unsigned char *p = (const unsigned char *)assignment; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return CT_FAIL_INPUT(err, "--set %s: the %s holds a control character (byte 0x%02x; expected printable "
+                                 "text)", shown, eq && (const char *)p > eq ? "value" : "key", *p);
     if (!eq || eq == assignment)
-        return CT_FAIL_INPUT(err, "--set %s: expected KEY=VALUE (e.g. --set lora.r=32)", assignment);
+        return CT_FAIL_INPUT(err, "--set %s: expected KEY=VALUE (e.g. --set lora.r=32)", shown);
     char name[256];
     size_t nlen = (size_t)(eq - assignment);
-    if (nlen >= sizeof name) return CT_FAIL_INPUT(err, "--set %s: the key is too long", assignment);
+    if (nlen >= sizeof name) return CT_FAIL_INPUT(err, "--set %s: the key is too long", shown);
     memcpy(name, assignment, nlen);
     name[nlen] = '\0';
-    src s = { .set_text = assignment };
+    src s = { .set_text = shown };
     const key_spec *k = find_key(name);
     if (!k) {
         if (word_index(sections, name) >= 0)
             return CT_FAIL_INPUT(err, "--set %s: '%s' is a section (expected a key inside it, such as %s.*; see "
-                                 "configs/reference.yaml)", assignment, name, name);
+                                 "configs/reference.yaml)", shown, name, name);
         return fail_unknown(&s, NULL, err, name, leaf_of(name));
     }
     const char *value = eq + 1;
@@ -644,50 +734,128 @@ int config_set(ct_config *cfg, const char *assignment, ct_error *err)
     empty.data.scalar.value = (yaml_char_t *)"";
     empty.data.scalar.style = YAML_PLAIN_SCALAR_STYLE;
     rc = set_value(&s, k, root ? root : &empty, tmp, err);
-    if (!rc) memcpy(cfg, tmp, sizeof *cfg);
+    if (!rc) {
+        set_origin(tmp, k, &s, NULL);
+        memcpy(cfg, tmp, sizeof *cfg);
+    }
     free(tmp);
     yaml_document_delete(&doc);
     return rc;
 }
 
+int config_set(ct_config *cfg, const char *assignment, ct_error *err)
+{
+    return one_line(err, set_one(cfg, assignment, err));
+}
+
 // ---- validation ----
 
-int config_validate(const ct_config *cfg, ct_error *err)
+const char *config_origin(const ct_config *cfg, const char *key)
 {
-    const char *w = cfg->source_path[0] ? cfg->source_path : "config";
+    const key_spec *k = find_key(key);
+    return k && cfg->origin[k - keys][0] ? cfg->origin[k - keys] : NULL;
+}
+
+/* Fails with "WHERE: BODY". WHERE is where key A got its value, else (A at its
+ * default) where key B got its, else the source file; when B's value came from
+ * another place, "; B comes from THERE" follows. */
+__attribute__((format(printf, 5, 6)))
+static int fail_keys(const ct_config *cfg, ct_error *err, const char *a, const char *b, const char *fmt, ...)
+{
+    char body[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(body, sizeof body, fmt, ap);
+    va_end(ap);
+    const char *oa = config_origin(cfg, a), *ob = b ? config_origin(cfg, b) : NULL;
+    const char *where = oa ? oa : ob ? ob : cfg->source_path[0] ? cfg->source_path : "config";
+    if (ob && strcmp(ob, where)) return CT_FAIL_INPUT(err, "%s: %s; %s comes from %s", where, body, b, ob);
+    return CT_FAIL_INPUT(err, "%s: %s", where, body);
+}
+
+static int warmup_over_max_steps(const ct_config *cfg, ct_error *err)
+{
+    return fail_keys(cfg, err, "training.warmup_steps", "training.max_steps",
+                     "training.warmup_steps %d exceeds training.max_steps %d (expected warmup_steps <= max_steps)",
+                     cfg->training.warmup_steps, cfg->training.max_steps);
+}
+
+static int validate(const ct_config *cfg, ct_error *err)
+{
     for (size_t i = 0; i < N_KEYS; i++) {
         const key_spec *k = &keys[i];
         const void *field = (const char *)cfg + k->off;
         if (k->kind == K_INT && !in_int_range(k, *(const int *)field))
-            return CT_FAIL_INPUT(err, "%s: %s %d is out of range (expected %s)", w, k->name, *(const int *)field,
-                                 k->expect);
+            return fail_keys(cfg, err, k->name, NULL, "%s %d is out of range (expected %s)", k->name,
+                             *(const int *)field, k->expect);
         if (k->kind == K_I64 && !in_int_range(k, *(const long long *)field))
-            return CT_FAIL_INPUT(err, "%s: %s %lld is out of range (expected %s)", w, k->name,
-                                 *(const long long *)field, k->expect);
+            return fail_keys(cfg, err, k->name, NULL, "%s %lld is out of range (expected %s)", k->name,
+                             *(const long long *)field, k->expect);
         if (k->kind == K_FLOAT && !in_float_range(k, *(const double *)field))
-            return CT_FAIL_INPUT(err, "%s: %s %g is out of range (expected %s)", w, k->name, *(const double *)field,
-                                 k->expect);
+            return fail_keys(cfg, err, k->name, NULL, "%s %g is out of range (expected %s)", k->name,
+                             *(const double *)field, k->expect);
     }
-    if (!cfg->model[0]) return CT_FAIL_INPUT(err, "%s: model: required (expected a Hugging Face model folder)", w);
+    if (!cfg->model[0]) return fail_keys(cfg, err, "model", NULL, "model: required (expected a Hugging Face model folder)");
     if (!cfg->output_dir[0])
-        return CT_FAIL_INPUT(err, "%s: output_dir: required (expected a folder for checkpoints and logs)", w);
+        return fail_keys(cfg, err, "output_dir", NULL, "output_dir: required (expected a folder for checkpoints and logs)");
     if (cfg->data.n_train_files == 0)
-        return CT_FAIL_INPUT(err, "%s: data.train_files: required (expected a shard path or glob, or a list of them)", w);
+        return fail_keys(cfg, err, "data.train_files", NULL,
+                         "data.train_files: required (expected a shard path or glob, or a list of them)");
     if (cfg->lora.n_target_modules == 0)
-        return CT_FAIL_INPUT(err, "%s: lora.target_modules: empty (expected all-linear or a list of " LINEAR_LIST ")", w);
+        return fail_keys(cfg, err, "lora.target_modules", NULL,
+                         "lora.target_modules: empty (expected all-linear or a list of " LINEAR_LIST ")");
     if (cfg->data.packing && cfg->data.max_length > cfg->data.tokens_per_micro_batch)
-        return CT_FAIL_INPUT(err, "%s: data.max_length %d exceeds data.tokens_per_micro_batch %d (a sample must fit one "
-                             "micro-batch)", w, cfg->data.max_length, cfg->data.tokens_per_micro_batch);
+        return fail_keys(cfg, err, "data.max_length", "data.tokens_per_micro_batch",
+                         "data.max_length %d exceeds data.tokens_per_micro_batch %d (a sample must fit one micro-batch)",
+                         cfg->data.max_length, cfg->data.tokens_per_micro_batch);
     if (cfg->memory.activation_offload == CT_TRI_ON && !cfg->memory.gradient_checkpointing)
-        return CT_FAIL_INPUT(err, "%s: memory.activation_offload: on needs memory.gradient_checkpointing: true "
-                             "(offload moves the saved layer inputs, which exist only with checkpointing)", w);
+        return fail_keys(cfg, err, "memory.activation_offload", "memory.gradient_checkpointing",
+                         "memory.activation_offload: on needs memory.gradient_checkpointing: true (offload moves the "
+                         "saved layer inputs, which exist only with checkpointing)");
     if (cfg->training.max_steps > 0 && cfg->training.warmup_steps > cfg->training.max_steps)
-        return CT_FAIL_INPUT(err, "%s: training.warmup_steps %d exceeds training.max_steps %d (expected warmup_steps <= "
-                             "max_steps)", w, cfg->training.warmup_steps, cfg->training.max_steps);
+        return warmup_over_max_steps(cfg, err);
     if (cfg->training.resume_mode == CT_RESUME_PATH && !cfg->training.resume_from_checkpoint[0])
-        return CT_FAIL_INPUT(err, "%s: training.resume_from_checkpoint: empty path (expected auto, false or a "
-                             "checkpoint folder)", w);
+        return fail_keys(cfg, err, "training.resume_from_checkpoint", NULL, "training.resume_from_checkpoint: empty "
+                         "path (expected auto, false or a checkpoint folder)");
     return CT_OK;
+}
+
+int config_validate(const ct_config *cfg, ct_error *err)
+{
+    return one_line(err, validate(cfg, err));
+}
+
+/* Steps from epochs are computed in double: epochs x micro-batches can pass
+ * INT_MAX (and SIZE_MAX) long before double loses an integer that fits an int. */
+static int total_steps(const ct_config *cfg, size_t micro_batches_per_epoch, int *steps, ct_error *err)
+{
+    const ct_training_config *t = &cfg->training;
+    if (t->max_steps > 0) {
+        if (t->warmup_steps > t->max_steps) return warmup_over_max_steps(cfg, err);
+        *steps = t->max_steps;
+        return CT_OK;
+    }
+    double x = ceil(t->num_train_epochs * (double)micro_batches_per_epoch / t->gradient_accumulation_steps);
+    if (!(x <= INT_MAX))
+        return fail_keys(cfg, err, "training.num_train_epochs", "training.gradient_accumulation_steps",
+                         "training.num_train_epochs %g gives %.3g optimizer steps (%zu micro-batches per epoch, "
+                         "gradient_accumulation_steps %d), more than the %d a run can count (expected fewer epochs, "
+                         "or training.max_steps)", t->num_train_epochs, x, micro_batches_per_epoch,
+                         t->gradient_accumulation_steps, INT_MAX);
+    int n = x < 1 ? 1 : (int)x;
+    if (t->warmup_steps > n)
+        return fail_keys(cfg, err, "training.warmup_steps", "training.num_train_epochs",
+                         "training.warmup_steps %d exceeds the run's %d optimizer steps (training.num_train_epochs %g "
+                         "of %zu micro-batches, gradient_accumulation_steps %d; expected warmup_steps <= %d)",
+                         t->warmup_steps, n, t->num_train_epochs, micro_batches_per_epoch,
+                         t->gradient_accumulation_steps, n);
+    *steps = n;
+    return CT_OK;
+}
+
+int config_total_steps(const ct_config *cfg, size_t micro_batches_per_epoch, int *steps, ct_error *err)
+{
+    return one_line(err, total_steps(cfg, micro_batches_per_epoch, steps, err));
 }
 
 // ---- printing ----

@@ -15,6 +15,12 @@
 #define CT_MAX_TARGETS 16
 #define CT_PATH_MAX 1024
 #define CT_CONFIG_MAX_BYTES ((size_t)1 << 20) /* a config larger than 1 MiB is not a config */
+/* Deepest nesting of mappings and lists in a config (ours needs 3). libyaml's
+ * scanner costs O(depth) per token, so a megabyte of '[' took minutes; deeper
+ * input is refused while it is scanned, before the cost grows. */
+#define CT_CONFIG_MAX_DEPTH 64
+#define CT_CONFIG_KEYS 39                 /* keys in config.c's table */
+#define CT_ORIGIN_MAX (CT_PATH_MAX + 32)  /* "FILE:LINE", or "--set KEY=VALUE" cut to 300 characters */
 
 typedef enum { CT_SCHED_CONSTANT, CT_SCHED_LINEAR, CT_SCHED_COSINE } ct_sched_type;
 typedef enum { CT_TRI_AUTO, CT_TRI_ON, CT_TRI_OFF } ct_tristate;
@@ -49,8 +55,8 @@ typedef struct ct_training_config {
     double learning_rate;
     ct_sched_type lr_scheduler_type;
     int warmup_steps;
-    int max_steps;                  /* > 0, or -1 to use num_train_epochs */
-    double num_train_epochs;        /* used when max_steps == -1 */
+    int max_steps;                  /* > 0 (wins over num_train_epochs, as in HF), or -1 (default): epochs decide */
+    double num_train_epochs;        /* used when max_steps == -1 (default 1) */
     int gradient_accumulation_steps;
     double weight_decay;
     double adam_beta1, adam_beta2, adam_epsilon;
@@ -63,6 +69,7 @@ typedef struct ct_training_config {
     int save_total_limit;           /* 0 keeps all checkpoints */
     ct_resume_mode resume_mode;
     char resume_from_checkpoint[CT_PATH_MAX]; /* when resume_mode == CT_RESUME_PATH */
+    bool resume_allow_changes;      /* resume although keys the later steps depend on changed (resume_check.h) */
     bool router_aux_loss;           /* MoE: add the load-balancing loss x the model's router_aux_loss_coef */
 } ct_training_config;
 
@@ -86,6 +93,10 @@ typedef struct ct_config {
     ct_data_config data;
     ct_training_config training;
     ct_memory_config memory;
+    /* Where each key's value came from, by its place in config.c's key table:
+     * "FILE:LINE" or "--set KEY=VALUE"; "" while it holds its default (read it
+     * with config_origin). Errors that name a key start with it. */
+    char origin[CT_CONFIG_KEYS][CT_ORIGIN_MAX];
 } ct_config;
 
 /* Fills cfg with every default (the values configs/reference.yaml shows). */
@@ -95,7 +106,9 @@ void config_defaults(ct_config *cfg);
  * source_path. Relative paths inside the file (model, output_dir, data files) are
  * kept as written (relative to the working folder). Returns CT_OK, or
  * CT_ERR_INPUT with "PATH:LINE: ..." in err and cfg left untouched. An empty
- * file is valid (all defaults); config_validate then asks for model/output_dir. */
+ * file is valid (all defaults); config_validate then asks for model/output_dir.
+ * Nesting deeper than CT_CONFIG_MAX_DEPTH and a NUL character inside a key or
+ * a value are input errors. */
 int config_load(ct_config *cfg, const char *path, ct_error *err);
 
 /* config_load on text[0..len) already in memory (need not be NUL-terminated);
@@ -105,14 +118,29 @@ int config_parse_text(ct_config *cfg, const char *text, size_t len, const char *
 /* Applies one "a.b=value" override with the same parsing and validation as the
  * file (value is read as a YAML scalar or flow sequence, e.g. "[q_proj,v_proj]";
  * an empty value is null, which clears a file list). On error cfg is untouched
- * and err reads "--set a.b=value: ...". */
+ * and err reads "--set a.b=value: ..."; a control character (a newline, a tab)
+ * in the key or the value is such an error. */
 int config_set(ct_config *cfg, const char *assignment, ct_error *err);
 
 /* Cross-field checks (e.g. max_length <= tokens_per_micro_batch, warmup <= max_steps),
  * required keys, and every per-key range again (for structs built in code), run
- * once after the file and all overrides are applied. Errors read
- * "SOURCE_PATH: ..." ("config: ..." when there is no source file). */
+ * once after the file and all overrides are applied. Errors start with where the
+ * value of the key they name came from ("FILE:LINE: " or "--set KEY=VALUE: "),
+ * and name where the other key of a contradiction came from when elsewhere; a
+ * key at its default gives "SOURCE_PATH: " ("config: " without a source file). */
 int config_validate(const ct_config *cfg, ct_error *err);
+
+/* Where KEY's value came from ("FILE:LINE" or "--set KEY=VALUE"), or NULL when
+ * KEY holds its default or is not a key. The string lives in cfg. */
+const char *config_origin(const ct_config *cfg, const char *key);
+
+/* The run's optimizer steps, into *steps: training.max_steps when set (> 0; it
+ * wins over num_train_epochs, as in HF), else ceil(num_train_epochs x
+ * micro_batches_per_epoch / gradient_accumulation_steps), at least 1. Computed
+ * in floating point, so no count can overflow: CT_ERR_INPUT naming the key and
+ * where it was set when the steps exceed INT_MAX, or when training.warmup_steps
+ * exceeds them. *steps is written only on success. */
+int config_total_steps(const ct_config *cfg, size_t micro_batches_per_epoch, int *steps, ct_error *err);
 
 /* Writes every key of the resolved config as YAML that config_load reads back to
  * the same struct (source_path aside); doubles in shortest round-trip form. */

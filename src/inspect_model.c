@@ -1,6 +1,6 @@
 /* inspect_model.c — `ctune inspect MODEL_DIR`: what the config describes, what
  * it costs (parameters, FLOP-relevant N, a training memory estimate), and whether
- * the safetensors in the folder match it. */
+ * the safetensors in the folder match it and hold finite values only. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,13 +77,59 @@ static void print_memory_estimate(const ct_model_config *mc, const ct_param_coun
            gib(weights), gib(lora_b), human(b, sizeof b, lora), gib(saved), gib(working), gib(workspace));
 }
 
+/* Non-finite values of a floating tensor (NaN or Inf: every exponent bit set);
+ * 0 for other dtypes. The data is unaligned in the mmap, hence memcpy. */
+static size_t count_nonfinite(const st_tensor *t)
+{
+    size_t bad = 0;
+    const unsigned char *p = t->data;
+    if (t->dtype == CT_DTYPE_BF16 || t->dtype == CT_DTYPE_F16) {
+        uint16_t e = t->dtype == CT_DTYPE_BF16 ? 0x7f80 : 0x7c00;
+#pragma omp parallel for reduction(+ : bad)
+        for (size_t i = 0; i < t->numel; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            bad += (h & e) == e;
+        }
+    } else if (t->dtype == CT_DTYPE_F32) {
+#pragma omp parallel for reduction(+ : bad)
+        for (size_t i = 0; i < t->numel; i++) {
+            uint32_t u;
+            memcpy(&u, p + 4 * i, 4);
+            bad += (u & 0x7f800000u) == 0x7f800000u;
+        }
+    }
+    return bad;
+}
+
+/* Every weight finite: a NaN in a checkpoint would make every loss NaN. */
+static int check_finite(const st_reader *r, ct_error *err)
+{
+    size_t bad_tensors = 0, first_bad = 0;
+    const st_tensor *first = NULL;
+    for (size_t i = 0; i < st_count(r); i++) {
+        size_t bad = count_nonfinite(st_at(r, i));
+        if (!bad) continue;
+        if (!first) {
+            first = st_at(r, i);
+            first_bad = bad;
+        }
+        bad_tensors++;
+    }
+    if (!first) return CT_OK;
+    printf("weights: %zu non-finite values in %s%s\n", first_bad, first->name,
+           bad_tensors > 1 ? " (and in other tensors)" : "");
+    return CT_FAIL_INPUT(err, "%s: tensor %s has %zu non-finite values (NaN or Inf; %zu tensor%s affected)",
+                         first->file, first->name, first_bad, bad_tensors, bad_tensors == 1 ? "" : "s");
+}
+
 static int check_weights(const char *dir, const ct_model_config *mc, ct_error *err)
 {
     size_t len = strlen(dir) + 40;
     char *single = ct_malloc(len), *index = ct_malloc(len);
     snprintf(single, len, "%s/model.safetensors", dir);
     snprintf(index, len, "%s/model.safetensors.index.json", dir);
-    bool any = access(single, F_OK) == 0 || access(index, F_OK) == 0;
+    bool any = access(single, F_OK) == 0 || access(index, F_OK) == 0; /* links that do not resolve were refused first */
     free(single);
     free(index);
     if (!any) {
@@ -93,10 +139,11 @@ static int check_weights(const char *dir, const ct_model_config *mc, ct_error *e
     st_reader *r = st_open(dir, err);
     if (!r) return err ? err->code : CT_ERR_INPUT;
     int rc = model_check_weights(mc, r, err);
+    if (rc == CT_OK) rc = check_finite(r, err);
     if (rc == CT_OK) {
         size_t bytes = 0;
         for (size_t i = 0; i < st_count(r); i++) bytes += st_at(r, i)->nbytes;
-        printf("weights: ok (%zu tensors, %.3g GB)\n", st_count(r), 1e-9 * (double)bytes);
+        printf("weights: ok (%zu tensors, %.3g GB, all finite)\n", st_count(r), 1e-9 * (double)bytes);
     }
     st_close(r);
     return rc;
@@ -105,7 +152,8 @@ static int check_weights(const char *dir, const ct_model_config *mc, ct_error *e
 int inspect_model(const char *dir, ct_error *err)
 {
     ct_model_config mc;
-    int rc = model_config_load(&mc, dir, err);
+    int rc = cli_check_model_dir(dir, err); /* a link loop or a FIFO is an input error, before any reader */
+    if (!rc) rc = model_config_load(&mc, dir, err);
     if (rc) return rc;
     const ct_rope_config *rp = &mc.rope;
     printf("model: %s\n", dir);

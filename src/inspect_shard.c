@@ -71,6 +71,8 @@ int inspect_shards(int n, char **paths, ct_error *err)
 {
     shard_stats total = {0};
     for (int i = 0; i < n; i++) {
+        int rc = cli_check_file(paths[i], err); /* shard_open would block on a FIFO */
+        if (rc) return rc;
         shard *s = shard_open(paths[i], 0, err);
         if (!s) return err ? err->code : CT_ERR_INPUT;
         shard_stats st = {0};

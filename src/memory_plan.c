@@ -1,25 +1,73 @@
-/* memory_plan.c — see memory_plan.h. */
+/* memory_plan.c — see memory_plan.h.
+ *
+ * Free memory: the CUDA backend's is what cudaMemGetInfo reports. The CPU
+ * backend's is host memory, and its "device" and offloaded inputs share it: the
+ * least of MemAvailable and what RLIMIT_AS / RLIMIT_DATA still allow this
+ * process (ulimit -v / -d), three quarters of it for the plan. A micro-batch
+ * that does not fit is refused with the largest one that does: fitting is
+ * monotone in the token count (every buffer grows with it), so a binary search
+ * over the real plan (choose_layout, with the run's own memory settings) finds
+ * it, and the run at that size takes the same path. */
 #include "memory_plan.h"
 
 #include <stdint.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static size_t round256(size_t b) { return (b + 255) & ~(size_t)255; }
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+static bool is_expert_module(const ct_model_config *c, int mod)
+{
+    return c->num_experts > 0 && (mod == CT_MOD_GATE || mod == CT_MOD_UP || mod == CT_MOD_DOWN);
+}
+
+/* The CPU ops allocate their scratch per call (backend_cpu*.c); the largest of
+ * those requests, each an upper bound over T tokens:
+ *   lora          u and g (T,R) fp32; with dropout drop(x) and g A (T,in); the
+ *                 experts' over T*K rows, plus one expert's gathered rows
+ *   rope backward a (T, nq*D) copy of dy; attention backward Delta (T,nq)
+ *   cross-entropy 64 rows of (H) inputs and (V) logits
+ *   experts       router softmax (T,E), activations (T*K, I), gathered rows (T*K, H) */
+static size_t cpu_workspace(const ct_model *m, const ct_lora *lo, size_t T)
+{
+    const ct_model_config *c = &m->cfg;
+    size_t H = c->hidden_size, V = c->vocab_size, nq = c->num_attention_heads, D = c->head_dim, need = 0;
+    size_t TK = T * (size_t)(c->num_experts > 0 ? c->num_experts_per_tok : 1);
+    for (int mod = 0; lo && mod < CT_MOD_COUNT; mod++) {
+        if (!lo->targeted[mod]) continue;
+        int in, out;
+        model_module_shape(c, mod, &in, &out);
+        size_t rows = is_expert_module(c, mod) ? TK : T;
+        size_t b = rows * 2 * (size_t)lo->R + (lo->dropout > 0 ? 2 * rows * (size_t)in : 0) +
+                   (is_expert_module(c, mod) ? rows * (size_t)in : 0);
+        need = max_sz(need, b * 4);
+    }
+    need = max_sz(need, T * nq * max_sz(D, 1) * 4);
+    need = max_sz(need, 64 * (H + V) * 4);
+    if (c->num_experts > 0)
+        need = max_sz(need, max_sz(T * c->num_experts, TK * max_sz(H, c->moe_intermediate_size)) * 4);
+    return need + ((size_t)1 << 20);
+}
 
 /* Mirrors the CUDA ops' cuda_scratch requests, each an upper bound over the
  * micro-batch (T tokens, at most T documents and T targets); the largest one is
- * what the scratch must hold, since scratch lives for one op:
+ * what the scratch must hold, since scratch lives for one op (the CPU's: see
+ * cpu_workspace):
  *   lora.cu       bf16 A and B, u and g (T,R), drop(x) (T,in) with dropout; modules
  *                 that share an input as one LoRA (lora_fwd_cols): its stacked A,
  *                 block-diagonal B^T, u and g (T,RP) and fp32 dA (RP,in)
  *   loss.cu       per-row losses, a (chunk,V) fp32 + bf16 logits chunk sized by
- *                 its 256 MiB logits budget, (chunk,H) gathers
+ *                 its 256 MiB logits budget but no more rows than T (padded to
+ *                 64) or 65472 (a small vocabulary would otherwise ask for
+ *                 millions of rows), (chunk,H) gathers
  *   attention     2 (T,nq) fp32 rows in backward + the tile list (24 B/token)
  *   moe_lora.cu   as lora.cu over T*K expert rows, plus the padded bf16 masters
  *   (moe_gemm_lora.cu) of every expert and one backward chunk's u and g */
 size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
 {
+    if (!strcmp(m->be->name, "cpu")) return cpu_workspace(m, lo, (size_t)capacity);
     if (strcmp(m->be->name, "cuda") != 0) return 0;
     const ct_model_config *c = &m->cfg;
     size_t T = capacity, H = c->hidden_size, V = c->vocab_size, nq = c->num_attention_heads;
@@ -29,8 +77,7 @@ size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
         int in, out;
         model_module_shape(c, mod, &in, &out);
         size_t rows = T;
-        if (c->num_experts > 0 && (mod == CT_MOD_GATE || mod == CT_MOD_UP || mod == CT_MOD_DOWN))
-            rows = T * (size_t)c->num_experts_per_tok; /* expert LoRA runs over routed rows */
+        if (is_expert_module(c, mod)) rows = T * (size_t)c->num_experts_per_tok; /* expert LoRA runs over routed rows */
         size_t R = lo->R, b = round256(R * in * 2) + round256(out * R * 2) + 2 * round256(rows * R * 2);
         if (c->num_experts > 0) {
             /* the largest expert-LoRA request: gate and up's backward as one LoRA
@@ -53,6 +100,7 @@ size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
                                 round256(rp * H * 4));
     }
     size_t fit = ((size_t)256 << 20) / (V * 4), chunk = fit < 64 ? 64 : fit / 64 * 64;
+    chunk = min_sz(chunk, min_sz(ct_ceil_div(T, 64) * 64, 65535 / 64 * 64));
     need = max_sz(need, round256(T * 4) + 2 * round256(chunk * H * 2) + round256(chunk * V * 4) +
                             round256(chunk * V * 2));
     need = max_sz(need, 2 * round256(T * nq * 4) + round256(24 * T + 64));
@@ -70,8 +118,10 @@ static bool fill(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const 
     p->workspace = memory_plan_workspace(m, lo, opt->capacity);
     size_t graph_dev = p->graph.saved_device + p->graph.staging + p->graph.working + p->graph.batch;
     p->device_total = p->weights + p->lora_optim + graph_dev + p->workspace;
-    bool dev = p->available == SIZE_MAX || graph_dev + p->workspace <= p->available;
-    p->fits = dev && (p->host_available == SIZE_MAX || p->graph.host <= p->host_available);
+    bool shared = p->host_available == CT_PLAN_SHARED;
+    size_t need = graph_dev + p->workspace + (shared ? p->graph.host : 0);
+    bool dev = p->available == SIZE_MAX || need <= p->available;
+    p->fits = dev && (shared || p->host_available == SIZE_MAX || p->graph.host <= p->host_available);
     return dev;
 }
 
@@ -152,6 +202,19 @@ static bool choose_layout(ct_memory_plan *p, const ct_model *m, const ct_lora *l
     return p->fits;
 }
 
+/* The largest micro-batch in [1, hi] whose plan fits under mem, or 0. */
+static int largest_fitting(ct_memory_plan *probe, const ct_model *m, const ct_lora *lo, const ct_memory_config *mem,
+                           int hi)
+{
+    int good = 0, lo_t = 1;
+    while (lo_t <= hi) {
+        int mid = lo_t + (hi - lo_t) / 2;
+        if (choose_layout(probe, m, lo, mem, mid)) good = mid, lo_t = mid + 1;
+        else hi = mid - 1;
+    }
+    return good;
+}
+
 int memory_plan_choose(const ct_model *m, const ct_lora *lo, const ct_memory_config *mem, int capacity,
                        size_t available, size_t host_available, ct_memory_plan *plan, ct_error *err)
 {
@@ -164,71 +227,88 @@ int memory_plan_choose(const ct_model *m, const ct_lora *lo, const ct_memory_con
                              "(offload moves the saved layer inputs, which exist only with checkpointing)");
     if (choose_layout(plan, m, lo, mem, capacity)) return CT_OK;
 
-    /* Does not fit. With every saving on, does this micro-batch fit? Else find
-     * the largest one that does. */
-    ct_memory_config best = {.gradient_checkpointing = true, .activation_offload = CT_TRI_AUTO,
-                             .offload_buffers = 2};
+    /* Does not fit: the largest micro-batch that fits with these settings, and
+     * with every saving on when some is off. */
+    ct_memory_config best = {.gradient_checkpointing = true, .checkpoint_layers = mem->checkpoint_layers,
+                             .activation_offload = CT_TRI_AUTO, .offload_buffers = 2};
     bool savings_off = !mem->gradient_checkpointing || mem->activation_offload == CT_TRI_OFF ||
                        mem->offload_buffers == 1;
+#define SAVINGS "memory.gradient_checkpointing: true, memory.activation_offload: auto and memory.offload_buffers: 2"
     ct_memory_plan probe = *plan;
-    char fix[256];
-    if (savings_off && choose_layout(&probe, m, lo, &best, capacity)) {
-        snprintf(fix, sizeof fix, "set memory.gradient_checkpointing: true and memory.activation_offload: auto "
-                 "(then %d tokens fit)", capacity);
-    } else {
-        int good = 0, lo_t = 1, hi_t = capacity - 1;
-        while (lo_t <= hi_t) {
-            int mid = lo_t + (hi_t - lo_t) / 2;
-            if (choose_layout(&probe, m, lo, &best, mid)) good = mid, lo_t = mid + 1;
-            else hi_t = mid - 1;
-        }
-        if (good > 0)
-            snprintf(fix, sizeof fix, "lower data.tokens_per_micro_batch to %d or less%s", good,
-                     savings_off ? " with memory.gradient_checkpointing: true and memory.activation_offload: auto"
-                                 : "");
-        else
-            snprintf(fix, sizeof fix, "the weights and LoRA state alone leave too little: use a larger GPU");
-    }
+    char fix[320];
+    int good = largest_fitting(&probe, m, lo, mem, capacity - 1);
+    int good_best = savings_off ? largest_fitting(&probe, m, lo, &best, capacity) : good;
+    int n = good > 0 ? snprintf(fix, sizeof fix, "the largest data.tokens_per_micro_batch that fits is %d", good)
+                     : snprintf(fix, sizeof fix, "no data.tokens_per_micro_batch fits with these memory settings");
+    if (good_best > good)
+        snprintf(fix + n, sizeof fix - (size_t)n, " (%d with " SAVINGS ")", good_best);
+    else if (good == 0)
+        snprintf(fix, sizeof fix, "not even 1 token fits: the weights and LoRA state alone leave too little (use %s)",
+                 host_available == CT_PLAN_SHARED ? "a machine with more memory" : "a larger GPU");
+#undef SAVINGS
     double gib = 1.0 / (1 << 30);
-    size_t need = plan->device_total - plan->weights - plan->lora_optim;
-    if (plan->graph.host > host_available && host_available != SIZE_MAX)
+    if (host_available != CT_PLAN_SHARED && host_available != SIZE_MAX && plan->graph.host > host_available)
         return CT_FAIL_INPUT(err, "memory plan: %d tokens per micro-batch need %.2f GiB of host memory for "
                              "offloaded activations, %.2f GiB available; %s",
                              capacity, plan->graph.host * gib, host_available * gib, fix);
+    size_t need = plan->device_total - plan->weights - plan->lora_optim +
+                  (host_available == CT_PLAN_SHARED ? plan->graph.host : 0);
     return CT_FAIL_INPUT(err, "memory plan: %d tokens per micro-batch need %.2f GiB of %s memory for activations "
                          "and workspace, %.2f GiB available after weights and LoRA; %s",
                          capacity, need * gib, plan->backend, available * gib, fix);
 }
 
-/* MemAvailable from /proc/meminfo, or SIZE_MAX when it cannot be read. */
-static size_t host_memory_available(void)
+/* What can be read from /proc/self/status FIELD ("VmSize:"), in bytes, or 0. */
+static size_t proc_status_bytes(const char *field)
 {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return SIZE_MAX;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
     char line[256];
     size_t kib = 0;
-    bool found = false;
     while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %zu kB", &kib) == 1) {
-            found = true;
-            break;
-        }
+        if (!strncmp(line, field, strlen(field)) && sscanf(line + strlen(field), " %zu kB", &kib) == 1) break;
     fclose(f);
-    return found ? kib * 1024 : SIZE_MAX;
+    return kib * 1024;
+}
+
+/* What is left under a resource limit given the process's use, or SIZE_MAX. */
+static size_t rlimit_left(int resource, const char *status_field)
+{
+    struct rlimit rl;
+    if (getrlimit(resource, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return SIZE_MAX;
+    size_t used = proc_status_bytes(status_field);
+    return rl.rlim_cur > used ? (size_t)(rl.rlim_cur - used) : 0;
+}
+
+/* The least of MemAvailable (/proc/meminfo) and what RLIMIT_AS and RLIMIT_DATA
+ * leave this process; SIZE_MAX when none of them is known. */
+static size_t host_memory_available(void)
+{
+    size_t avail = SIZE_MAX, kib = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %zu kB", &kib) == 1) {
+                avail = kib * 1024;
+                break;
+            }
+        fclose(f);
+    }
+    avail = min_sz(avail, rlimit_left(RLIMIT_AS, "VmSize:"));
+    return min_sz(avail, rlimit_left(RLIMIT_DATA, "VmData:"));
 }
 
 int memory_plan_make(const ct_model *m, const ct_lora *lo, const ct_memory_config *mem, int capacity,
                      ct_memory_plan *plan, ct_error *err)
 {
     ct_backend *be = m->be;
-    size_t avail = SIZE_MAX;
-    if (be->memory_free) {
-        size_t f = be->memory_free(be);
-        avail = f > CT_PLAN_MARGIN ? f - CT_PLAN_MARGIN : 0;
-    }
     size_t host = host_memory_available();
     /* leave the host a quarter of what is free for everything else (data, page cache) */
     if (host != SIZE_MAX) host -= host / 4;
+    if (!be->memory_free) return memory_plan_choose(m, lo, mem, capacity, host, CT_PLAN_SHARED, plan, err);
+    size_t f = be->memory_free(be);
+    size_t avail = f > CT_PLAN_MARGIN ? f - CT_PLAN_MARGIN : 0;
     return memory_plan_choose(m, lo, mem, capacity, avail, host, plan, err);
 }
 

@@ -20,6 +20,9 @@
 /* Device memory the plan leaves unplanned: the CUDA context's own growth,
  * cuBLAS internals, allocator rounding. */
 #define CT_PLAN_MARGIN ((size_t)1 << 30)
+/* host_available for a backend whose device memory is host memory (CPU):
+ * offloaded inputs then come out of `available` too. */
+#define CT_PLAN_SHARED (SIZE_MAX - 1)
 
 typedef struct ct_memory_plan {
     const char *backend;
@@ -31,29 +34,38 @@ typedef struct ct_memory_plan {
     size_t workspace;         /* op scratch (reserved before step 1) */
     size_t device_total;      /* weights + lora_optim + graph (device) + workspace */
     size_t available;         /* for graph + workspace: free memory after weights and
-                               * LoRA, less the margin; SIZE_MAX when unknown (CPU) */
-    size_t host_available;    /* host memory for offloaded inputs (SIZE_MAX: unknown) */
+                               * LoRA, less the margin; SIZE_MAX when unknown */
+    size_t host_available;    /* host memory for offloaded inputs (SIZE_MAX: unknown;
+                               * CT_PLAN_SHARED: they count against available) */
     bool fits;
 } ct_memory_plan;
 
 /* The layout for a run of `capacity` tokens per micro-batch under cfg's memory
  * settings, given `available` bytes for the graph and workspace and
- * `host_available` for offloaded inputs (SIZE_MAX: unlimited).
+ * `host_available` for offloaded inputs (SIZE_MAX: unlimited; CT_PLAN_SHARED:
+ * out of `available`, so offload only costs).
  * activation_offload: off = none; on = every layer input, two staging buffers
  * (one if two do not fit); auto = none if that fits, else the fewest layers
  * (from layer 0) with two buffers, else all with one. offload_buffers 1 caps
  * the staging buffers at one. checkpoint_layers auto (with checkpointing, offload
  * not on): the most layers, from the last, that keep their intermediates and
  * still fit without offload; when not even one does, as with all. CT_ERR_INPUT,
- * naming what to change, when nothing fits or offload is asked without checkpointing;
- * *plan is filled either way (plan->fits says which). */
+ * naming what to change, when nothing fits or offload is asked without checkpointing:
+ * "the largest data.tokens_per_micro_batch that fits is N" under these same
+ * settings (N < capacity, and N fits here), and the larger size that every
+ * memory saving would allow when some is off. *plan is filled either way
+ * (plan->fits says which). */
 int memory_plan_choose(const ct_model *m, const ct_lora *lo, const ct_memory_config *mem, int capacity,
                        size_t available, size_t host_available, ct_memory_plan *plan, ct_error *err);
-/* memory_plan_choose with what the backend and the host have free now. */
+/* memory_plan_choose with what the backend and the host have free now: the
+ * device's free memory less CT_PLAN_MARGIN; for the host (and the CPU backend,
+ * whose memory it is) three quarters of the least of MemAvailable and what
+ * RLIMIT_AS (ulimit -v) and RLIMIT_DATA leave this process. */
 int memory_plan_make(const ct_model *m, const ct_lora *lo, const ct_memory_config *mem, int capacity,
                      ct_memory_plan *plan, ct_error *err);
-/* The op scratch the CUDA backend needs for these shapes (0 on the CPU, whose
- * ops allocate per call). */
+/* The op scratch the backend needs for these shapes at most: the CUDA
+ * backend's reserved scratch, or the largest per-call allocation of the CPU
+ * ops. */
 size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity);
 void memory_plan_print(const ct_memory_plan *p, FILE *f);
 

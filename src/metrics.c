@@ -1,9 +1,11 @@
 /* metrics.c — see metrics.h. */
 #include "metrics.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "json.h"
 
@@ -56,6 +58,35 @@ int metrics_read(const char *path, ct_metrics *m, ct_error *err)
     }
     free(text);
     return CT_OK;
+}
+
+int metrics_truncate(const char *path, long long max_step, ct_error *err)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0 && errno == ENOENT) return CT_OK;
+    size_t len;
+    char *text = ct_read_file(path, &len, err);
+    if (!text) return err->code;
+    char *out = ct_malloc(len + 1);
+    size_t n_out = 0;
+    for (char *line = text; line < text + len;) {
+        char *end = memchr(line, '\n', (size_t)(text + len - line));
+        size_t n = end ? (size_t)(end - line) : (size_t)(text + len - line);
+        ct_error ignored = {0};
+        json_doc *doc = n > 0 ? json_parse(line, n, path, &ignored) : NULL;
+        const json_value *step = doc ? json_get_type(json_root(doc), "step", JSON_NUMBER) : NULL;
+        /* a line without its newline was cut short, even when what is there parses */
+        if (end && step && step->number <= (double)max_step) {
+            memcpy(out + n_out, line, n + 1);
+            n_out += n + 1;
+        }
+        json_free(doc);
+        line += n + 1;
+    }
+    int rc = n_out == len ? CT_OK : ct_write_file_atomic(path, out, n_out, err);
+    free(out);
+    free(text);
+    return rc;
 }
 
 void metrics_free(ct_metrics *m)

@@ -64,11 +64,41 @@ static void *alloc_weight(loader *ld, size_t n)
     return p;
 }
 
+/* NaN and Inf among a float tensor's values (bf16, f16 or f32): one pass over
+ * the mapped file, cheap next to the upload, so that a broken checkpoint is
+ * an error at load and not a run of NaN losses or a generate that prints 0s. */
+static size_t count_nonfinite(const st_tensor *t)
+{
+    size_t bad = 0;
+    const unsigned char *b = t->data;
+    if (t->dtype == CT_DTYPE_F32) {
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+        for (size_t i = 0; i < t->numel; i++) {
+            uint32_t u;
+            memcpy(&u, b + 4 * i, 4);
+            bad += (u & 0x7f800000u) == 0x7f800000u;
+        }
+        return bad;
+    }
+    const uint16_t exp = t->dtype == CT_DTYPE_BF16 ? 0x7f80 : 0x7c00; /* bf16 | f16 */
+#pragma omp parallel for reduction(+ : bad) schedule(static)
+    for (size_t i = 0; i < t->numel; i++) {
+        uint16_t h;
+        memcpy(&h, b + 2 * i, 2);
+        bad += (h & exp) == exp;
+    }
+    return bad;
+}
+
 /* Uploads tensor NAME into dst at element offset `at`; shape was checked already. */
 static int put(loader *ld, void *dst, size_t at, const char *name)
 {
     const st_tensor *t = st_find(ld->r, name);
     if (!t) return CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
+    size_t bad = count_nonfinite(t);
+    if (bad)
+        return CT_FAIL_INPUT(ld->err, "model: tensor '%s' holds %zu non-finite values of %zu (expected finite "
+                             "weights: the model files are broken)", name, bad, t->numel);
     ld->be->upload_weight(ld->be, (char *)dst + at * ld->be->weight_bytes, t->data, t->dtype, t->numel);
     return CT_OK;
 }
@@ -87,6 +117,10 @@ static int put_transposed(loader *ld, void *dst, const char *name, size_t E, siz
 {
     const st_tensor *t = st_find(ld->r, name);
     if (!t) return CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
+    size_t bad = count_nonfinite(t);
+    if (bad)
+        return CT_FAIL_INPUT(ld->err, "model: tensor '%s' holds %zu non-finite values of %zu (expected finite "
+                             "weights: the model files are broken)", name, bad, t->numel);
     size_t es = ct_dtype_size(t->dtype), n = in * out;
     unsigned char *tmp = ct_malloc(n * es);
     for (size_t e = 0; e < E; e++) {

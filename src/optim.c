@@ -38,7 +38,7 @@ int optim_guard_init(ct_guard *g, ct_backend *be, const ct_training_config *t, c
     memset(g, 0, sizeof *g);
     g->max_in_a_row = t->max_nonfinite_steps;
     g->cap = t->logging_steps < g->max_in_a_row ? t->logging_steps : g->max_in_a_row;
-    if (g->cap > 256) g->cap = 256;
+    if (g->cap > CT_GUARD_MAX) g->cap = CT_GUARD_MAX;
     if (g->cap < 1) g->cap = 1;
     const char *inj = getenv("CTUNE_INJECT_NAN_STEP");
     if (inj && *inj) {
@@ -50,8 +50,8 @@ int optim_guard_init(ct_guard *g, ct_backend *be, const ct_training_config *t, c
             g->inject_last = g->inject_first;
         }
     }
-    g->ring = be->alloc(be, (size_t)g->cap * sizeof(float));
-    if (!g->ring) return CT_FAIL_RUNTIME(err, "out of device memory (the gradient-norm ring, %d floats)", g->cap);
+    g->ring = be->alloc(be, (size_t)g->cap * 2 * sizeof(float));
+    if (!g->ring) return CT_FAIL_RUNTIME(err, "out of device memory (the gradient-norm ring, %d floats)", 2 * g->cap);
     return CT_OK;
 }
 
@@ -65,18 +65,25 @@ float *optim_guard_slot(ct_guard *g, int step)
 {
     CT_ASSERT(g->used < g->cap, "guard: the ring of %d steps is full (read it first)", g->cap);
     if (g->used == 0) g->first_step = step;
-    return g->ring + g->used++;
+    return g->ring + 2 * g->used++;
+}
+
+void optim_guard_watch(ct_guard *g, ct_backend *be, const ct_lora *lo)
+{
+    CT_ASSERT(g->used > 0, "guard: optim_guard_watch before optim_guard_slot");
+    float *slot = g->ring + 2 * (g->used - 1) + 1;
+    be->zero(be, slot, sizeof(float));
+    be->sum_squares(be, slot, lo->params, lo->n_params);
 }
 
 bool optim_guard_full(const ct_guard *g) { return g->used == g->cap; }
 
-void optim_guard_read(ct_guard *g, ct_backend *be)
+/* Counts the host copy v (used, 2) of the ring as read. */
+static void guard_count(ct_guard *g, const float *v, int used)
 {
-    if (g->used == 0) return;
-    float v[256];
-    be->download(be, v, g->ring, (size_t)g->used * sizeof(float));
-    for (int i = 0; i < g->used; i++) {
-        if (isfinite(v[i])) {
+    for (int i = 0; i < used; i++) {
+        if (!isfinite(v[2 * i + 1]) && !g->bad_weights_step) g->bad_weights_step = g->first_step + i;
+        if (isfinite(v[2 * i])) {
             g->streak = 0;
             continue;
         }
@@ -84,7 +91,15 @@ void optim_guard_read(ct_guard *g, ct_backend *be)
         g->skipped++;
         g->skipped_since_log++;
     }
-    g->last_norm_sq = v[g->used - 1];
+    if (used > 0) g->last_norm_sq = v[2 * (used - 1)];
+}
+
+void optim_guard_read(ct_guard *g, ct_backend *be)
+{
+    if (g->used == 0) return;
+    float v[2 * CT_GUARD_MAX];
+    be->download(be, v, g->ring, (size_t)g->used * 2 * sizeof(float));
+    guard_count(g, v, g->used);
     g->used = 0;
 }
 
@@ -95,4 +110,37 @@ void optim_guard_inject(const ct_guard *g, ct_backend *be, float *grads, int ste
     if (!g->inject_first || step < g->inject_first || step > g->inject_last) return;
     float nan = NAN;
     be->upload(be, grads, &nan, sizeof nan);
+}
+
+void optim_guard_save(const ct_guard *g, ct_backend *be, ct_guard_state *s)
+{
+    memset(s, 0, sizeof *s);
+    s->streak = g->streak;
+    s->streak_start = g->streak_start;
+    s->skipped = g->skipped;
+    s->skipped_since_log = g->skipped_since_log;
+    s->first_step = g->first_step;
+    s->used = g->used;
+    s->last_norm_sq = g->last_norm_sq;
+    if (g->used > 0) be->download(be, s->ring, g->ring, (size_t)g->used * 2 * sizeof(float));
+}
+
+void optim_guard_restore(ct_guard *g, ct_backend *be, const ct_guard_state *s)
+{
+    CT_ASSERT(s->used >= 0 && s->used <= CT_GUARD_MAX, "guard: %lld saved slots", (long long)s->used);
+    /* A checkpoint that a streak stopped the run with: resuming it is trying again. */
+    bool stopped = s->streak >= g->max_in_a_row;
+    g->streak = stopped ? 0 : (int)s->streak;
+    g->streak_start = stopped ? 0 : (int)s->streak_start;
+    g->skipped = s->skipped;
+    g->skipped_since_log = (int)s->skipped_since_log;
+    g->last_norm_sq = s->last_norm_sq;
+    g->first_step = (int)s->first_step;
+    g->used = 0;
+    if (s->used > g->cap) {
+        guard_count(g, s->ring, (int)s->used);
+        return;
+    }
+    g->used = (int)s->used;
+    if (g->used > 0) be->upload(be, g->ring, s->ring, (size_t)g->used * 2 * sizeof(float));
 }

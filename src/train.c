@@ -3,7 +3,11 @@
  *   target count (known on the host) fixes grad_scale = 1 / targets, so the loss
  *   is the mean over the step's target tokens however the data is packed;
  *   forward + backward each; clip + AdamW on the backend. The loss and grad norm
- *   are read back only on logging steps. */
+ *   are read back only on logging steps.
+ * A checkpoint holds all the loop carries from step to step (adapter, moments,
+ * data position, the logging window, the non-finite guard), so a resumed run
+ * takes, and logs, the steps of an uninterrupted one; resume_check.h decides
+ * whether the config it is resumed under allows that. */
 #include "train.h"
 
 #include <math.h>
@@ -17,7 +21,9 @@
 #include "interrupt.h"
 #include "memory_plan.h"
 #include "log.h"
+#include "metrics.h"
 #include "optim.h"
+#include "resume_check.h"
 
 typedef struct run {
     const ct_config *cfg;
@@ -32,7 +38,10 @@ typedef struct run {
     ct_log log;
     ct_guard guard;           /* per-step gradient norms; skips and counts non-finite steps */
     int total_steps;
-    ct_trainer_state state;
+    ct_trainer_state state;   /* its window holds the logging window while the loop runs */
+    char *config_text;        /* config_print of cfg: config.yaml, each checkpoint's run_config.yaml */
+    uint32_t data_crc;        /* dataset_crc32 of the training data */
+    long long last_saved;     /* step of the newest checkpoint this run saved or resumed from; 0 if none */
     FILE *trace;              /* CTUNE_TRACE: the documents of every step, for HF parity runs */
 } run;
 
@@ -65,6 +74,7 @@ static void run_free(run *r)
     if (r->eval_ds.shards) dataset_close(&r->eval_ds);
     log_close(&r->log);
     if (r->trace) fclose(r->trace);
+    free(r->config_text);
     if (r->be) r->be->destroy(r->be);
 }
 
@@ -85,6 +95,36 @@ static int capacity_of(const ct_config *cfg)
     return cfg->data.packing || cfg->data.max_length > tpmb ? tpmb : cfg->data.max_length;
 }
 
+/* A shard none of whose documents has a target token (every label masked, or
+ * max_length too short to predict one) would train with a loss of 0 and a
+ * gradient of 0, or evaluate to NaN: CT_ERR_INPUT naming the first such shard. */
+static int check_targets(const ct_dataset *ds, const ct_packer_options *opt, const char *key, ct_error *err)
+{
+    size_t cap = (size_t)(!opt->packing && opt->tokens_per_micro_batch < opt->max_length ? opt->tokens_per_micro_batch
+                                                                                          : opt->max_length);
+    for (int s = 0; s < ds->n_shards; s++) {
+        bool found = false;
+        for (size_t d = ds->doc_base[s]; d < ds->doc_base[s + 1] && !found; d++) {
+            size_t len;
+            const uint8_t *mask;
+            dataset_doc(ds, d, &len, &mask);
+            if (len > cap) len = cap;
+            for (size_t j = 1; j < len && !found; j++) found = mask[j]; /* token j is predicted from j - 1 */
+        }
+        if (found) continue;
+        const shard *sh = ds->shards[s];
+        if (shard_num_labels(sh) == 0)
+            return CT_FAIL_INPUT(err, "%s: no target tokens: the loss mask of all %zu documents is 0, so %s would "
+                                 "train or evaluate on nothing (expected tokens with loss_mask 1, e.g. the "
+                                 "assistant's turns)", shard_path(sh), shard_num_docs(sh), key);
+        return CT_FAIL_INPUT(err, "%s: no target tokens within data.max_length %d: every label is a document's first "
+                             "token or lies beyond it, so %s would train or evaluate on nothing (expected "
+                             "data.max_length >= 2 and labels after each document's first token)",
+                             shard_path(sh), (int)cap, key);
+    }
+    return CT_OK;
+}
+
 /* Opens model, data, adapter and graph (everything but the run directory). */
 static int run_setup(run *r, const ct_config *cfg, bool need_train, ct_error *err)
 {
@@ -97,14 +137,16 @@ static int run_setup(run *r, const ct_config *cfg, bool need_train, ct_error *er
     for (int i = 0; i < cfg->data.n_train_files; i++) train_pat[i] = cfg->data.train_files[i];
     for (int i = 0; i < cfg->data.n_eval_files; i++) eval_pat[i] = cfg->data.eval_files[i];
     ct_packer_options opt = packer_options(cfg);
-    if (need_train || cfg->data.n_eval_files == 0) {
+    if (need_train) {
         rc = dataset_open(&r->train_ds, train_pat, cfg->data.n_train_files, V, err);
         if (!rc && !(r->packer = packer_new(&r->train_ds, &opt, err))) rc = err->code;
+        if (!rc) rc = check_targets(&r->train_ds, &opt, "data.train_files", err);
         if (rc) return rc;
     }
     if (cfg->data.n_eval_files > 0) {
         rc = dataset_open(&r->eval_ds, eval_pat, cfg->data.n_eval_files, V, err);
         if (!rc && !(r->eval_packer = packer_new(&r->eval_ds, &opt, err))) rc = err->code;
+        if (!rc) rc = check_targets(&r->eval_ds, &opt, "data.eval_files", err);
         if (rc) return rc;
         r->has_eval = true;
     }
@@ -152,41 +194,113 @@ static double evaluate(run *r, ct_packer *p, const ct_lora *lo, int *targets_out
 
 static int save_checkpoint(run *r, ct_error *err)
 {
+    ct_backend *be = r->be;
     r->state.total_steps = r->total_steps;
     r->state.data = loader_position(r->loader);
-    int rc = checkpoint_save(r->cfg->output_dir, &r->lora, &r->model, &r->state, r->cfg->model,
+    r->state.data_crc32 = r->data_crc;
+    be->download(be, &r->state.window.loss_sum, graph_loss_sum(r->graph), sizeof(float));
+    be->download(be, &r->state.window.aux_sum, graph_aux_loss_sum(r->graph), sizeof(float));
+    optim_guard_save(&r->guard, be, &r->state.guard);
+    int rc = checkpoint_save(r->cfg->output_dir, &r->lora, &r->model, &r->state, r->config_text, r->cfg->model,
                              r->cfg->training.save_total_limit, err);
-    if (!rc) log_plot(&r->log);
-    return rc;
+    if (rc) return rc;
+    r->last_saved = r->state.step;
+    log_plot(&r->log);
+    return CT_OK;
 }
 
-static int write_resolved_config(const ct_config *cfg, ct_error *err)
+static char *print_config(const ct_config *cfg)
 {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     config_print(cfg, f);
     fclose(f);
-    char path[CT_PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/config.yaml", cfg->output_dir);
-    int rc = ct_write_file_atomic(path, buf, len, err);
-    free(buf);
+    return buf;
+}
+
+/* output_dir/config.yaml is the config the run began with: a resumed run never
+ * overwrites it, and writes its own beside it (config.resume-STEP.yaml) when
+ * it differs. */
+static int write_resolved_config(const run *r, bool resumed, ct_error *err)
+{
+    char path[CT_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/config.yaml", r->cfg->output_dir);
+    size_t n = strlen(r->config_text);
+    if (resumed) {
+        size_t len;
+        ct_error missing = {0};
+        char *first = ct_read_file_max(path, CT_CONFIG_MAX_BYTES, &len, &missing);
+        bool same = first && len == n && !memcmp(first, r->config_text, n);
+        if (first)
+            snprintf(path, sizeof path, "%s/config.resume-%lld.yaml", r->cfg->output_dir, (long long)r->state.step);
+        free(first);
+        if (same) return CT_OK;
+    }
+    return ct_write_file_atomic(path, r->config_text, n, err);
+}
+
+/* Compares the config with the one the checkpoint's run had: its
+ * run_config.yaml, or for a checkpoint older than that, the config.yaml of
+ * the run folder it is in. */
+static int check_config(const run *r, const char *ckpt, const ct_trainer_state *st, ct_error *err)
+{
+    char file[CT_PATH_MAX + 96];
+    snprintf(file, sizeof file, "%s/run_config.yaml", ckpt);
+    size_t len;
+    ct_error missing = {0};
+    char *saved = ct_read_file_max(file, CT_CONFIG_MAX_BYTES, &len, &missing);
+    if (!saved) {
+        const char *slash = strrchr(ckpt, '/');
+        snprintf(file, sizeof file, "%.*s/config.yaml", slash ? (int)(slash - ckpt) : 1, slash ? ckpt : ".");
+        saved = ct_read_file_max(file, CT_CONFIG_MAX_BYTES, &len, &missing);
+    }
+    ct_resume_facts f = {.checkpoint = ckpt, .saved_config = saved, .saved_from = file,
+                         .saved_total_steps = st->total_steps, .total_steps = r->total_steps,
+                         .has_data_crc = st->has_run_state, .saved_data_crc = st->data_crc32,
+                         .data_crc = r->data_crc};
+    int rc = resume_check(r->cfg, r->config_text, &f, stderr, err);
+    free(saved);
     return rc;
 }
 
+/* Resumes from the checkpoint the config names (if any), then cuts
+ * metrics.jsonl back to its step and writes the resolved config. */
 static int resume_if_asked(run *r, ct_error *err)
 {
-    const ct_training_config *t = &r->cfg->training;
+    const ct_config *cfg = r->cfg;
+    const ct_training_config *t = &cfg->training;
     char path[CT_PATH_MAX + 64];
-    if (t->resume_mode == CT_RESUME_FALSE) return CT_OK;
-    if (t->resume_mode == CT_RESUME_PATH) snprintf(path, sizeof path, "%s", t->resume_from_checkpoint);
-    else if (!checkpoint_find_latest(r->cfg->output_dir, path, sizeof path, stderr)) return CT_OK;
-    int rc = checkpoint_load(path, &r->lora, &r->model, &r->state, err);
-    if (!rc) rc = packer_check_position(r->packer, r->state.data, err);
-    if (rc) return rc;
-    packer_seek(r->packer, r->state.data);
-    log_note(&r->log, "resumed from %s (step %lld)", path, (long long)r->state.step);
-    return CT_OK;
+    bool found = false;
+    int rc = CT_OK;
+    if (t->resume_mode == CT_RESUME_PATH) {
+        snprintf(path, sizeof path, "%s", t->resume_from_checkpoint);
+        found = true;
+    } else if (t->resume_mode == CT_RESUME_AUTO) {
+        found = checkpoint_find_latest(cfg->output_dir, path, sizeof path, stderr);
+    }
+    if (found) {
+        ct_trainer_state st;
+        rc = checkpoint_read_state(path, &st, err);
+        if (rc && t->resume_mode == CT_RESUME_PATH) {
+            char why[sizeof err->msg];
+            snprintf(why, sizeof why, "%s", err->msg);
+            ct_fail(err, rc, "training.resume_from_checkpoint: %s", why);
+        }
+        if (!rc) rc = check_config(r, path, &st, err);
+        if (!rc) rc = checkpoint_load_weights(path, &r->lora, &r->model, err);
+        if (!rc) rc = packer_check_position(r->packer, st.data, err);
+        if (rc) return rc;
+        r->state = st;
+        r->last_saved = st.step;
+        packer_seek(r->packer, st.data);
+        optim_guard_restore(&r->guard, r->be, &st.guard);
+        log_note(&r->log, "resumed from %s (step %lld)", path, (long long)st.step);
+    }
+    char metrics[CT_PATH_MAX + 32];
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", cfg->output_dir);
+    rc = metrics_truncate(metrics, (long long)r->state.step, err);
+    return rc ? rc : write_resolved_config(r, found, err);
 }
 
 /* CTUNE_TRACE=DIR (a debugging aid for scripts/hf_parity.py): writes the adapter
@@ -221,6 +335,20 @@ static void trace_step(run *r, int step, const ct_batch *const *batches, int n)
     fflush(r->trace);
 }
 
+/* The update of step `bad` left a LoRA weight non-finite (the guard read it
+ * at `step`): nothing after the last good checkpoint may be saved. */
+static int weights_fail(const run *r, int step, int bad, ct_error *err)
+{
+    char good[CT_PATH_MAX + 64] = "no checkpoint was saved before it: start again";
+    if (r->last_saved > 0)
+        snprintf(good, sizeof good, "%s/checkpoint-%lld holds the last good state: rerun to resume from it",
+                 r->cfg->output_dir, r->last_saved);
+    return CT_FAIL_RUNTIME(err, "training stopped at step %d: the optimizer update of step %d left non-finite LoRA "
+                           "weights (its gradient was finite: the update overflowed fp32); nothing after it was saved "
+                           "and %s (HINT: lower training.learning_rate or training.weight_decay first)",
+                           step, bad, good);
+}
+
 static int train_loop(run *r, ct_error *err)
 {
     const ct_config *cfg = r->cfg;
@@ -228,12 +356,13 @@ static int train_loop(run *r, ct_error *err)
     ct_backend *be = r->be;
     int ga = t->gradient_accumulation_steps;
     const ct_batch **batches = ct_calloc(ga, sizeof *batches);
-    double window_loss = 0, window_targets = 0, t_start = ct_now(), elapsed0 = r->state.elapsed;
-    double window_tokens = 0, window_t0 = t_start;
+    /* What was summed since the last record; a resumed run starts from the checkpoint's. */
+    ct_log_window *w = &r->state.window;
+    double t_start = ct_now(), elapsed0 = r->state.elapsed;
+    double timed_tokens = 0, window_t0 = t_start; /* tokens/s counts this process's steps only */
     float *loss_sum = graph_loss_sum(r->graph), *aux_sum = graph_aux_loss_sum(r->graph);
-    be->zero(be, loss_sum, sizeof(float));
-    be->zero(be, aux_sum, sizeof(float));
-    int window_micro = 0; /* micro-batches since the last record: the aux loss is per micro-batch */
+    be->upload(be, loss_sum, &w->loss_sum, sizeof(float));
+    be->upload(be, aux_sum, &w->aux_sum, sizeof(float));
     int rc = CT_OK;
     uint64_t step_syncs = 0; /* host waits inside steps, not counting logging reads */
     int steps_run = 0;
@@ -256,17 +385,20 @@ static int train_loop(run *r, ct_error *err)
         double lr = optim_lr(t, step, r->total_steps);
         optim_guard_inject(&r->guard, be, r->lora.grads, step);
         optim_step(be, &r->lora, t, optim_guard_slot(&r->guard, step), lr, step);
+        optim_guard_watch(&r->guard, be, &r->lora);
         step_syncs += be->host_syncs - syncs0;
         steps_run++;
         r->state.step = step;
         r->state.tokens_seen += (double)tokens;
-        window_targets += (double)targets;
-        window_tokens += (double)tokens;
-        window_micro += ga;
+        w->targets += (double)targets;
+        w->tokens += (double)tokens;
+        w->micro_batches += ga;
+        timed_tokens += (double)tokens;
 
         bool last = step == r->total_steps, log_now = step % t->logging_steps == 0 || last;
         if (log_now || optim_guard_full(&r->guard)) optim_guard_read(&r->guard, be);
-        bool nonfinite_stop = optim_guard_tripped(&r->guard);
+        int bad_weights = r->guard.bad_weights_step;
+        bool nonfinite_stop = optim_guard_tripped(&r->guard) || bad_weights;
         if (log_now || nonfinite_stop) {
             float sum = 0;
             be->download(be, &sum, loss_sum, sizeof sum);
@@ -276,26 +408,31 @@ static int train_loop(run *r, ct_error *err)
                 float a = 0;
                 be->download(be, &a, aux_sum, sizeof a);
                 be->zero(be, aux_sum, sizeof(float));
-                aux = a / (window_micro > 0 ? window_micro : 1);
+                aux = a / (w->micro_batches > 0 ? (double)w->micro_batches : 1);
             }
             double now = ct_now();
             ct_train_record rec = {.step = step, .total_steps = r->total_steps,
-                                   .loss = (window_loss + sum) / (window_targets > 0 ? window_targets : 1),
+                                   .loss = (w->loss + sum) / (w->targets > 0 ? w->targets : 1),
                                    .lr = lr, .grad_norm = sqrt(r->guard.last_norm_sq), .tokens = r->state.tokens_seen,
                                    .skipped_steps = r->guard.skipped_since_log, .aux_loss = aux,
-                                   .tokens_per_second = window_tokens / (now - window_t0),
+                                   .tokens_per_second = timed_tokens / (now - window_t0),
                                    .elapsed = elapsed0 + now - t_start,
                                    .memory_used = be->memory_used ? be->memory_used(be) : 0};
             log_train(&r->log, &rec);
             r->guard.skipped_since_log = 0;
-            window_loss = window_targets = window_tokens = 0;
-            window_micro = 0;
+            w->loss = w->targets = w->tokens = 0;
+            w->micro_batches = 0;
+            timed_tokens = 0;
             window_t0 = now;
+        }
+        if (bad_weights) {
+            rc = weights_fail(r, step, bad_weights, err);
+            break;
         }
         if (r->has_eval && t->eval_steps > 0 && (step % t->eval_steps == 0 || last)) {
             float partial = 0; /* the training window's loss so far survives the eval */
             be->download(be, &partial, loss_sum, sizeof partial);
-            window_loss += partial;
+            w->loss += partial;
             int n;
             double el = evaluate(r, r->eval_packer, &r->lora, &n);
             log_eval(&r->log, step, el, n);
@@ -330,17 +467,13 @@ int train_run(const ct_config *cfg, ct_error *err)
 {
     run r = {0};
     int rc = checkpoint_probe_dir(cfg->output_dir, err);
-    if (!rc) rc = log_open(&r.log, cfg->output_dir, err);
+    if (!rc) checkpoint_clean_stale(cfg->output_dir, stderr);
     if (!rc) rc = run_setup(&r, cfg, true, err);
     if (!rc) rc = checkpoint_check_space(cfg->output_dir, &r.lora, err);
-    if (!rc) rc = write_resolved_config(cfg, err);
+    if (!rc) rc = config_total_steps(cfg, packer_batches_per_epoch(r.packer), &r.total_steps, err);
     if (!rc) {
-        size_t per_epoch = packer_batches_per_epoch(r.packer);
-        int ga = cfg->training.gradient_accumulation_steps;
-        r.total_steps = cfg->training.max_steps > 0
-                            ? cfg->training.max_steps
-                            : (int)ceil(cfg->training.num_train_epochs * (double)per_epoch / ga);
-        if (r.total_steps < 1) r.total_steps = 1;
+        r.config_text = print_config(cfg);
+        r.data_crc = dataset_crc32(&r.train_ds);
         ct_packer_stats s = packer_epoch_stats(r.packer, 0);
         log_note(&r.log, "ctune: %s backend, model %s (%s, %d layers), %zu LoRA parameters, %d steps",
                  r.be->name, cfg->model, r.model.cfg.model_type, r.model.cfg.num_hidden_layers, r.lora.n_params,
@@ -349,8 +482,10 @@ int train_run(const ct_config *cfg, ct_error *err)
                  "%zu documents truncated to %d tokens",
                  s.docs, s.tokens, s.batches, 100.0 * s.efficiency, s.truncated_docs, cfg->data.max_length);
         rc = resume_if_asked(&r, err);
-        if (!rc) rc = trace_open(&r, err);
     }
+    /* metrics.jsonl is opened for appending only once resume has cut it back to the checkpoint */
+    if (!rc) rc = log_open(&r.log, cfg->output_dir, err);
+    if (!rc) rc = trace_open(&r, err);
     if (!rc) {
         r.loader = loader_start(r.packer, 2 * cfg->training.gradient_accumulation_steps + 2);
         interrupt_install();
@@ -373,6 +508,10 @@ int train_dry_run(const ct_config *cfg, ct_error *err)
 
 int eval_run(const ct_config *cfg, const char *adapter_dir, ct_error *err)
 {
+    if (cfg->data.n_eval_files == 0)
+        return CT_FAIL_INPUT(err, "%s: data.eval_files is empty: nothing to evaluate (expected shards to evaluate "
+                             "on: data.eval_files in the config, or --set \"data.eval_files=[SHARD]\")",
+                             cfg->source_path[0] ? cfg->source_path : "config");
     run r = {0};
     int rc = run_setup(&r, cfg, false, err);
     if (!rc && adapter_dir) { /* the adapter's own r and targets, not the config's lora section */
@@ -381,7 +520,7 @@ int eval_run(const ct_config *cfg, const char *adapter_dir, ct_error *err)
     }
     if (!rc) {
         int n;
-        double loss = evaluate(&r, r.has_eval ? r.eval_packer : r.packer, adapter_dir ? &r.lora : NULL, &n);
+        double loss = evaluate(&r, r.eval_packer, adapter_dir ? &r.lora : NULL, &n);
         printf("eval: loss %.6f  perplexity %.4f  (%d target tokens, %s)\n", loss, exp(loss), n,
                adapter_dir ? adapter_dir : "base model");
     }

@@ -5,14 +5,19 @@
 #include "backend.h"
 #include "config.h"
 
-/* Trains per cfg: loads the model and data, resumes if asked, runs the
- * optimizer steps with periodic logging, eval and checkpoints, writes final/. */
+/* Trains per cfg: loads the model and data, resumes if asked (and if the
+ * config lets the run continue exactly: resume_check.h), runs the optimizer
+ * steps with periodic logging, eval and checkpoints, writes final/. A shard
+ * of data.train_files or data.eval_files without a target token is
+ * CT_ERR_INPUT; an update that leaves a weight non-finite stops the run
+ * (CT_ERR_RUNTIME) without saving it. */
 int train_run(const ct_config *cfg, ct_error *err);
 /* `ctune train --dry-run`: loads the model and data, prints the memory plan
  * and exits (CT_ERR_INPUT when the plan does not fit); writes nothing. */
 int train_dry_run(const ct_config *cfg, ct_error *err);
-/* Mean loss and perplexity over data.eval_files (or train_files when there are
- * none) for the base model plus the adapter in adapter_dir (NULL: base only). */
+/* Mean loss and perplexity over data.eval_files for the base model plus the
+ * adapter in adapter_dir (NULL: base only). No eval files, or a shard without
+ * a target token, is CT_ERR_INPUT. */
 int eval_run(const ct_config *cfg, const char *adapter_dir, ct_error *err);
 /* The backend cfg->device asks for (auto: CUDA when a GPU is usable, else CPU). */
 ct_backend *train_backend(const ct_config *cfg, ct_error *err);

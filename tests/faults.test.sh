@@ -1,7 +1,7 @@
 # faults.test.sh — injected faults and what the trainer does about them: a
-# non-finite gradient (the CTUNE_INJECT_NAN_STEP test hook), an output_dir that
-# cannot be written, and a disk that fills up during a save or a merge
-# (RLIMIT_FSIZE).
+# non-finite gradient (the CTUNE_INJECT_NAN_STEP test hook), an update that
+# overflows (a learning rate beyond fp32), an output_dir that cannot be
+# written, and a disk that fills up during a save or a merge (RLIMIT_FSIZE).
 # Sourced helpers: tests/lib.sh.
 source "$(dirname "$0")/lib.sh"
 
@@ -44,6 +44,14 @@ nonfinite_steps_in_a_row_stop_the_run_with_a_checkpoint() {
     # the weights saved are those of step 2, the last finite one
     cmp run/checkpoint-2/adapter_model.safetensors run/checkpoint-8/adapter_model.safetensors
     [ ! -d run/final ]
+    # rerun (the fault gone): it resumes from the stop and trains on, the streak counted afresh
+    "$CTUNE" train "$ROOT/configs/tiny.yaml" --set model="$MODEL" \
+        --set output_dir=run --set "data.train_files=[$ROOT/data/arith/train.shard]" --set data.eval_files= \
+        --set data.tokens_per_micro_batch=256 --set data.max_length=256 --set training.logging_steps=10 \
+        --set training.eval_steps=0 --set training.save_steps=2 --set training.save_total_limit=0 \
+        --set training.warmup_steps=1 --set training.max_steps=20 --set training.max_nonfinite_steps=4 2>log2 ||
+        { cat log2; false; }
+    grep -q 'resumed from run/checkpoint-8' log2 && [ -f run/final/adapter_model.safetensors ]
 }
 
 bad_inject_hook_value_is_an_input_error() {
@@ -67,8 +75,23 @@ output_dir_that_cannot_be_written_fails_before_step_1() {
     if grep -q 'step 1/' err.txt; then false; fi
 }
 
+# learning_rate 1e39 is a finite double but inf as the fp32 the update uses:
+# the gradient is finite, the update is not, and AdamW applies it.
+overflowing_update_stops_the_run_without_saving_its_weights() {
+    expect_exit 1 train run --set training.max_steps=4 --set training.learning_rate=1e39
+    grep -q 'training stopped at step 2: the optimizer update of step 2 left non-finite LoRA weights' err.txt
+    grep -q 'run/checkpoint-1 holds the last good state' err.txt
+    [ -d run/checkpoint-1 ] && [ ! -e run/checkpoint-2 ] && [ ! -e run/final ]
+    # logging every 10 steps, the guard has not read the device yet when step 2 saves: the save checks for itself
+    expect_exit 1 train run2 --set training.max_steps=4 --set training.learning_rate=1e39 --set training.logging_steps=10
+    grep -q 'checkpoint at step 2 not saved: the LoRA weights are not finite after the optimizer update (.* is nan' err.txt
+    [ ! -e run2/checkpoint-2 ] && [ ! -e run2/checkpoint-2.tmp ] && [ ! -e run2/final ]
+}
+
 full_disk_during_a_save_keeps_the_previous_checkpoint() {
-    train run --set training.max_steps=2 2>log || { cat log; false; }
+    # a run that stopped after step 2
+    train run --set training.max_steps=4 2>log || { cat log; false; }
+    rm -rf run/checkpoint-3 run/checkpoint-4 run/final
     # Files over 1000 KiB now fail with EFBIG, as on a full disk: the adapter
     # (615 KiB) is written, the trainer state (1216 KiB) is not.
     local rc=0
@@ -106,6 +129,7 @@ token_id_beyond_the_models_vocab_is_an_input_error() {
 
 run_test nan_gradient_skips_the_update_and_is_logged
 run_test nonfinite_steps_in_a_row_stop_the_run_with_a_checkpoint
+run_test overflowing_update_stops_the_run_without_saving_its_weights
 run_test bad_inject_hook_value_is_an_input_error
 run_test output_dir_that_cannot_be_created_fails_before_step_1
 run_test output_dir_that_cannot_be_written_fails_before_step_1

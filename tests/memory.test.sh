@@ -1,9 +1,18 @@
 # memory.test.sh — the memory plan from the command line: --dry-run, offload
 # on the CPU backend (its copies are immediate, so the losses must equal a run
 # without offload to every printed digit), the pageable-memory fallback, a
-# config that asks for offload without checkpointing, and checkpoint_layers auto
-# (the same losses, no layer recomputed when memory allows). Helpers: tests/lib.sh.
+# config that asks for offload without checkpointing, checkpoint_layers auto
+# (the same losses, no layer recomputed when memory allows), and micro-batches
+# too large for the host: refused (exit 2) with the largest that fits, which
+# then passes its dry run. Helpers: tests/lib.sh.
 source "$(dirname "$0")/lib.sh"
+
+# The CPU plan has the least of MemAvailable and what `ulimit -v` / `ulimit -d`
+# leave; a small data limit (-d: -v would also count the address space of the
+# CUDA libraries a GPU build maps) keeps the largest micro-batch that fits
+# cheap to dry-run. ASan's shadow memory counts against it, so under the
+# sanitizers these tests cannot run.
+LIMIT_KIB=$((640 * 1024))
 
 MODEL=$(mktemp -d)/tiny
 "$CTUNE" init --config "$ROOT/configs/models/tiny/config.json" --out "$MODEL" --seed 1 >/dev/null
@@ -51,8 +60,40 @@ bad_checkpoint_layers_value_is_named() {
 
 offload_without_checkpointing_is_a_config_error() {
     expect_exit 2 run_tiny out --set memory.activation_offload=on --set memory.gradient_checkpointing=false
-    grep -q "tiny.yaml: memory.activation_offload: on needs memory.gradient_checkpointing: true" err.txt
+    grep -q -- "--set memory.activation_offload=on: memory.activation_offload: on needs memory.gradient_checkpointing: true" err.txt
+    grep -q "; memory.gradient_checkpointing comes from --set memory.gradient_checkpointing=false" err.txt
     [ "$(wc -l < err.txt)" -eq 1 ]
+}
+
+largest_that_fits() { sed -n 's/.*the largest data.tokens_per_micro_batch that fits is \([0-9]*\).*/\1/p' err.txt; }
+
+micro_batch_that_fits_nowhere_names_the_largest_that_does() {
+    (ulimit -d $LIMIT_KIB; expect_exit 2 run_tiny out --dry-run --set data.tokens_per_micro_batch=2147483647)
+    grep -q "memory plan: 2147483647 tokens per micro-batch need .* GiB of cpu memory" err.txt
+    [ "$(wc -l < err.txt)" -eq 1 ]
+    local n
+    n=$(largest_that_fits)
+    [ -n "$n" ] && [ "$n" -ge 256 ] && [ "$n" -lt 2147483647 ] || { cat err.txt; false; }
+    (ulimit -d $LIMIT_KIB; run_tiny out --dry-run --set data.tokens_per_micro_batch="$n") >log 2>&1 || { cat log; false; }
+    grep -q "dry run: the plan fits" log
+    (ulimit -d $LIMIT_KIB; expect_exit 2 run_tiny out --dry-run --set data.tokens_per_micro_batch=$((n + 1)))
+    grep -q "that fits is $n\$" err.txt
+    [ ! -e out ]
+}
+
+cpu_plan_over_host_memory_is_refused_not_allocated() {
+    # 4.4 GiB: the plan used to pass on the CPU and the allocation then failed (exit 1)
+    (ulimit -d $LIMIT_KIB; expect_exit 2 run_tiny out --dry-run --set data.tokens_per_micro_batch=400000)
+    grep -q "memory plan: 400000 tokens per micro-batch" err.txt && [ -n "$(largest_that_fits)" ]
+    # offload on the CPU moves layer inputs within the same memory: it adds staging, never room
+    (ulimit -d $LIMIT_KIB; expect_exit 2 run_tiny out --dry-run --set data.tokens_per_micro_batch=400000 \
+        --set memory.activation_offload=on)
+    local n
+    n=$(largest_that_fits)
+    [ -n "$n" ] || { cat err.txt; false; }
+    (ulimit -d $LIMIT_KIB; run_tiny out --dry-run --set data.tokens_per_micro_batch="$n" \
+        --set memory.activation_offload=on) >log 2>&1 || { cat log; false; }
+    grep -q "offload staging" log && grep -q "dry run: the plan fits" log
 }
 
 run_test dry_run_prints_the_plan_and_writes_nothing
@@ -61,5 +102,12 @@ run_test pageable_fallback_warns_and_trains
 run_test offload_without_checkpointing_is_a_config_error
 run_test auto_checkpoint_layers_keeps_every_layer_when_memory_allows
 run_test bad_checkpoint_layers_value_is_named
+if [ -n "${CTUNE_SANITIZED:-}" ]; then
+    skip_test micro_batch_that_fits_nowhere_names_the_largest_that_does "ulimit -d under ASan"
+    skip_test cpu_plan_over_host_memory_is_refused_not_allocated "ulimit -d under ASan"
+else
+    run_test micro_batch_that_fits_nowhere_names_the_largest_that_does
+    run_test cpu_plan_over_host_memory_is_refused_not_allocated
+fi
 rm -rf "$(dirname "$MODEL")"
 summary

@@ -1,5 +1,5 @@
-# prepare.test.sh — `ctune prepare` (token-id JSONL -> shards) and `ctune inspect`
-# on its output, driven through the binary.
+# prepare.test.sh — `ctune prepare` (token-id JSONL with HF / TRL mask fields ->
+# shards) and `ctune inspect` on its output, driven through the binary.
 # Every check ends in `|| return 1`: run_test calls each test inside an `if`,
 # where bash ignores `set -e`, so a failed command would not stop the test.
 source "$(dirname "$0")/lib.sh"
@@ -104,6 +104,73 @@ prepare_unknown_flag_exits_2() {
     has err.txt "--eval-fraction" || return 1
 }
 
+prepare_completion_mask_and_assistant_masks_set_the_label_fraction() {
+    cat >trl.jsonl <<'EOF2'
+{"input_ids": [1, 2, 3, 4], "completion_mask": [0, 0, 1, 1]}
+{"input_ids": [5, 6, 7, 8], "assistant_masks": [false, true, false, false]}
+EOF2
+    expect_exit 0 "$CTUNE" prepare --in trl.jsonl --out out || return 1
+    has out.txt "2 docs, 8 tokens, 37.5% labels" || return 1
+    expect_exit 0 "$CTUNE" inspect out/train.shard || return 1
+    has out.txt "labels       3 (37.5%" || return 1
+}
+
+prepare_mask_fields_that_agree_are_accepted_and_ones_that_disagree_name_the_line() {
+    printf '{"input_ids": [1, 2, 3], "labels": [-100, 2, 3], "completion_mask": [0, 1, 1]}\n' >agree.jsonl
+    expect_exit 0 "$CTUNE" prepare --in agree.jsonl --out out || return 1
+    has out.txt "66.7% labels" || return 1
+    printf '{"input_ids": [1]}\n{"input_ids": [1, 2, 3], "labels": [-100, 2, 3], "assistant_masks": [0, 0, 1]}\n' >clash.jsonl
+    expect_exit 2 "$CTUNE" prepare --in clash.jsonl --out out2 || return 1
+    has err.txt "clash.jsonl:2: labels and assistant_masks disagree at token 1" || return 1
+    [ ! -e out2 ] || { echo "a failed prepare created out2/"; return 1; }
+}
+
+prepare_mask_of_another_length_or_value_names_the_line() {
+    printf '{"input_ids": [1, 2, 3], "completion_mask": [0, 1]}\n' >short.jsonl
+    expect_exit 2 "$CTUNE" prepare --in short.jsonl --out out || return 1
+    has err.txt "short.jsonl:1: completion_mask has 2 entries but input_ids has 3" || return 1
+    printf '{"input_ids": [1, 2], "assistant_masks": [0, 2]}\n' >two.jsonl
+    expect_exit 2 "$CTUNE" prepare --in two.jsonl --out out || return 1
+    has err.txt "two.jsonl:1: assistant_masks[1] must be 0 or 1, found 2" || return 1
+}
+
+prepare_in_folder_and_out_file_are_one_line_input_errors() {
+    write_small_jsonl
+    mkdir folder
+    expect_exit 2 "$CTUNE" prepare --in folder --out out || return 1
+    has err.txt "folder: a folder, not a regular file" || return 1
+    [ "$(wc -l <err.txt)" -eq 1 ] || { echo "expected one line:"; cat err.txt; return 1; }
+    echo "not a folder" >file
+    expect_exit 2 "$CTUNE" prepare --in data.jsonl --out file || return 1
+    has err.txt "--out file: exists and is not a folder" || return 1
+    [ "$(wc -l <err.txt)" -eq 1 ] || { echo "expected one line:"; cat err.txt; return 1; }
+    has file "not a folder" || return 1
+}
+
+# A 20 MB line of ids (json.dumps spacing) once took 19x its size in memory
+# (a JSON tree of ~80 bytes an id); now the line, 5 bytes a token and the
+# writer's copy: under 4x the line plus fixed overhead.
+prepare_memory_is_bounded_by_a_few_times_the_line() {
+    python3 -c '
+import random
+random.seed(1)
+ids = ", ".join(str(random.randrange(151936)) for _ in range(2750000))
+open("big.jsonl", "w").write("{\"input_ids\": [" + ids + "]}\n")' || return 1
+    local size rss base
+    size=$(stat -c %s big.jsonl)
+    # the binary's own footprint (a GPU build maps the CUDA libraries) is measured
+    # on a small input and left out
+    write_small_jsonl
+    /usr/bin/time -v "$CTUNE" prepare --in data.jsonl --out small >/dev/null 2>time.txt || { cat time.txt; return 1; }
+    base=$(awk '/Maximum resident set size/ { print $NF }' time.txt)
+    /usr/bin/time -v "$CTUNE" prepare --in big.jsonl --out out >out.txt 2>time.txt || { cat time.txt; return 1; }
+    has out.txt "2750000 tokens" || return 1
+    rss=$(awk '/Maximum resident set size/ { print $NF }' time.txt)
+    echo "line $size bytes, max RSS $rss KiB, $base KiB on a small input"
+    [ $(((rss - base) * 1024)) -le $((4 * size + 40000000)) ] ||
+        { echo "max RSS $rss KiB less $base KiB exceeds 4x the line + 40 MB"; return 1; }
+}
+
 inspect_corrupt_shard_names_the_file_and_exits_2() {
     write_small_jsonl
     expect_exit 0 "$CTUNE" prepare --in data.jsonl --out out || return 1
@@ -120,5 +187,14 @@ run_test prepare_token_over_vocab_size_is_error
 run_test prepare_eval_fraction_splits_documents
 run_test prepare_small_eval_fraction_keeps_one_eval_doc
 run_test prepare_unknown_flag_exits_2
+run_test prepare_completion_mask_and_assistant_masks_set_the_label_fraction
+run_test prepare_mask_fields_that_agree_are_accepted_and_ones_that_disagree_name_the_line
+run_test prepare_mask_of_another_length_or_value_names_the_line
+run_test prepare_in_folder_and_out_file_are_one_line_input_errors
+if [ -x /usr/bin/time ] && command -v python3 >/dev/null && [ -z "${CTUNE_SANITIZED:-}" ]; then
+    run_test prepare_memory_is_bounded_by_a_few_times_the_line
+else
+    skip_test prepare_memory_is_bounded_by_a_few_times_the_line "needs /usr/bin/time and python3, no sanitizer"
+fi
 run_test inspect_corrupt_shard_names_the_file_and_exits_2
 summary

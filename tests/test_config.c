@@ -1,9 +1,12 @@
 /* test_config.c — the config contract: defaults, the shipped configs, one test per
  * error class (exact "FILE:LINE:" prefix and CT_ERR_INPUT), --set overrides and
- * the print -> load round trip. Runs from the repo root. */
+ * the print -> load round trip, where each error blames the value (file line or
+ * --set), the run's step count, and the bounds on nesting, NUL and control
+ * characters. Runs from the repo root. */
 #include "check.h"
 #include "config.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -72,7 +75,9 @@ TEST(defaults_match_documented_values)
     CHECK(c->data.max_length == 4096 && c->data.packing && c->data.tokens_per_micro_batch == 16384, "data");
     CHECK(c->data.shuffle_window == 1024 && c->data.n_train_files == 0 && c->data.n_eval_files == 0, "data files");
     CHECK(c->training.learning_rate == 2e-4 && c->training.lr_scheduler_type == CT_SCHED_COSINE, "lr");
-    CHECK(c->training.warmup_steps == 10 && c->training.max_steps == 1000 && c->training.num_train_epochs == 1, "steps");
+    /* as HF: max_steps -1, so that num_train_epochs alone decides the run */
+    CHECK(c->training.warmup_steps == 10 && c->training.max_steps == -1 && c->training.num_train_epochs == 1,
+          "steps: max_steps %d", c->training.max_steps);
     CHECK(c->training.gradient_accumulation_steps == 1 && c->training.weight_decay == 0, "accum");
     CHECK(c->training.adam_beta1 == 0.9 && c->training.adam_beta2 == 0.999 && c->training.adam_epsilon == 1e-8, "adam");
     CHECK(c->training.max_grad_norm == 1.0 && c->training.seed == 42, "clip/seed");
@@ -187,6 +192,9 @@ TEST(out_of_range_values_are_rejected)
                       "data.tokens_per_micro_batch: 99999999999 is out of range");
     EXPECT_LOAD_ERROR("range8.yaml", "training:\n  seed: -1\n", 2, "training.seed: -1 is out of range");
     EXPECT_LOAD_ERROR("range9.yaml", "training:\n  save_steps: -5\n", 2, "training.save_steps: -5 is out of range");
+    /* the trainer loads 2 x gradient_accumulation_steps + 2 micro-batches ahead, as an int */
+    EXPECT_LOAD_ERROR("range10.yaml", "training:\n  gradient_accumulation_steps: 1073741824\n", 2,
+                      "training.gradient_accumulation_steps: 1073741824 is out of range (expected an integer in [1, 65536])");
 }
 
 TEST(max_steps_minus_one_selects_epochs)
@@ -243,9 +251,9 @@ TEST(max_length_over_micro_batch_is_a_contradiction)
     const char *p = write_yaml("contra.yaml", "model: m\noutput_dir: o\ndata:\n  train_files: a.shard\n"
                                               "  max_length: 8192\n  tokens_per_micro_batch: 4096\n");
     REQUIRE(config_load(c, p, &e) == CT_OK, "%s", e.msg);
-    char want[600];
-    snprintf(want, sizeof want, "%s: data.max_length 8192 exceeds data.tokens_per_micro_batch 4096 "
-                                "(a sample must fit one micro-batch)", p);
+    char want[1200];
+    snprintf(want, sizeof want, "%s:5: data.max_length 8192 exceeds data.tokens_per_micro_batch 4096 "
+                                "(a sample must fit one micro-batch); data.tokens_per_micro_batch comes from %s:6", p, p);
     CHECK(config_validate(c, &e) == CT_ERR_INPUT && !strcmp(e.msg, want), "got '%s'", e.msg);
     c->data.packing = false;
     CHECK(config_validate(c, &e) == CT_OK, "without packing: %s", e.msg);
@@ -260,6 +268,232 @@ TEST(warmup_longer_than_max_steps_is_a_contradiction)
                                            "training: {max_steps: 5, warmup_steps: 10}\n");
     REQUIRE(config_load(c, p, &e) == CT_OK, "%s", e.msg);
     CHECK(config_validate(c, &e) == CT_ERR_INPUT && strstr(e.msg, "training.warmup_steps 10 exceeds training.max_steps 5"),
+          "%s", e.msg);
+    free(c);
+}
+
+/* Loads TEXT as NAME, applies the --set SETS (NULL-ended) and validates. */
+static int load_set_validate(ct_config *c, const char *name, const char *text, const char *const *sets, ct_error *e)
+{
+    int rc = config_load(c, write_yaml(name, text), e);
+    for (int i = 0; !rc && sets && sets[i]; i++) rc = config_set(c, sets[i], e);
+    return rc ? rc : config_validate(c, e);
+}
+
+TEST(warmup_error_blames_the_set_or_the_line_that_gave_each_value)
+{
+    ct_config *c = malloc(sizeof *c);
+    ct_error e = {0};
+    char want[1200];
+    const char *text = "model: m\noutput_dir: o\ndata: {train_files: [a.shard]}\ntraining:\n  max_steps: 20\n";
+    const char *p = write_yaml("warm_set.yaml", text);
+    const char *warm50[] = {"training.warmup_steps=50", NULL};
+    CHECK(load_set_validate(c, "warm_set.yaml", text, warm50, &e) == CT_ERR_INPUT, "accepted");
+    snprintf(want, sizeof want, "--set training.warmup_steps=50: training.warmup_steps 50 exceeds training.max_steps 20 "
+             "(expected warmup_steps <= max_steps); training.max_steps comes from %s:5", p);
+    CHECK(!strcmp(e.msg, want), "got  '%s'\nwant '%s'", e.msg, want);
+    /* the file's warmup, the command line's max_steps: the file line first, the --set named */
+    text = "model: m\noutput_dir: o\ndata: {train_files: [a.shard]}\ntraining:\n  warmup_steps: 10\n";
+    p = write_yaml("warm_file.yaml", text);
+    const char *max5[] = {"training.max_steps=5", NULL};
+    CHECK(load_set_validate(c, "warm_file.yaml", text, max5, &e) == CT_ERR_INPUT, "accepted");
+    snprintf(want, sizeof want, "%s:5: training.warmup_steps 10 exceeds training.max_steps 5 (expected warmup_steps <= "
+             "max_steps); training.max_steps comes from --set training.max_steps=5", p);
+    CHECK(!strcmp(e.msg, want), "got  '%s'\nwant '%s'", e.msg, want);
+    /* warmup at its default: the --set that made it too long is blamed */
+    text = "model: m\noutput_dir: o\ndata: {train_files: [a.shard]}\n";
+    CHECK(load_set_validate(c, "warm_default.yaml", text, max5, &e) == CT_ERR_INPUT, "accepted");
+    CHECK(starts_with(e.msg, "--set training.max_steps=5: training.warmup_steps 10 exceeds training.max_steps 5"),
+          "%s", e.msg);
+    /* a later --set of the same key replaces where it came from */
+    const char *twice[] = {"training.warmup_steps=50", "training.max_steps=60", "training.max_steps=40", NULL};
+    CHECK(load_set_validate(c, "warm_default.yaml", text, twice, &e) == CT_ERR_INPUT && strstr(e.msg,
+          "; training.max_steps comes from --set training.max_steps=40"), "%s", e.msg);
+    CHECK(!strcmp(config_origin(c, "training.max_steps"), "--set training.max_steps=40"), "%s",
+          config_origin(c, "training.max_steps"));
+    CHECK(config_origin(c, "lora.r") == NULL, "a default has an origin");
+    free(c);
+}
+
+TEST(range_and_offload_errors_blame_where_the_value_was_set)
+{
+    ct_config *c = malloc(sizeof *c);
+    ct_error e = {0};
+    const char *text = "model: m\noutput_dir: o\ndata: {train_files: [a.shard]}\nmemory:\n"
+                       "  gradient_checkpointing: false\n";
+    const char *p = write_yaml("offload.yaml", text);
+    const char *on[] = {"memory.activation_offload=on", NULL};
+    CHECK(load_set_validate(c, "offload.yaml", text, on, &e) == CT_ERR_INPUT &&
+          starts_with(e.msg, "--set memory.activation_offload=on: memory.activation_offload: on needs"), "%s", e.msg);
+    char want[600];
+    snprintf(want, sizeof want, "; memory.gradient_checkpointing comes from %s:5", p);
+    CHECK(strstr(e.msg, want), "%s", e.msg);
+    /* a value changed in code after the load keeps its key's origin; an empty list from --set is blamed on it */
+    const char *clear[] = {"data.train_files=", NULL};
+    CHECK(load_set_validate(c, "offload.yaml", text, clear, &e) == CT_ERR_INPUT &&
+          starts_with(e.msg, "--set data.train_files=: data.train_files: required"), "%s", e.msg);
+    free(c);
+}
+
+TEST(epochs_alone_decide_the_steps)
+{
+    ct_config *c = malloc(sizeof *c);
+    ct_error e = {0};
+    const char *text = "model: m\noutput_dir: o\ndata: {train_files: [a.shard]}\ntraining:\n  num_train_epochs: 3\n"
+                       "  gradient_accumulation_steps: 4\n";
+    REQUIRE(load_set_validate(c, "ep3.yaml", text, NULL, &e) == CT_OK, "%s", e.msg);
+    int steps = 0;
+    CHECK(config_total_steps(c, 101, &steps, &e) == CT_OK && steps == 76, "3 x 101 / 4 -> %d steps (%s)", steps, e.msg);
+    CHECK(config_set(c, "training.warmup_steps=0", &e) == CT_OK && config_total_steps(c, 0, &steps, &e) == CT_OK &&
+          steps == 1, "an empty epoch: %d steps (%s)", steps, e.msg);
+    free(c);
+}
+
+TEST(max_steps_wins_when_both_are_given)
+{
+    ct_config *c = malloc(sizeof *c);
+    ct_error e = {0};
+    const char *text = "model: m\noutput_dir: o\ndata: {train_files: [a.shard]}\ntraining:\n  num_train_epochs: 3\n"
+                       "  max_steps: 50\n";
+    REQUIRE(load_set_validate(c, "both.yaml", text, NULL, &e) == CT_OK, "%s", e.msg);
+    int steps = 0;
+    CHECK(config_total_steps(c, 1000, &steps, &e) == CT_OK && steps == 50, "%d steps (%s)", steps, e.msg);
+    free(c);
+}
+
+TEST(steps_beyond_int_are_an_input_error_naming_the_epochs)
+{
+    ct_config *c = malloc(sizeof *c);
+    ct_error e = {0};
+    const char *text = "model: m\noutput_dir: o\ndata: {train_files: [a.shard]}\ntraining:\n  max_steps: -1\n"
+                       "  num_train_epochs: 1e7\n";
+    const char *p = write_yaml("ep1e7.yaml", text);
+    REQUIRE(load_set_validate(c, "ep1e7.yaml", text, NULL, &e) == CT_OK, "%s", e.msg);
+    int steps = -5;
+    char want[600];
+    snprintf(want, sizeof want, "%s:6: training.num_train_epochs 1e+07 gives 1.5e+10 optimizer steps (1500 "
+             "micro-batches per epoch, gradient_accumulation_steps 1), more than the 2147483647 a run can count", p);
+    CHECK(config_total_steps(c, 1500, &steps, &e) == CT_ERR_INPUT && starts_with(e.msg, want), "got  '%s'\nwant '%s'",
+          e.msg, want);
+    CHECK(steps == -5, "steps written on failure: %d", steps);
+    /* exactly INT_MAX steps still count; one micro-batch more does not */
+    const char *one[] = {"training.num_train_epochs=1", NULL};
+    REQUIRE(load_set_validate(c, "ep1e7.yaml", text, one, &e) == CT_OK, "%s", e.msg);
+    CHECK(config_total_steps(c, INT_MAX, &steps, &e) == CT_OK && steps == INT_MAX, "%d (%s)", steps, e.msg);
+    CHECK(config_total_steps(c, (size_t)INT_MAX + 1, &steps, &e) == CT_ERR_INPUT &&
+          starts_with(e.msg, "--set training.num_train_epochs=1: training.num_train_epochs 1 gives"), "%s", e.msg);
+    CHECK(config_total_steps(c, SIZE_MAX, &steps, &e) == CT_ERR_INPUT, "SIZE_MAX micro-batches accepted");
+    free(c);
+}
+
+TEST(warmup_longer_than_the_epochs_is_a_contradiction)
+{
+    ct_config *c = malloc(sizeof *c);
+    ct_error e = {0};
+    const char *text = "model: m\noutput_dir: o\ndata: {train_files: [a.shard]}\n";
+    const char *warm[] = {"training.warmup_steps=50", NULL};
+    REQUIRE(load_set_validate(c, "ep_warm.yaml", text, warm, &e) == CT_OK, "%s", e.msg);
+    int steps = 0;
+    CHECK(config_total_steps(c, 37, &steps, &e) == CT_ERR_INPUT &&
+          starts_with(e.msg, "--set training.warmup_steps=50: training.warmup_steps 50 exceeds the run's 37 optimizer "
+                             "steps"), "%s", e.msg);
+    CHECK(config_total_steps(c, 50, &steps, &e) == CT_OK && steps == 50, "%d (%s)", steps, e.msg);
+    free(c);
+}
+
+/* An (N+1)-level text: the root mapping, then N - 1 nested flow lists. */
+static char *nested(int levels, size_t *len)
+{
+    char *t = malloc((size_t)levels * 2 + 16);
+    size_t n = (size_t)sprintf(t, "model: ");
+    for (int i = 1; i < levels; i++) t[n++] = '[';
+    for (int i = 1; i < levels; i++) t[n++] = ']';
+    t[n++] = '\n';
+    *len = n;
+    return t;
+}
+
+TEST(nesting_deeper_than_64_levels_fails_fast_naming_the_line)
+{
+    ct_config *c = malloc(sizeof *c);
+    ct_error e = {0};
+    size_t len;
+    char *t = nested(64, &len);
+    CHECK(config_parse_text(c, t, len, "n64.yaml", &e) == CT_ERR_INPUT &&
+          starts_with(e.msg, "n64.yaml:1: model: got a list"), "64 levels: %s", e.msg);
+    free(t);
+    t = nested(65, &len);
+    CHECK(config_parse_text(c, t, len, "n65.yaml", &e) == CT_ERR_INPUT &&
+          starts_with(e.msg, "n65.yaml:1: nesting deeper than 64 levels"), "65 levels: %s", e.msg);
+    free(t);
+    /* 80,000 levels: libyaml alone takes ~20 s (its scan is quadratic in depth) */
+    const int deep = 80000;
+    char *big = malloc(deep + 64);
+    size_t n = (size_t)sprintf(big, "lora:\n  r: 8\nmodel:\n  ");
+    for (int i = 0; i < deep; i++) big[n++] = i % 2 ? '{' : '[';
+    double t0 = ct_now();
+    int rc = config_parse_text(c, big, n, "deep.yaml", &e);
+    double secs = ct_now() - t0;
+    CHECK(rc == CT_ERR_INPUT && starts_with(e.msg, "deep.yaml:4: nesting deeper than 64 levels"), "%s", e.msg);
+    CHECK(secs < 0.1, "%d levels took %.2f s", deep, secs);
+    /* one line per level ('[' then a newline) and nested block lists ("- - - x") alike */
+    n = (size_t)sprintf(big, "model: ");
+    for (int i = 0; i < deep; i++) big[n++] = i % 3 == 0 ? '[' : i % 3 == 1 ? '\n' : ' ';
+    t0 = ct_now();
+    CHECK(config_parse_text(c, big, n, "lines.yaml", &e) == CT_ERR_INPUT && strstr(e.msg, "nesting deeper than 64"),
+          "%s", e.msg);
+    n = (size_t)sprintf(big, "model:\n  ");
+    for (int i = 0; i < deep / 2; i++) big[n++] = i % 2 ? ' ' : '-';
+    CHECK(config_parse_text(c, big, n, "dash.yaml", &e) == CT_ERR_INPUT &&
+          starts_with(e.msg, "dash.yaml:2: nesting deeper than 64 levels"), "%s", e.msg);
+    secs = ct_now() - t0;
+    CHECK(secs < 0.2, "took %.2f s", secs);
+    /* the same bound on a --set value */
+    n = (size_t)sprintf(big, "model=");
+    for (int i = 0; i < deep; i++) big[n++] = '[';
+    big[n] = '\0';
+    t0 = ct_now();
+    CHECK(config_set(c, big, &e) == CT_ERR_INPUT && strstr(e.msg, ": the value nests deeper than 64 levels"), "%.80s",
+          e.msg);
+    CHECK(ct_now() - t0 < 0.1, "--set took %.2f s", ct_now() - t0);
+    free(big);
+    free(c);
+}
+
+TEST(control_characters_in_set_are_one_line_errors)
+{
+    ct_config *c = malloc(sizeof *c), *d = malloc(sizeof *d);
+    ct_error e = {0};
+    config_defaults(c);
+    memcpy(d, c, sizeof *d);
+    /* YAML would fold the newline into "runs/a b" and take it */
+    CHECK(config_set(c, "output_dir=runs/a\nb", &e) == CT_ERR_INPUT &&
+          !strcmp(e.msg, "--set output_dir=runs/a\\x0ab: the value holds a control character (byte 0x0a; expected "
+                         "printable text)"), "%s", e.msg);
+    CHECK(config_set(c, "lora.r\t=8", &e) == CT_ERR_INPUT && !strchr(e.msg, '\t') &&
+          strstr(e.msg, ": the key holds a control character (byte 0x09"), "%s", e.msg);
+    CHECK(config_set(c, "model=m\x7f", &e) == CT_ERR_INPUT && strstr(e.msg, "byte 0x7f"), "%s", e.msg);
+    CHECK(!config_diff(c, d), "a refused --set changed %s", config_diff(c, d));
+    /* a control character the YAML escapes put into a value is written escaped in the message */
+    EXPECT_LOAD_ERROR("ctl.yaml", "lora:\n  r: \"8\\n9\\t\"\n", 2, "lora.r: '8\\x0a9\\x09' is not an integer");
+    CHECK(config_set(c, "lora.r=\"8\\n9\"", &e) == CT_ERR_INPUT && !strchr(e.msg, '\n') &&
+          strstr(e.msg, "'8\\x0a9' is not an integer"), "%s", e.msg);
+    free(c); free(d);
+}
+
+TEST(nul_inside_a_key_or_a_value_is_refused)
+{
+    /* a double-quoted "\0" makes the NUL; C would see "model" and "8" */
+    EXPECT_LOAD_ERROR("nulkey.yaml", "\"model\\0junk\": m\n", 1,
+                      "the key 'model' goes on past a NUL character (expected a plain key name)");
+    EXPECT_LOAD_ERROR("nulkey2.yaml", "lora:\n  \"r\\0\": 8\n", 2, "the key 'lora.r' goes on past a NUL character");
+    EXPECT_LOAD_ERROR("nulval.yaml", "lora:\n  r: \"8\\0x\"\n", 2, "lora.r: the value holds a NUL character");
+    EXPECT_LOAD_ERROR("nultm.yaml", "lora:\n  target_modules: [\"q_proj\\0\"]\n", 2,
+                      "lora.target_modules: an entry holds a NUL character");
+    ct_config *c = malloc(sizeof *c);
+    ct_error e = {0};
+    config_defaults(c);
+    CHECK(config_set(c, "training.seed=\"7\\0\"", &e) == CT_ERR_INPUT && strstr(e.msg, "holds a NUL character"),
           "%s", e.msg);
     free(c);
 }
@@ -438,6 +672,15 @@ int main(void)
     RUN(empty_section_is_allowed);
     RUN(max_length_over_micro_batch_is_a_contradiction);
     RUN(warmup_longer_than_max_steps_is_a_contradiction);
+    RUN(warmup_error_blames_the_set_or_the_line_that_gave_each_value);
+    RUN(range_and_offload_errors_blame_where_the_value_was_set);
+    RUN(epochs_alone_decide_the_steps);
+    RUN(max_steps_wins_when_both_are_given);
+    RUN(steps_beyond_int_are_an_input_error_naming_the_epochs);
+    RUN(warmup_longer_than_the_epochs_is_a_contradiction);
+    RUN(nesting_deeper_than_64_levels_fails_fast_naming_the_line);
+    RUN(control_characters_in_set_are_one_line_errors);
+    RUN(nul_inside_a_key_or_a_value_is_refused);
     RUN(bad_target_module_lists_valid_names);
     RUN(target_module_list_is_kept_in_order);
     RUN(file_lists_take_one_string_or_a_list);

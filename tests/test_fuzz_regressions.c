@@ -14,6 +14,7 @@
 #include "../fuzz/fuzz_model_config.c"
 #include "../fuzz/fuzz_safetensors.c"
 #include "../fuzz/fuzz_shard.c"
+#include "../fuzz/fuzz_tokenizer.c"
 
 typedef int (*fuzz_fn)(const uint8_t *data, size_t size);
 
@@ -87,6 +88,11 @@ TEST(shard_reader_survives_every_saved_input)
     CHECK(replay("shard", "tests/fixtures/*/data/*.shard", fuzz_shard) > 0, "nothing replayed");
 }
 
+TEST(tokenizer_survives_every_saved_input)
+{
+    CHECK(replay("tokenizer", "tests/fixtures/tokenizer/fuzz_seeds/*", fuzz_tokenizer) > 0, "nothing replayed");
+}
+
 int main(void)
 {
     RUN(config_reader_survives_every_saved_input);
@@ -94,5 +100,6 @@ int main(void)
     RUN(model_config_survives_every_saved_input);
     RUN(safetensors_reader_survives_every_saved_input);
     RUN(shard_reader_survives_every_saved_input);
+    RUN(tokenizer_survives_every_saved_input);
     return check_summary();
 }

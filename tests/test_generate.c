@@ -314,8 +314,8 @@ TEST(kv_cache_decoding_on_gpu_matches_cpu)
     gpu->destroy(gpu);
 }
 
-/* Not yet run on a GPU: cmd_generate refuses MoE models off the CPU until it
- * passes there. */
+/* Passed on an H200 (2026-12-01), which lifted generate's CPU-only rule for
+ * mixture-of-experts models. */
 TEST(moe_kv_cache_decoding_on_gpu_matches_cpu)
 {
     ct_error why = {0};

@@ -1,9 +1,11 @@
 /* test_memory_plan.c — the memory plan's choices (memory_plan_choose) for a
  * given amount of free memory: no offload when everything fits, the fewest
- * offloaded layers when not, one staging buffer as the last resort, and a
- * refusal that names a micro-batch size which does fit, and with
- * checkpoint_layers auto the most layers that keep their intermediates. Sizes come from
- * graph_measure, so the plan is checked against the layout that allocates. */
+ * offloaded layers when not, one staging buffer as the last resort, a refusal
+ * that names the largest micro-batch which fits under the run's own settings,
+ * offload that cannot help where device and host memory are one (CPU), with
+ * checkpoint_layers auto the most layers that keep their intermediates, and a
+ * logits workspace bounded by the tokens. Sizes come from graph_measure, so the
+ * plan is checked against the layout that allocates. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,7 +79,22 @@ TEST(one_staging_buffer_when_two_do_not_fit)
     CHECK(graph_need(&p) <= avail, "needs %zu > %zu", graph_need(&p), avail);
 }
 
-TEST(refusal_names_a_micro_batch_that_fits)
+/* The N of "the largest data.tokens_per_micro_batch that fits is N", or -1. */
+static int suggested(const char *msg)
+{
+    const char *s = strstr(msg, "the largest data.tokens_per_micro_batch that fits is ");
+    return s ? atoi(s + strlen("the largest data.tokens_per_micro_batch that fits is ")) : -1;
+}
+
+/* Whether `tokens` fit under m (memory_plan_choose says CT_OK). */
+static bool fits(const ct_memory_config *m, int tokens, size_t avail, size_t host)
+{
+    ct_memory_plan q;
+    ct_error err = {0};
+    return memory_plan_choose(&model, NULL, m, tokens, avail, host, &q, &err) == CT_OK;
+}
+
+TEST(refusal_names_the_largest_micro_batch_that_fits)
 {
     ct_memory_config m = mem(true, CT_TRI_OFF);
     ct_memory_plan p;
@@ -86,17 +103,90 @@ TEST(refusal_names_a_micro_batch_that_fits)
     size_t avail = graph_need(&p) / 3;
     int rc = memory_plan_choose(&model, NULL, &m, T, avail, SIZE_MAX, &p, &err);
     REQUIRE(rc == CT_ERR_INPUT && !p.fits, "rc %d", rc);
-    const char *s = strstr(err.msg, "tokens_per_micro_batch to ");
-    REQUIRE(s, "message names no size: %s", err.msg);
-    int good = atoi(s + strlen("tokens_per_micro_batch to "));
-    CHECK(good > 0 && good < T, "suggested %d", good);
-    CHECK(strstr(err.msg, "activation_offload: auto") != NULL, "offload not suggested: %s", err.msg);
+    /* under the run's own settings (offload off), then with every saving on */
+    int good = suggested(err.msg);
+    REQUIRE(good > 0 && good < T, "suggested %d: %s", good, err.msg);
+    CHECK(fits(&m, good, avail, SIZE_MAX), "%d does not fit", good);
+    CHECK(!fits(&m, good + 1, avail, SIZE_MAX), "%d fits too: the suggestion is not the largest", good + 1);
+    const char *with = strstr(err.msg, " with memory.gradient_checkpointing: true, memory.activation_offload: auto");
+    REQUIRE(with, "offload not suggested: %s", err.msg);
+    int best_good = atoi(strstr(err.msg, "fits is ") + strlen("fits is ") + snprintf(NULL, 0, "%d (", good));
     ct_memory_config best = mem(true, CT_TRI_AUTO);
-    ct_memory_plan q;
-    CHECK(memory_plan_choose(&model, NULL, &best, good, avail, SIZE_MAX, &q, &err) == CT_OK, "%d does not fit",
-          good);
-    CHECK(memory_plan_choose(&model, NULL, &best, good + 1, avail, SIZE_MAX, &q, &err) == CT_ERR_INPUT,
-          "%d fits too: the suggestion is not the largest", good + 1);
+    best.offload_buffers = 2;
+    CHECK(best_good > good && fits(&best, best_good, avail, SIZE_MAX), "%d does not fit with offload", best_good);
+    CHECK(!fits(&best, best_good + 1, avail, SIZE_MAX), "%d fits too with offload", best_good + 1);
+}
+
+/* With offload on, the suggestion must fit with offload on: it used to be
+ * searched with offload auto, which needs no host memory, so it named
+ * capacity - 1 whatever the host had. */
+TEST(suggestion_fits_under_the_runs_own_offload_setting)
+{
+    ct_memory_config on = mem(true, CT_TRI_ON);
+    ct_memory_plan p;
+    ct_error err = {0};
+    REQUIRE(memory_plan_choose(&model, NULL, &on, T, SIZE_MAX, SIZE_MAX, &p, &err) == CT_OK, "%s", err.msg);
+    size_t host = p.graph.host / 2;
+    REQUIRE(memory_plan_choose(&model, NULL, &on, T, SIZE_MAX, host, &p, &err) == CT_ERR_INPUT, "fits");
+    int good = suggested(err.msg);
+    CHECK(good > 0 && good < T - 1, "suggested %d: %s", good, err.msg);
+    CHECK(fits(&on, good, SIZE_MAX, host), "%d does not fit", good);
+    CHECK(!fits(&on, good + 1, SIZE_MAX, host), "%d fits too", good + 1);
+    CHECK(!strstr(err.msg, "activation_offload: auto"), "a setting the run has: %s", err.msg);
+}
+
+/* CPU: the offloaded inputs land in the memory they leave, and staging comes on
+ * top, so offload never makes a plan fit there. */
+TEST(offload_cannot_help_where_device_and_host_memory_are_one)
+{
+    ct_memory_config m = mem(true, CT_TRI_AUTO), on = mem(true, CT_TRI_ON);
+    ct_memory_plan none, p;
+    ct_error err = {0};
+    REQUIRE(memory_plan_choose(&model, NULL, &m, T, SIZE_MAX, CT_PLAN_SHARED, &none, &err) == CT_OK, "%s", err.msg);
+    size_t need = graph_need(&none);
+    CHECK(memory_plan_choose(&model, NULL, &m, T, need, CT_PLAN_SHARED, &p, &err) == CT_OK && p.opt.offload_layers == 0,
+          "exact fit: offload %d (%s)", p.opt.offload_layers, err.msg);
+    /* 2 layers short: with separate memories 4 layers would go to the host */
+    size_t layer = (size_t)T * model.cfg.hidden_size * be->act_bytes;
+    int rc = memory_plan_choose(&model, NULL, &m, T, need - 2 * layer, CT_PLAN_SHARED, &p, &err);
+    CHECK(rc == CT_ERR_INPUT && suggested(err.msg) > 0 && suggested(err.msg) < T, "rc %d: %s", rc, err.msg);
+    /* offload on (one staging buffer, so that no fallback hides the sum): its
+     * staging and host copies count against the one memory */
+    on.offload_buffers = 1;
+    REQUIRE(memory_plan_choose(&model, NULL, &on, T, SIZE_MAX, CT_PLAN_SHARED, &p, &err) == CT_OK, "%s", err.msg);
+    CHECK(p.graph.host > 0 && !fits(&on, T, graph_need(&p) + p.graph.host - 1, CT_PLAN_SHARED) &&
+          fits(&on, T, graph_need(&p) + p.graph.host, CT_PLAN_SHARED), "host %zu not counted", p.graph.host);
+}
+
+TEST(nothing_fits_names_no_size)
+{
+    ct_memory_config m = mem(true, CT_TRI_AUTO);
+    ct_memory_plan p;
+    ct_error err = {0};
+    CHECK(memory_plan_choose(&model, NULL, &m, T, 0, CT_PLAN_SHARED, &p, &err) == CT_ERR_INPUT &&
+          strstr(err.msg, "not even 1 token fits") && strstr(err.msg, "a machine with more memory"), "%s", err.msg);
+}
+
+/* vocab_size 1: a 256 MiB logits budget is 67M rows; the chunk must stop at the
+ * micro-batch (it asked for 32 GiB of workspace). */
+TEST(logits_workspace_is_bounded_by_the_tokens)
+{
+    ct_backend shape_be = {.name = "cuda", .act_bytes = 2, .weight_bytes = 2};
+    ct_model small = {.cfg = model.cfg, .be = &shape_be};
+    small.cfg.vocab_size = 1;
+    size_t w = memory_plan_workspace(&small, NULL, T);
+    CHECK(w < ((size_t)8 << 20), "%zu bytes for %d tokens", w, T);
+    w = memory_plan_workspace(&small, NULL, 100000); /* 65472 rows at most: the loss kernel's grid limit */
+    CHECK(w < ((size_t)64 << 20), "%zu bytes for 100000 tokens", w);
+    small.cfg.vocab_size = 151936; /* a real vocabulary still gets its whole budget */
+    CHECK(memory_plan_workspace(&small, NULL, T) > ((size_t)256 << 20), "%zu", memory_plan_workspace(&small, NULL, T));
+}
+
+TEST(cpu_workspace_covers_the_ops_largest_allocation)
+{
+    size_t rope = (size_t)T * model.cfg.num_attention_heads * model.cfg.head_dim * sizeof(float);
+    CHECK(memory_plan_workspace(&model, NULL, T) >= rope, "%zu < the rope backward's %zu",
+          memory_plan_workspace(&model, NULL, T), rope);
 }
 
 TEST(offload_needs_host_memory)
@@ -206,7 +296,12 @@ int main(void)
     RUN(everything_fits_no_offload);
     RUN(auto_offloads_the_fewest_layers_that_fit);
     RUN(one_staging_buffer_when_two_do_not_fit);
-    RUN(refusal_names_a_micro_batch_that_fits);
+    RUN(refusal_names_the_largest_micro_batch_that_fits);
+    RUN(suggestion_fits_under_the_runs_own_offload_setting);
+    RUN(offload_cannot_help_where_device_and_host_memory_are_one);
+    RUN(nothing_fits_names_no_size);
+    RUN(logits_workspace_is_bounded_by_the_tokens);
+    RUN(cpu_workspace_covers_the_ops_largest_allocation);
     RUN(offload_needs_host_memory);
     RUN(auto_offloads_only_what_the_host_can_take);
     RUN(no_checkpointing_keeps_every_layer);

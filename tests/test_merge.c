@@ -377,6 +377,25 @@ TEST(bad_adapters_and_output_folders_are_input_errors)
     CHECK(cmd_merge(3, argv, &err) == CT_ERR_INPUT && strstr(err.msg, "usage"), "missing arguments: %s", err.msg);
 }
 
+/* lora_alpha 1e308 makes the scaling infinite: the merge is refused, no folder written. */
+TEST(a_merge_that_would_write_non_finite_weights_is_an_input_error)
+{
+    char model[300], adapter[300], out[300], path[512];
+    path_in(model, sizeof model, "model");
+    path_in(adapter, sizeof adapter, "ad_huge_alpha");
+    path_in(out, sizeof out, "merged_huge_alpha");
+    REQUIRE(write_adapter(adapter, "[\"q_proj\", \"down_proj\"]", qd, 2, false, "", 5) == 0, "adapter");
+    const char *json = "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 1e308, \"use_rslora\": false, "
+                       "\"target_modules\": [\"q_proj\", \"down_proj\"], \"bias\": \"none\"}";
+    snprintf(path, sizeof path, "%s/adapter_config.json", adapter);
+    ct_error err = {0};
+    REQUIRE(ct_write_file_atomic(path, json, strlen(json), &err) == CT_OK, "%s", err.msg);
+    CHECK(merge(model, adapter, out, &err) == CT_ERR_INPUT, "a merge to infinite weights was accepted");
+    CHECK(strstr(err.msg, "non-finite") != NULL, "message: %s", err.msg);
+    struct stat st;
+    CHECK(stat(out, &st) != 0, "an output folder was left behind");
+}
+
 /* OUT/ and an existing empty OUT name the output folder as OUT does: the merge
  * lands there and no OUT.partial is left beside it. */
 TEST(an_output_folder_given_with_a_slash_or_empty_is_written)
@@ -412,6 +431,7 @@ int main(void)
     RUN(a_sharded_model_gives_a_sharded_merged_model);
     RUN(the_merged_model_gives_the_loss_of_base_plus_adapter);
     RUN(bad_adapters_and_output_folders_are_input_errors);
+    RUN(a_merge_that_would_write_non_finite_weights_is_an_input_error);
     RUN(an_output_folder_given_with_a_slash_or_empty_is_written);
     RUN(merged_moe_models_give_the_loss_of_base_plus_adapter);
     RUN(bad_gpt_oss_expert_adapters_are_input_errors);

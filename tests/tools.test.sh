@@ -1,6 +1,7 @@
 # tools.test.sh — the commands around training, end to end on the CPU: sweep.sh
 # and `ctune summary`, loss.svg, `ctune merge` (round trip through `ctune eval`),
-# `ctune generate`, and SIGINT/SIGTERM during `ctune train`. One small sweep of
+# `ctune inspect` on checkpoints, `ctune generate`, and SIGINT/SIGTERM during
+# `ctune train`. One small sweep of
 # two tiny runs is shared by the tests that only read runs.
 source "$(dirname "$0")/lib.sh"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
@@ -60,6 +61,22 @@ merge_round_trip_gives_the_eval_loss_of_base_plus_adapter() {
         d = m - w; if (d < 0) d = -d; a = b - w; if (a < 0) a = -a
         exit !(a > 0.05 && d < 2e-3 * w) }'
     expect_exit 2 "$CTUNE" merge --model "$MODEL" --adapter "$SWEEP/r-8/final" --out merged
+}
+
+inspect_verifies_a_checkpoint_against_its_manifest() {
+    cp -r "$(ls -d "$SWEEP"/r-4/checkpoint-* | tail -n 1)" ck
+    expect_exit 0 "$CTUNE" inspect ck
+    grep -q '^manifest: ok' out.txt && grep -q -- '--- trainer_state.json' out.txt
+    # one changed byte in the adapter weights: its CRC32 no longer matches the manifest
+    printf '\377' | dd of=ck/adapter_model.safetensors bs=1 seek=200 conv=notrunc 2>/dev/null
+    expect_exit 2 "$CTUNE" inspect ck
+    grep -q 'ck/adapter_model.safetensors: CRC32 .*(corrupt)' err.txt
+    rm ck/manifest.json
+    expect_exit 2 "$CTUNE" inspect ck
+    grep -q 'manifest.json' err.txt
+    # final/ is an adapter folder: nothing to verify, and it says so
+    expect_exit 0 "$CTUNE" inspect "$SWEEP/r-4/final"
+    grep -q '^manifest: none' out.txt
 }
 
 generate_is_deterministic_for_a_seed() {
@@ -139,6 +156,7 @@ run_test sweep_runs_each_combination_in_its_own_folder
 run_test summary_prints_a_row_per_run_and_writes_csv
 run_test loss_svg_is_well_formed_xml_with_train_eval_and_lr
 run_test merge_round_trip_gives_the_eval_loss_of_base_plus_adapter
+run_test inspect_verifies_a_checkpoint_against_its_manifest
 run_test generate_is_deterministic_for_a_seed
 run_test generate_refuses_text_prompts_without_the_byte_tokenizer
 run_test sigint_saves_a_checkpoint_and_resume_finishes

@@ -86,7 +86,31 @@ training_and_eval_without_packing_run_one_document_per_micro_batch() {
     grep -q '"eval_loss"' run/metrics.jsonl
 }
 
+shard_without_target_tokens_is_an_input_error_naming_it() {
+    printf '{"input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 0, 0]}\n{"input_ids": [5, 6, 7], "loss_mask": [0, 0, 0]}\n' \
+        >masked.jsonl
+    "$CTUNE" prepare --in masked.jsonl --out masked --eval-fraction 0 >/dev/null
+    expect_exit 2 small_run run --set training.max_steps=2 --set "data.train_files=[masked/train.shard]"
+    grep -q 'masked/train.shard: no target tokens: the loss mask of all 2 documents is 0' err.txt
+    expect_exit 2 small_run run --set training.max_steps=2 --set "data.eval_files=[masked/train.shard]"
+    grep -q 'masked/train.shard: no target tokens: .*data.eval_files' err.txt
+    # labels everywhere, but max_length 1 leaves no token to predict one from
+    expect_exit 2 small_run run --set training.max_steps=2 --set data.max_length=1
+    grep -q 'train.shard: no target tokens within data.max_length 1' err.txt
+    expect_exit 2 "$CTUNE" eval --model "$MODEL" --data masked/train.shard --device cpu
+    grep -q 'masked/train.shard: no target tokens' err.txt
+    [ ! -e run/final ]
+}
+
+eval_without_eval_files_is_an_input_error() {
+    expect_exit 2 "$CTUNE" eval "$ROOT/configs/tiny.yaml" --set model="$MODEL" --set data.eval_files= --set output_dir=x
+    grep -q 'data.eval_files is empty: nothing to evaluate' err.txt
+    if grep -q perplexity out.txt; then false; fi
+}
+
 run_test resume_continues_bit_identically
+run_test shard_without_target_tokens_is_an_input_error_naming_it
+run_test eval_without_eval_files_is_an_input_error
 run_test training_and_eval_without_packing_run_one_document_per_micro_batch
 run_test training_lowers_the_loss_and_writes_the_run_folder
 run_test save_total_limit_keeps_the_newest_checkpoints

@@ -107,7 +107,11 @@ static int put(loader *ld, void *dst, size_t at, const char *name)
 static void *load_one(loader *ld, const char *name, size_t n)
 {
     void *p = alloc_weight(ld, n);
-    if (p && put(ld, p, 0, name) != CT_OK) return NULL;
+    if (p && put(ld, p, 0, name) != CT_OK) {
+        ld->be->free(ld->be, p); /* not yet owned by the model, which frees the rest */
+        ld->bytes -= n * ld->be->weight_bytes;
+        return NULL;
+    }
     return p;
 }
 

@@ -1,6 +1,8 @@
-/* attention.cu — varlen causal GQA flash attention: the forward, the work list
- * and the padding rows; attention_bwd.cu holds the backward, attention.cuh what
- * both share. This comment describes all three.
+/* attention.cu — varlen causal GQA flash attention: the mma.sync forward, the work
+ * list, the padding rows and the choice of kernels; attention_bwd.cu holds the
+ * backward, attention.cuh what every attention file shares. This comment is the
+ * contract of all of them; docs/kernels/attention.md has the design in detail,
+ * the measurements and the history.
  *
  * Layouts: q (T, nq, D), k and v (T, nkv, D), out and dout (T, nq, D), each with
  * its own token stride (ld*, elements; q/k/v are column slices of the fused qkv).
@@ -10,91 +12,26 @@
  * forward used. Query head h reads kv head h / (nq / nkv). Key j is visible from
  * query i (positions inside the document) iff j <= i and, when window > 0,
  * j > i - window. No T x T tensor exists: softmax is computed online per tile.
- *
  * Rows past cu_seqlens[n_docs] (padding) get zero outputs, lse and gradients.
  *
- * Work list: documents are cut into 64-row tiles (ceil(len / 64) each, never
- * crossing a document). A one-block kernel scans cu_seqlens on the device into a
- * list of (start, len, tile index) entries, one per tile, document by document;
- * each attention block reads its entry with one load. The grid is 1-D: block b
- * takes entry b / heads and head b % heads, so the heads of one tile (which share
- * K/V through L2 under GQA) run together, and inside a document the tiles with
- * the most work go first (the last query tiles for forward and dq, the first key
- * tiles for dk/dv). The host sizes the list from T, n_docs and max_seqlen only
- * (no sync); entries past the real tile count have len 0 and their blocks exit.
- * The two-warpgroup dk/dv kernel takes a second list of 128-row tiles, built the
- * same way (attn_build_tiles' rows).
- * This replaced a (docs, max_seqlen / 64, heads) grid in which most blocks of a
- * batch of short documents exited at once, and whose head-slowest order left the
- * longest tiles of the last heads for the end.
+ * Work list: documents are cut into 64-row tiles (128-row for the two-warpgroup
+ * kernels) that never cross a document. A one-block kernel scans cu_seqlens on
+ * the device into one (start, len, tile index) entry per tile; block b of the
+ * 1-D grid takes entry b / heads and head b % heads, so the heads of a tile run
+ * together, the longest tiles of a document first. The host sizes the list from
+ * T, n_docs and max_seqlen only (no sync); surplus entries have len 0.
  *
- * Forward (FlashAttention-2 schedule): a block of 4 warps owns 64 queries, each
- * warp 16 rows; it walks the 64-key tiles its rows can see. Q K^T and P V are
- * mma.sync m16n8k16 (bf16 in, fp32 accumulate) fed by ldmatrix from shared
- * memory (rows padded by 16 bytes: conflict-free ldmatrix); P is re-packed from
- * the accumulator registers into A fragments without touching shared memory.
- * Softmax runs in base 2 (exp2 of logits pre-scaled by scale * log2 e).
- *
- * Forward on wgmma (attention_fwd_sm90.cu, D = 64 and 128): the same contract and
- * work list, one warpgroup per 64 queries, both products on Hopper's warpgroup MMA
- * and the softmax overlapped with P V (FlashAttention-3's intra-warpgroup
- * pipelining). H200, hd128 4k documents: 344 TFLOP/s against mma.sync's 242.
- *
- * Forward, warp-specialized (attention_fwd_sm90_2wg.cu, D = 64 and 128):
- * FlashAttention-3's structure over a work list of 128-query tiles (the same
- * scan, ROWS = 128): a producer warpgroup loads Q, K and V with TMA into
- * mbarrier-guarded stages, two consumer warpgroups (64 queries each) share every
- * 128-key tile and take turns on the tensor cores. H200, hd128 4k: 463 TFLOP/s.
- *
- * CTUNE_ATTN_FWD=auto|wgmma2|wgmma|mma, read each time a backend is created
- * (attention_init, process-wide), picks the forward; auto (the default) takes
- * wgmma2 at D = 128 and, at D = 64, for documents averaging 2k tokens or more,
- * else wgmma (fwd_kind_for has the figures). D = 32 always runs mma.sync. Every
- * attention test passes on each.
- *
- * Backward on wgmma (attention_bwd_sm90.cu, D = 64 and 128): the same two
- * deterministic kernels and work list, one warpgroup per 64-query (dq) or 64-key
- * (dk/dv) tile, all four products on wgmma (H200, hd128 4k documents: 300
- * TFLOP/s against mma.sync's 197). At D = 128, dk/dv on two warpgroups per
- * 128-key tile with 64-query steps (attention_bwd_dkdv_2wg.cu) lifts that to 338.
- * CTUNE_ATTN_BWD=auto|wgmma2|wgmma|mma, read next to CTUNE_ATTN_FWD: auto and
- * wgmma2 run the two-warpgroup dk/dv at D = 128, wgmma the one-warpgroup one; every
- * attention test, bit-reproducibility and the offload/checkpointing bit-identity
- * tests pass on each. wgmma2 alone also runs dq at D = 128 on two warpgroups per
- * 128-query tile sharing each 128-key K/V stage (attention_bwd_dq_2wg.cu): compiled
- * only, not yet run on a GPU, so auto keeps the one-warpgroup dq.
- *
- * Backward: delta_i = sum_d dout_i out_i first (written head-major, (nq, T), next
- * to lse * log2 e, so that a tile's values are contiguous); then two kernels,
- * both deterministic (no atomics): dq walks the key tiles of a 64-query tile;
- * dk/dv walks, for each of the nq/nkv query heads of a kv head, the query tiles
- * (32 queries at D = 128, 64 below) that see a 64-key tile. This recomputes
- * Q K^T and dO V^T once more than FlashAttention-2's single pass with atomic dq,
- * and buys bit-identical gradients run to run (the tests that switch
- * recompute/offload on and off compare gradients exactly).
- *
- * Pipelining: every tile that streams through a loop (K/V in forward and dq;
- * Q, dO, lse, delta in dk/dv) is copied with 16-byte cp.async into one of two
- * shared-memory stages while the warps compute on the other: one barrier after
- * the wait makes a stage readable, one after the compute makes it writable again.
- * Rows past a document's end are zero-filled by the copy (src-size 0).
- *
- * Masks: only tiles that straddle the diagonal, the window's lower edge or the
- * document's end evaluate the visibility test; interior tiles skip it.
- *
- * dk/dv at D = 128 keeps 32-query steps: each warp holds dk and dv for 16 keys x
- * 128 dims (128 fp32 registers), and 64-query steps would add 32 more and spill.
- *
- * Resources (ptxas, sm_90a, D = 128): forward 244 registers, 85 KB shared;
- * dq 244, 102 KB; dk/dv 243, 68.5 KB: two blocks (8 warps) per multiprocessor,
- * no spills.
- *
- * Version 2 (cp.async, interior tiles unmasked, the work list) replaced version 1
- * (synchronous loads, masks on every tile, the padded grid; ncu on the H200 in a
- * qwen3-0.6b step: backward 5.5 ms per layer, ~55 TFLOP/s). Version 2 on the
- * H200 (bench/attn_bench.c, hd128, 4k documents): forward 242, backward 196
- * TFLOP/s. Version 3 (wgmma forward and backward, above): forward 344, backward
- * 300. Next: TMA loads with producer warps, 128-query tiles. */
+ * Kernels: D = 32 always runs mma.sync (this file's forward, attention_bwd.cu's
+ * backward). At D = 64 and 128, CTUNE_ATTN_FWD / CTUNE_ATTN_BWD (auto, wgmma2,
+ * wgmma, mma; read by attention_init when a backend is created) pick, and auto
+ * decides per call: the forward runs attention_fwd_sm90_2wg.cu (TMA producer, two
+ * consumer warpgroups, 128-query tiles) at D = 128, and at D = 64 when documents
+ * average 2048 tokens or more, else attention_fwd_sm90.cu (one warpgroup, 64
+ * queries); the backward runs dq and dk/dv on two warpgroups per 128-row tile at
+ * D = 128 (attention_bwd_dq_2wg.cu, attention_bwd_dkdv_2wg.cu) and on one
+ * (attention_bwd_sm90.cu) at D = 64. Every backward is delta = rowsum(dout * out)
+ * and then dq and dk/dv as two kernels without atomics: gradients are
+ * bit-identical run to run. */
 #include "attention.cuh"
 
 #include <cstdio>
@@ -324,7 +261,8 @@ static int attn_kind_from_env(const char *name)
 /* The forward kernel for one call. AUTO: the two-consumer TMA kernel at D = 128;
  * at D = 64 only when documents average 2048 tokens or more, because its 128-query
  * tiles waste more rows at document ends and, at D = 64, lost to the 64-row
- * kernel on 1k documents (H200, BENCHMARKS.md: 215 vs 241 TFLOP/s; 333 vs 296 at 4k). */
+ * kernel on 1k documents (H200: 215 vs 241 TFLOP/s; 333 vs 296 at 4k;
+ * docs/kernels/attention.md). */
 static attn_fwd_kind fwd_kind_for(int D, int T, int n_docs)
 {
     if (D == 32) return ATTN_FWD_KIND_MMA;

@@ -607,11 +607,10 @@ const int4 *attn_build_tiles(cudaStream_t st, scratch_carver *sc, const int32_t 
 void attn_check_args(const char *op, int D, int nq, int nkv, int T, int n_docs, int max_seqlen,
                      const void *const *ptrs, const int *lds, int n);
 /* The backward at D = 64 and 128 (CTUNE_ATTN_BWD): mma.sync (attention_bwd.cu),
- * wgmma (attention_bwd_sm90.cu), or wgmma with the two-warpgroup dk/dv kernel
- * at D = 128 (attention_bwd_dkdv_2wg.cu; D = 64 runs wgmma's). AUTO is wgmma2's
- * dk/dv, the fastest at every measured shape, with wgmma's dq; WGMMA2 itself also
- * runs the two-warpgroup dq at D = 128 (attention_bwd_dq_2wg.cu, not yet
- * validated on a GPU). The order is attn_kind_from_env's. */
+ * wgmma (attention_bwd_sm90.cu), or wgmma with the two-warpgroup dq and dk/dv
+ * kernels at D = 128 (attention_bwd_dq_2wg.cu, attention_bwd_dkdv_2wg.cu; D = 64
+ * runs wgmma's). AUTO and WGMMA2 both run the two-warpgroup pair, the fastest at
+ * every measured shape. The order is attn_kind_from_env's. */
 enum attn_bwd_kind { ATTN_BWD_AUTO, ATTN_BWD_MMA, ATTN_BWD_WGMMA, ATTN_BWD_WGMMA2 };
 /* attention_bwd.cu: raises the backward kernels' shared-memory limits and picks
  * the backward cuda_attention_bwd runs at D = 64 and 128 from now on (process-wide). */

@@ -1,10 +1,10 @@
 /* attention_bwd.cu — backward of the varlen causal GQA flash attention: delta,
  * then dq and dk/dv in two deterministic kernels, here on mma.sync
  * (CTUNE_ATTN_BWD=mma, and always at D = 32), or at D = 64 and 128 on wgmma
- * (attention_bwd_sm90.cu), with dk/dv at D = 128 on two warpgroups
- * (attention_bwd_dkdv_2wg.cu) and dq at D = 128 on two warpgroups
- * (attention_bwd_dq_2wg.cu) unless CTUNE_ATTN_BWD=wgmma. The algorithm, layouts, work list and pipelining are
- * described in attention.cu's header comment. */
+ * (attention_bwd_sm90.cu), with dq and dk/dv at D = 128 on two warpgroups each
+ * (attention_bwd_dq_2wg.cu, attention_bwd_dkdv_2wg.cu) unless CTUNE_ATTN_BWD=wgmma.
+ * The contract and the work list are attention.cu's header comment; the
+ * algorithm and pipelining are described in docs/kernels/attention.md. */
 #include "attention.cuh"
 
 // ---- kernels ----

@@ -1,6 +1,7 @@
 /* attention_bwd_dkdv_2wg.cu — dk/dv of the varlen causal GQA flash-attention
- * backward at D = 128 on two warpgroups per block (the default there; dq, and
- * dk/dv at D = 64, stay attention_bwd_sm90.cu's). Same contract as that file's
+ * backward at D = 128 on two warpgroups per block (the default there; dk/dv at
+ * D = 64 stays attention_bwd_sm90.cu's, and dq at D = 128 is
+ * attention_bwd_dq_2wg.cu's). Same contract as that file's
  * dk/dv kernel: delta and lse2 head-major (nq, T) from attn_delta_kernel, the same
  * masks, window and sinks (through lse only), P and dS rounded to bf16 before
  * their products, dk = scale * dS^T Q and dv = P^T dO summed over the group's
@@ -58,10 +59,7 @@
  *
  * Resources (ptxas, sm_90a, CUDA 13): 255 registers, 8 bytes of spill outside the
  * loop (none inside), 195 KB shared: one block (8 warps) per multiprocessor, as
- * the registers allow anyway. On the H200 (2026-11-30) every attention test passes
- * under it (bit-reproducible run to run), and the hd128 backward on 4k documents
- * runs at 338 TFLOP/s against 300 with attention_bwd_sm90.cu's dk/dv
- * (bench/attn_bench.c): the default at D = 128. */
+ * the registers allow anyway. Measurements: docs/kernels/attention.md. */
 #include "attention.cuh"
 #include "wgmma.cuh"
 

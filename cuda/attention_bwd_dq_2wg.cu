@@ -4,10 +4,7 @@
  * lse2 head-major (nq, T) from attn_delta_kernel, the same masks, window and
  * sinks (through lse only), dS rounded to bf16 before dq += dS K, the keys summed
  * in ascending order, no atomics; rows past a document's end are not stored.
- *
- * On the H200 (bench/attn_bench, backward with dk/dv): hd128 4k documents 303 -> 357
- * TFLOP/s, 16k 315 -> 384 against the one-warpgroup dq; test_backend_cuda's
- * attention suite passes under it.
+ * Measurements: docs/kernels/attention.md.
  *
  * Why: attention_bwd_sm90.cu's dq runs one warpgroup per 64-query tile, and every
  * block copies its own K and V tiles: 32 KB per 64 x 64 tile pair, for three

@@ -4,9 +4,9 @@
  * (nq, T), written first by attn_delta_kernel), sinks entering only through lse,
  * the same fp32 -> bf16 roundings (P for dv, dS for dq and dk) and a fixed sum
  * order, so results are deterministic without atomics; see attention.cu's header.
- * Its dq runs at D = 64 and 128, its dk/dv at D = 64, and at D = 128 under
- * CTUNE_ATTN_BWD=wgmma (by default attention_bwd_dkdv_2wg.cu's dk/dv runs there);
- * D = 32 always runs mma.sync (attention_bwd.cu's dispatch).
+ * Both kernels run at D = 64, and at D = 128 under CTUNE_ATTN_BWD=wgmma (by
+ * default attention_bwd_dq_2wg.cu's dq and attention_bwd_dkdv_2wg.cu's dk/dv run
+ * there); D = 32 always runs mma.sync (attention_bwd.cu's dispatch).
  *
  * dq: one warpgroup per 64-query tile x head, walking the key tiles it sees:
  *   S  = Q K^T    SS, K rows as a K-major B (as the forward's Q K^T);
@@ -26,9 +26,9 @@
  * At D = 128 the accumulators dk and dv take 64 registers each per thread; 64-query
  * steps would add 2 x 32 for S^T and dP^T plus their fragments and leave nothing
  * for addresses (and 6 stages of 16 KB would allow one block per multiprocessor),
- * hence 32-query steps, as the mma.sync kernel. attention_bwd_dkdv_2wg.cu is the
- * next step: two warpgroups per 128-key tile, sharing the Q and dO stages, with
- * 64-query steps (m64n64 products) in 255 registers.
+ * hence 32-query steps, as the mma.sync kernel. attention_bwd_dkdv_2wg.cu lifts
+ * that limit with two warpgroups per 128-key tile, sharing the Q and dO stages,
+ * and 64-query steps (m64n64 products) in 255 registers.
  *
  * Overlap inside the warpgroup (FlashAttention-3's idea, our two-kernel split):
  * each step issues S and dP, then the previous step's last product (dq += dS K;
@@ -53,8 +53,7 @@
  *         D = 64:  185 registers, 57 KB, 2 blocks (registers);
  *   dk/dv D = 128: 226 registers, 81.75 KB, 2 blocks;
  *         D = 64:  220 registers, 66.5 KB, 2 blocks (registers).
- * On the H200 (2026-11-30) every attention test passes, two runs are bit-identical
- * at D 64 and 128, and hd128 4k documents run at 300 TFLOP/s (mma.sync: 197). */
+ * Measurements: docs/kernels/attention.md. */
 #include "attention.cuh"
 #include "wgmma.cuh"
 

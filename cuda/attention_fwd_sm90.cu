@@ -37,10 +37,9 @@
  * Resources (ptxas, sm_90a, CUDA 13): D = 128: 214 registers, 97 KB shared, 2
  * blocks (8 warps) per multiprocessor; D = 64: 151 registers, 49 KB, 3 blocks; no
  * spills, and no wgmma serialized by ptxas (it says so when it must, C7510/C7515).
- * On the H200 (2026-11-30) every attention test passes and hd128 4k documents
- * run at 344 TFLOP/s (mma.sync: 242; bench/attn_bench.c). TMA copies from a
- * producer warpgroup, 128-query tiles (two consumer warpgroups sharing K/V) and
- * ping-pong scheduling between them: attention_fwd_sm90_2wg.cu (wgmma2). */
+ * The same loop fed by TMA from a producer warpgroup, with two consumer
+ * warpgroups on 128-query tiles: attention_fwd_sm90_2wg.cu (wgmma2).
+ * Measurements: docs/kernels/attention.md. */
 #include "attention.cuh"
 #include "wgmma.cuh"
 

@@ -50,10 +50,8 @@
  * the SASS has the consumers' code use registers up to R205 (D = 128) and R180
  * (D = 64), the producer's up to R13. No spills, no wgmma serialized (C7510/C7514/C7515). Shared
  * memory 161 KB at D = 128 (a third stage would fit: 225 KB) and 81 KB at D = 64.
- * On the H200 (2026-11-30) every attention test passes under it, and hd128
- * documents run at 463 TFLOP/s (4k) and 514 (16k) against 345 and 361 for
- * attention_fwd_sm90.cu (bench/attn_bench.c); the default at D = 128 (and at
- * D = 64 for long documents: attention.cu's fwd_kind_for). */
+ * The default at D = 128 (and at D = 64 for long documents: attention.cu's
+ * fwd_kind_for). Measurements: docs/kernels/attention.md. */
 #include "attention.cuh"
 #include "hopper_sync.cuh"
 #include "wgmma.cuh"

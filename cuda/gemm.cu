@@ -1,5 +1,7 @@
-/* gemm.cu — every matrix product of the backend goes through gemm(): cuBLASLt,
- * bf16 inputs, fp32 accumulation, bf16 or fp32 output, optional bias epilogue.
+/* gemm.cu — every dense matrix product of the backend (linear layers, LoRA, the
+ * LM head) goes through gemm(): cuBLASLt, bf16 inputs, fp32 accumulation, bf16 or
+ * fp32 output, optional bias epilogue. Attention and the grouped expert GEMMs are
+ * hand-written kernels (attention*.cu, moe_gemm*.cu).
  *
  * Row-major on a column-major library: a row-major (M,N) matrix with row stride
  * ld is the column-major (N,M) matrix with leading dimension ld, so
@@ -8,11 +10,12 @@
  *
  * Plans: the matmul descriptor, the three layouts and the heuristic's algorithm
  * are built once per (shape, strides, types, transposes, epilogue, pointer
- * alignment) and reused (STYLE.md). Pointer alignment is part of the key because
- * column slices of fused tensors (q inside qkv) need not be 256-byte aligned, and
- * cuBLASLt otherwise assumes they are. Lookup is a linear scan over key hashes: a
- * model has a few dozen shapes per T, and the scan costs far less than a launch. Destroying a plan
- * while queued matmuls use it is safe: cuBLASLt copies what it needs at launch. */
+ * alignment) and reused, never rebuilt per call. Pointer alignment is part of
+ * the key because column slices of fused tensors (q inside qkv) need not be
+ * 256-byte aligned, and cuBLASLt otherwise assumes they are. Lookup is a linear
+ * scan over key hashes: a model has a few dozen shapes per T, and the scan costs
+ * far less than a launch. Destroying a plan while queued matmuls use it is safe:
+ * cuBLASLt copies what it needs at launch. */
 #include "ct_cuda.cuh"
 
 #include <stdlib.h>

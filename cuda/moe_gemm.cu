@@ -17,8 +17,8 @@
  * ldmatrix and mma of its empty 16-row slices, which matters when experts get few
  * rows. Epilogue: fp32 acc + bias (+ the old y), rounded once. 64x64 warp tiles
  * rather than 8 warps of 64x32: those need 6 ldmatrix per 16 mma, which by
- * estimate puts shared-memory bandwidth level with mma.sync's throughput. On an
- * H200 (T = 16384) it ran at 250-288 TFLOP/s against ~750 for one cuBLAS GEMM.
+ * estimate puts shared-memory bandwidth level with mma.sync's throughput.
+ * Measurements of all three versions: docs/kernels/moe_gemm.md.
  *
  * GEMM (v2). Hopper's warpgroup MMA: block tile 128x256x64, two
  * warpgroups of 64x256 (wgmma.m64n256k16, both operands from shared memory through
@@ -36,7 +36,8 @@
  * Epilogue: 16-byte stores after an in-quad transpose of the accumulators (see
  * wg_epilogue, moe_gemm_v2.cuh, which moe_gemm_lora.cu and moe_gemm_tma.cu share).
  * TMA loads, warp specialization and a staggered epilogue are moe_gemm_tma.cu's;
- * not yet anywhere: clusters with multicast. */
+ * 2-CTA clusters with W multicast were tried on it and were slower
+ * (docs/kernels/moe_gemm.md). */
 #include "moe_gemm_v2.cuh"
 
 #include <climits>

@@ -41,11 +41,10 @@
  * at RP = 16 / 32 / 64 (128 accumulators + RP / 2 for u), no spills, no wgmma
  * serialization warnings.
  * Dropout is not supported: the caller uses the fused op only with dropout 0.
- * Not yet: straddling tiles (two modules' u per tile). On the H200
- * (bench/moe_gemm_bench, qwen3-30b-a3b shape): gate_up 2.02 ms against 2.39 for
- * the GEMM and moe_lora_fwd apart, down 1.21 against 1.64. Under CTUNE_MOE_GEMM=tma
+ * Not yet: straddling tiles (two modules' u per tile). Under CTUNE_MOE_GEMM=tma
  * (the default) ranks up to 32 run on moe_gemm_tma.cu's kernel instead, with the
- * same pieces (moe_gemm_lora.cuh): gate_up 1.82 ms, down 0.87. */
+ * same pieces (moe_gemm_lora.cuh), so this kernel runs rank 64 and the old/new
+ * versions. Measurements: docs/kernels/moe_gemm.md. */
 #include "moe_gemm_lora.cuh"
 
 #include <climits>

@@ -5,7 +5,7 @@
  * rows already in shared memory), then before the epilogue acc = scale * (acc /
  * scale + bf16(u) B^T) from a B^T slice (RP ranks x 256 columns, 4 MN-major panels
  * of 64 columns, 128-byte swizzle) in shared memory. moe_gemm_lora.cu's header has
- * the design and the measurements. */
+ * the design; docs/kernels/moe_gemm.md the measurements. */
 #ifndef CT_MOE_GEMM_LORA_CUH
 #define CT_MOE_GEMM_LORA_CUH
 

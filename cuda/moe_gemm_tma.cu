@@ -1,102 +1,35 @@
-/* moe_gemm_tma.cu — the grouped expert GEMM (moe_gemm.cu's ops, CTUNE_MOE_GEMM=tma)
- * in the warp-specialized form of attention_fwd_sm90_2wg.cu: a producer warpgroup
- * loads every operand with TMA into an mbarrier-guarded ring, two consumer
- * warpgroups multiply. It covers moe_linear_fwd, moe_linear_bwd_input, and with
- * the expert LoRA fused in (moe_gemm_lora.cuh's u product and epilogue term, see
- * "Fused LoRA" below) moe_linear_lora_fwd and moe_linear_lora_bwd_input at ranks
- * up to 32. The default since it was measured on the H200 (1.3-1.5x v2).
- *
- * Gathered forwards (gate|up reads token rows through the routing). A tile's rows
- * are scattered over x, which a box cannot follow (sm_90 has no TMA gather), so
- * there the whole producer warpgroup copies x's rows with cp.async into the same
- * swizzled layout (thread t: rows t/8 + 16 i, chunk t%8) and signals the stage's
- * full barrier with cp.async.mbarrier.arrive.noinc when its copies land (full[s]
- * then counts 1 + 128 arrivals); W and the LoRA A slice still come by TMA. The
- * consumers fence the async proxy after the wait (cp.async writes are generic
- * proxy writes; wgmma reads through the async proxy).
- *
- * Fused LoRA (RP = ranks padded to 16 or 32; fused_lora in moe_gemm.cuh). Each
- * stage also holds Au_e's k-slice of the tile's module (RP rows x 64, a TMA box of
- * the (K, RP, E) map), and the consumers accumulate u = x Au_e^T beside the base
- * product (forward: u = x A^T; bwd_input: g = dy B, Au the stacked B^T, so dy is
- * read once for the GEMM and g). The Bu slice (RP x 256 columns, 4 boxes of 64:
- * B^T forward, the stacked A in bwd_input) has two buffers, one per tile parity among the
- * tiles with a module, each with a full barrier (the producer's arrival + bytes,
- * loaded when the producer starts the tile) and an empty one (256 consumer
- * arrivals after lora_add). Two because the consumers run LAG steps apart: one
- * may still read tile j's slice while the other starts tile j + 1.
- *
- * Why. v2 (moe_wgmma_kernel) reaches 410-465 TFLOP/s on qwen3-30b-a3b's shapes
- * where one dense cuBLAS GEMM of the same size reaches 700-800: its MMA warps also
- * issue the cp.async copies and meet at a block barrier every k-step, and no MMA
- * runs while a tile's results are stored.
+/* moe_gemm_tma.cu — the grouped expert GEMM (moe_gemm.cu's ops; CTUNE_MOE_GEMM=tma,
+ * the default) in the warp-specialized form of attention_fwd_sm90_2wg.cu: a
+ * producer warpgroup loads every operand with TMA into an mbarrier-guarded ring,
+ * two consumer warpgroups multiply. It covers moe_linear_fwd, moe_linear_bwd_input
+ * and, with the expert LoRA fused in (moe_gemm_lora.cuh's u product and epilogue
+ * term), moe_linear_lora_fwd and moe_linear_lora_bwd_input at padded ranks RP = 16
+ * and 32 (moe_gemm_tma_fuses; RP = 64 runs moe_gemm_lora.cu's v2 kernel). Rows,
+ * gather and tile schedule: moe_gemm.cuh. docs/kernels/moe_gemm.md has the design
+ * in detail (the fused LoRA's slices, rows and experts, the mbarrier phases, the
+ * budgets) and the measurements.
  *
  * Block: 384 threads, one block per multiprocessor, persistent over the tile list
- * of moe_gemm.cuh (128 x 256 tiles, row tiles rastered in groups of 8 as v2).
- *   warpgroup 0, the producer, gives registers back (setmaxnreg.dec to 40, 56
- *     when it gathers); one thread walks the block's tiles and k-steps and, per
- *     step, waits until the stage is empty, announces its bytes and issues the
- *     boxes: A (128 rows x 64 columns of x or dy; gathered: the warpgroup's
- *     copies, above), B (W_e: NT one 256 x 64 box, NN four 64 x 64 panels) and
- *     with fused LoRA the A_e slice.
- *   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232, 224), own tile rows
- *     [0, 64) and [64, 128): per step they wait for the stage, issue four
- *     wgmma.m64n256k16 (both operands from shared memory, as v2), retire the
- *     previous step's group and release its stage; after a tile's last step they
- *     store their 64 x 256 results straight from the accumulators (wg_epilogue).
- * Overlap. Loads run up to STAGES steps ahead of the MMAs, across tiles, so the
- * next tile's operands land during this tile's last steps and stores. The epilogue
- * overlaps MMAs by a stagger: consumer 1 starts once consumer 0's first LAG
- * k-steps have finished (named barrier BAR_LAG, once per block). The consumers
- * then run LAG steps apart; when consumer 0 stores a tile, consumer 1 still has
- * LAG steps of MMAs to run alone, and when consumer 1 stores, consumer 0 is
- * already on the next tile. The stagger costs consumer 0 LAG stages of look-ahead
- * (a stage is refilled only once both consumers released it). LAG = 1 (about
- * 512 cycles of MMAs alone, of the order of one epilogue) is a guess to measure.
- *
- * Rows and experts. A tile is rows [m0, m0 + rows) of one expert, rows <= 128; the
- * expert's end is only on the device and the last expert's end is n, which the
- * host never learns, so the tensor map of A cannot clip at either. Choice: the A
- * box of a tile ends at the tile's last row (it starts at a0 = m0 + rows - 128),
- * so no box ever reaches past row n; tile row r of the box is y row a0 + r, and
- * rows r < 128 - rows (the previous tile's or expert's rows, or negative
- * coordinates, which TMA zero-fills) are computed but never stored. One host map
- * then serves every tile, with a nominal extent of INT_MAX rows (offsets are int32)
- * that no box reaches. The alternative, per-tile (or per-expert) maps clipped at
- * the expert's end, needs device-side tensormap.replace into global memory with
- * proxy fences per tile, and a map workspace: more to get wrong, no fewer MMAs.
- * A consumer whose 64 rows all lie before the tile's first row (rows <= 64 for
- * consumer 0) skips its MMAs and stores, but still waits for and releases every
- * stage, so the ring's phases stay in step. W's maps are 3-D (in, out, E): a box
- * past N or K within an expert is zero-filled instead of reading the next
- * expert's W. NN panels wholly past N are not loaded (their columns are not
- * stored); every other box counts its full bytes, zero-filled parts included.
- *
- * Synchronization (mbarriers, hopper_sync.cuh). full[s]: 1 arrival (the
- * producer's arrive.expect_tx; + 128 cp.async arrivals when gathered) + the
- * stage's TMA bytes. empty[s]: 256 arrivals
- * (every consumer thread, after the wgmma that read the stage retired). Step i of
- * the block uses stage i % STAGES; its full wait is for parity (i / STAGES) & 1,
- * the producer's empty wait (i >= STAGES) for parity ((i / STAGES) & 1) ^ 1, the
- * consumers' release of step i - 1 of the use before. Both roles walk the same
- * steps (tiles blockIdx.x, + gridDim.x, ..., KT steps each). The B^T slices: the
- * j-th tile with a module uses buffer j & 1, full wait parity (j >> 1) & 1, the
- * producer's empty wait (j >= 2) parity ((j >> 1) & 1) ^ 1.
- *
- * Budgets. Shared memory (1024-byte aligned stages, 128-byte swizzle, v2's layout,
- * which TMA's SWIZZLE_128B writes; + mbarriers, 1 KB alignment slack and the 8 KB
- * schedule, of 227 KB):
- *   RP  stages  stage (A, W, A_e)   B^T slices   dynamic
- *    0  4       16 + 32 KB          -            193 KB
- *   16  4       16 + 32 + 2 KB      2 x 8 KB     217 KB
- *   32  3       16 + 32 + 4 KB      2 x 16 KB    189 KB
- * (RP = 64 does not fit two slices and three stages: moe_gemm_lora.cu's v2 kernel
- * runs it.) Registers: launched at 168 a thread (384 threads, one block per
- * multiprocessor); 40 + 2 x 232 = 56 + 2 x 224 = 3 x 168, so the producer's .dec
- * serves the consumers' .inc. A consumer holds 128 fp32 accumulators (+ RP / 2
- * for u). ptxas (CUDA 13, sm_90a), all seven instantiations: 168 registers, no
- * spills, no wgmma serialization warning (C7510/C7514/C7515); cuobjdump: no
- * register above R185. */
+ * (128 x 256 tiles, row tiles rastered in groups of 8, as v2).
+ *   warpgroup 0, the producer (setmaxnreg.dec to 40; 56 when it gathers): one
+ *     thread walks the block's tiles and k-steps and, once a stage is empty, issues
+ *     its boxes: A (128 rows x 64 columns of x or dy), B (W_e: NT one 256 x 64 box,
+ *     NN four 64 x 64 panels), with fused LoRA the A_e slice. A gathered forward
+ *     (token rows through the routing; sm_90 TMA has no row gather) has the whole
+ *     warpgroup copy x's rows with cp.async into the same swizzled layout and
+ *     signal the stage with cp.async.mbarrier.arrive.noinc.
+ *   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232; 224), own tile rows
+ *     [0, 64) and [64, 128): per step four wgmma.m64n256k16 from shared memory,
+ *     the previous step's stage released once its group retired, and after a
+ *     tile's last step the results stored from the accumulators (wg_epilogue).
+ * Loads run up to STAGES steps ahead across tiles. Consumer 1 starts LAG = 1
+ * k-steps behind consumer 0, so each consumer's stores overlap the other's MMAs;
+ * the fused LoRA's two B^T slice buffers allow a stagger of one tile at most.
+ * A tile's A box ends at the tile's last row, so no box reaches past row n (which
+ * only the device knows); the rows before the tile's first are computed, never
+ * stored. W's 3-D maps (in, out, E) zero-fill a box past an expert's edge.
+ * Resources (ptxas, CUDA 13, sm_90a): 168 registers, no spills, no serialized
+ * wgmma; 193 / 217 / 189 KB of shared memory at RP = 0 / 16 / 32. */
 #include "moe_gemm_lora.cuh"
 #include "hopper_sync.cuh"
 

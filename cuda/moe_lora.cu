@@ -488,7 +488,8 @@ __global__ void __launch_bounds__(lr::NTHREADS, 2) moe_lora_bwd_kernel(lora_args
         /* Phase B's items are dealt largest expert first, in snake order (even rounds
          * in block order, odd rounds reversed): the blocks that took a round's largest
          * items take the next round's smallest. Against expert-major round robin this
-         * took the RP = 32 call from 730 to 605 us on qwen3-30b-a3b (BENCHMARKS.md).
+         * took the RP = 32 call from 730 to 605 us on qwen3-30b-a3b (docs/perf-log.md,
+         * 2026-11-30, ninth session).
          * Each item's sum is unchanged, so results are bit-identical. The rank of
          * expert t counts experts with more rows, or as many and a lower id: E
          * reads of the schedule per expert, E ceil(E / 256) per thread and chunk

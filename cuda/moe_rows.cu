@@ -7,13 +7,14 @@
  * backend_cpu_moe.c.
  *
  * Layouts: x, y, dy (T,H) bf16 with a row stride; xe, ye, dye (n = T*K, H) bf16 in
- * expert order; gu, dgu (n,2I) with gate/up interleaved, h, dh (n,I); w and dw
+ * expert order; gu, dgu (n,2I) as [gate | up] halves for SwiGLU and interleaved
+ * (gate 2i, up 2i + 1) for the clamped SwiGLU, h, dh (n,I); w and dw
  * (T*K) fp32 by slot s = t*K + k; row_slot and slot_row (n) int32, moe_permute's.
  *
  * Gather, scatter and the scatter backward move whole rows with 16-byte
  * accesses (8 bf16 per lane, coalesced along the row), so H and the strides must
  * be multiples of 8 and the pointers 16-byte aligned: the launchers assert it, as
- * norm_rope.cu does (every supported model's hidden size is a multiple of 64).
+ * norm_rope.cu does (cuda_check_model refuses other hidden sizes at load).
  * Scatter sums a token's K rows in fp32, k ascending, and rounds once; the
  * scatter backward writes dye and the dot product dw in one pass per slot.
  *

@@ -8,8 +8,9 @@
  *
  * Every access is 16 bytes (8 bf16) per thread, coalesced across the warp, so
  * the row widths (H, D, I, cols) and strides must be multiples of 8 and the
- * pointers 16-byte aligned; the launchers assert it (true of every model shape
- * ctune supports: head_dim 64/128, hidden and intermediate sizes multiples of 64).
+ * pointers 16-byte aligned; the launchers assert it, and cuda_check_model
+ * (backend_cuda.cu) refuses at load a model whose head_dim is not 32, 64 or 128
+ * or whose hidden or intermediate size is not a multiple of 8.
  * RMSNorm uses one warp per row: rows are short (D <= 8192 elements, 1-32
  * accesses per lane), so a warp suffices and no block-level sync is needed. */
 #include "ct_cuda.cuh"

@@ -1,7 +1,9 @@
 /* wgmma.cuh — Hopper (sm_90a) warpgroup MMA and the shared-memory plumbing it
- * needs, shared by the kernels that use it (moe_gemm.cu's v2 GEMM and
- * moe_gemm_lora.cu's fused-LoRA variant, attention_fwd_sm90.cu's and
- * attention_fwd_sm90_2wg.cu's forwards, attention_bwd_sm90.cu's backward).
+ * needs, shared by the kernels that use it (moe_gemm.cu's v2 GEMM,
+ * moe_gemm_lora.cu's fused-LoRA variant and moe_gemm_tma.cu's TMA kernel,
+ * attention_fwd_sm90.cu's and attention_fwd_sm90_2wg.cu's forwards,
+ * attention_bwd_sm90.cu's, attention_bwd_dq_2wg.cu's and
+ * attention_bwd_dkdv_2wg.cu's backward kernels).
  *
  * A warpgroup is 4 consecutive warps (128 threads). wgmma.mma_async computes
  * D (64 x N, fp32 in registers) (=|+=) A (64 x 16) B (16 x N); B always comes

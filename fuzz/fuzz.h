@@ -13,8 +13,12 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include "common.h"
 
 #ifdef CT_LIBFUZZER
 #define CT_FUZZ_MAIN(fn) \
@@ -48,6 +52,58 @@ static inline const char *fuzz_memfile(const uint8_t *data, size_t size)
         done += (size_t)w;
     }
     return path;
+}
+
+/* Readers of a folder (an adapter, a checkpoint) get several files from one
+ * input: the files' bytes joined by FUZZ_FILE_SEP, in an order each target
+ * names. fuzz/run.sh and tests/test_fuzz_regressions.c join seed folders the
+ * same way. */
+#define FUZZ_FILE_SEP "\n--ctune-fuzz-file--\n"
+
+/* Splits data at FUZZ_FILE_SEP into at most max parts (the last one keeps any
+ * further separators); returns how many. */
+static inline int fuzz_split(const uint8_t *data, size_t size, const uint8_t **part, size_t *len, int max)
+{
+    const size_t sep = sizeof FUZZ_FILE_SEP - 1;
+    int n = 0;
+    while (n + 1 < max) {
+        const uint8_t *at = memmem(data, size, FUZZ_FILE_SEP, sep);
+        if (!at) break;
+        part[n] = data;
+        len[n++] = (size_t)(at - data);
+        size -= (size_t)(at - data) + sep;
+        data = at + sep;
+    }
+    part[n] = data;
+    len[n++] = size;
+    return n;
+}
+
+/* An empty folder for one input, the same path for every input of a process
+ * (under /dev/shm where there is one: no disk writes per input). */
+static inline const char *fuzz_dir(void)
+{
+    static char path[64];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/ctune-fuzz-%d", stat("/dev/shm", &st) == 0 ? "/dev/shm" : "/tmp", (int)getpid());
+    ct_remove_tree(path);
+    FUZZ_ASSERT(mkdir(path, 0700) == 0, "cannot create %s", path);
+    return path;
+}
+
+static inline void fuzz_write(const char *dir, const char *name, const uint8_t *data, size_t size)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    FUZZ_ASSERT(f && fwrite(data, 1, size, f) == size && fclose(f) == 0, "cannot write %s", path);
+}
+
+/* What every failing reader promises: an input error of one line. */
+static inline void fuzz_input_error(int rc, const ct_error *err)
+{
+    FUZZ_ASSERT(rc == CT_ERR_INPUT, "error code %d, expected CT_ERR_INPUT: %s", rc, err->msg);
+    FUZZ_ASSERT(err->msg[0] && !strchr(err->msg, '\n'), "not a one-line message: '%s'", err->msg);
 }
 
 #endif

@@ -10,11 +10,35 @@ secs=${FUZZ_SECONDS:-60}
 out=build-fuzz
 found=0
 
+# join OUT DIR NAME...: the files NAME... of folder DIR as one input of a
+# folder reader (fuzz_adapter, fuzz_checkpoint), FUZZ_FILE_SEP (fuzz/fuzz.h)
+# between them.
+join() {
+    local out=$1 dir=$2 sep='' n
+    shift 2
+    : >"$out"
+    for n in "$@"; do
+        printf "$sep" >>"$out"
+        cat "$dir/$n" >>"$out"
+        sep='\n--ctune-fuzz-file--\n'
+    done
+}
+
 # seed_NAME DIR: copies the repo files that are valid inputs of NAME into DIR.
 seed() {
-    local name=$1 dir=$2
+    local name=$1 dir=$2 d
     mkdir -p "$dir"
     case $name in
+    adapter)
+        for d in tests/fixtures/*/adapter; do
+            join "$dir/$(echo "$d" | tr / _)" "$d" adapter_config.json adapter_model.safetensors
+        done
+        files=() ;;
+    checkpoint)
+        for d in fuzz/seeds/checkpoint/*/; do
+            join "$dir/checkpoint_$(basename "$d")" "$d" trainer_state.safetensors adapter_model.safetensors manifest.json
+        done
+        files=() ;;
     config) files=(configs/*.yaml tests/fixtures/*/train.yaml) ;;
     json) files=(configs/models/*/config.json tests/fixtures/*/adapter/adapter_config.json) ;;
     model_config) files=(configs/models/*/config.json tests/fixtures/*/config.json) ;;
@@ -44,9 +68,11 @@ for name in "$@"; do
     # Size-dependent costs are still reached: fuzz_config repeats an input that
     # starts with byte 0x01 up to 64 KiB (a seed in tests/fuzz_regressions/config/
     # is one), and its 10 s -timeout (25 s for the others) catches a slow one.
-    case $name in safetensors|shard) max_len=65536 ;; *) max_len=8192 ;; esac
+    # Adapter and checkpoint inputs hold two or three files (up to ~62 KB).
+    case $name in safetensors|shard|adapter|checkpoint) max_len=65536 ;; *) max_len=8192 ;; esac
     timeout=25; [ "$name" = config ] && timeout=10
     dict=(); [ -f "fuzz/$name.dict" ] && dict=(-dict="fuzz/$name.dict")
+    start=$SECONDS   # a finding stops the target early: the row gives the seconds it really ran
     "$bin" "${dict[@]}" -max_total_time="$secs" -max_len=$max_len -timeout=$timeout -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$crashes/" "$corpus" >"$log" 2>&1
     rc=$?
@@ -54,7 +80,7 @@ for name in "$@"; do
     n=$(( $(find "$crashes" -type f | wc -l) - before ))
     [ "$rc" -ne 0 ] && [ "$n" -eq 0 ] && n=1
     found=$((found + n))
-    printf '%-14s %12s %8s %8s %9s\n' "$name" "${execs:-?}" "$secs" "$(ls "$corpus" | wc -l)" "$n"
+    printf '%-14s %12s %8s %8s %9s\n' "$name" "${execs:-?}" "$((SECONDS - start))" "$(ls "$corpus" | wc -l)" "$n"
     [ "$n" -gt 0 ] && { echo "  see $log and $crashes/"; grep -m3 -E 'ERROR|runtime error|invariant' "$log" | sed 's/^/  /'; }
 done
 [ "$found" -eq 0 ]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """attn_bench_torch.py — torch's varlen attention on the shapes of bench/attn_bench.c,
-printing the same table, for the comparison PERF.md asks for (same run, same GPU).
+printing the same table, for the same-run comparison BENCHMARKS.md reports (same run, same GPU).
 
     python3 scripts/attn_bench_torch.py [reps]      (default 20 calls per timed trial)
 

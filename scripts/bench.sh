@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make bench: ctune vs HF transformers + PEFT on the same random-weight model
-# and the same shards (PERF.md protocol), on the GPU machine. For each shape:
+# and the same shards (the protocol in BENCHMARKS.md), on the GPU machine. For each shape:
 # ctune (median tokens/s over the steps after warm-up, from metrics.jsonl) and
 # the HF baselines; peak VRAM is the most the GPU reported in use while each ran
 # (nvidia-smi, sampled every 100 ms; includes the CUDA context).

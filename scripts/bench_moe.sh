@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# MoE benchmark (PERF.md protocol) on the GPU machine: ctune vs HF transformers +
+# MoE benchmark (the protocol in BENCHMARKS.md) on the GPU machine: ctune vs HF transformers +
 # PEFT training the same adapter (ctune's initial adapter, experts included) on
 # the same shards, for the qwen3-30b-a3b and gpt-oss-20b shapes cut to fewer
 # layers (SPECS "shape:layers"): the full models are 61 and 42 GB of bf16 on a

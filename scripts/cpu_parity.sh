@@ -9,8 +9,11 @@
 #
 #   HF_PYTHON=/path/to/python bash scripts/cpu_parity.sh [NAME...]
 #
-# NAME: tiny qwen3_moe mixtral gpt_oss control (default all; ~4 minutes each on
-# 2 cores). Needs build/ctune (BUILD= for another build folder) and torch,
+# NAME: tiny qwen3_moe qwen3_moe_dense mixtral gpt_oss control (default all; ~4
+# minutes each on 2 cores). qwen3_moe_dense is tiny-moe with layer 1 dense
+# (mlp_only_layers [1]): its dense MLP LoRA is what PEFT left unloaded before
+# ctune named it as target_parameters (hf_parity.py now exits 3 on any tensor
+# PEFT does not load). Needs build/ctune (BUILD= for another build folder) and torch,
 # transformers and peft in HF_PYTHON (default python3). Work files go to
 # OUT (default /tmp/ctune-cpu-parity). Prints a line per run, then exits with
 # the number of failed checks.
@@ -53,15 +56,22 @@ parity() {
     fi
 }
 
-for name in "${@:-tiny qwen3_moe mixtral gpt_oss control}"; do
+for name in "${@:-tiny qwen3_moe qwen3_moe_dense mixtral gpt_oss control}"; do
     for n in $name; do
         case $n in
         tiny) parity tiny configs/models/tiny/config.json ;;
         qwen3_moe) parity qwen3_moe configs/models/tiny-moe/config.json ;;
+        qwen3_moe_dense)
+            mkdir -p "$OUT"
+            sed 's/"mlp_only_layers": \[\]/"mlp_only_layers": [1]/' configs/models/tiny-moe/config.json \
+                >"$OUT/qwen3_moe_dense.json"
+            grep -q '"mlp_only_layers": \[1\]' "$OUT/qwen3_moe_dense.json" ||
+                { echo "cpu_parity: configs/models/tiny-moe/config.json has no empty mlp_only_layers" >&2; exit 2; }
+            parity qwen3_moe_dense "$OUT/qwen3_moe_dense.json" ;;
         mixtral) parity mixtral configs/models/tiny-mixtral/config.json ;;
         gpt_oss) parity gpt_oss configs/models/tiny-gpt-oss/config.json ;;
         control) parity control configs/models/tiny-gpt-oss/config.json 2.6e-3 ;;
-        *) echo "cpu_parity: unknown run '$n' (tiny qwen3_moe mixtral gpt_oss control)" >&2; exit 2 ;;
+        *) echo "cpu_parity: unknown run '$n' (tiny qwen3_moe qwen3_moe_dense mixtral gpt_oss control)" >&2; exit 2 ;;
         esac
     done
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""FLOPs per trained token under PERF.md's accounting, for a model config and
+"""FLOPs per trained token under BENCHMARKS.md's MFU accounting, for a model config and
 the documents of the shards it trains on:
 
   N    matmul parameters a token passes through (active experts only, LM head

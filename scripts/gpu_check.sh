@@ -26,13 +26,16 @@
 #   faults    the non-finite skip on the GPU: a NaN injected into step 3's gradient
 #             (CTUNE_INJECT_NAN_STEP) leaves step 3's adapter equal to step 2's,
 #             step 4 trains again, and metrics.jsonl counts the skip
+#   random    scripts/random_parity.py --device cuda: RANDOM_N (default 40) random
+#             configs of every family, ctune's CUDA backend (bf16) against HF + PEFT
+#             in fp32, each case held to three times HF's own bf16 error
 #   bench     scripts/bench.sh (ctune vs HF + PEFT, qwen3-0.6b shape)
 # Logs and results go to $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 B=${BUILD:-build}
-SECTIONS=${GPU_SECTIONS:-"kernels firststep firststep-sanitize faults fixtures parity50 parity50moe sanitize bench"}
+SECTIONS=${GPU_SECTIONS:-"kernels firststep firststep-sanitize faults fixtures random parity50 parity50moe sanitize bench"}
 FAILED=() # the checks that failed; the script's exit status is their count
 has() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -129,6 +132,14 @@ if has fixtures; then
     cut -c1-200 "$OUT/hf_parity_tests.log" | tail -n 8
 fi
 
+if has random; then
+    echo "== random configs on the GPU"
+    timeout ${RANDOM_TIMEOUT:-900} python3 scripts/random_parity.py --device cuda --n ${RANDOM_N:-40} \
+        --seed ${RANDOM_SEED:-1} --build "$B" --out /tmp/gpu-random >"$OUT/random.log" 2>&1 || FAILED+=(random)
+    grep -E " FAIL |passed" "$OUT/random.log" | cut -c1-300 | tail -n 12
+    [ -d /tmp/gpu-random/failed ] && tar czf "$OUT/random_failed.tgz" -C /tmp/gpu-random failed 2>/dev/null
+fi
+
 # parity50 NAME MODEL_CONFIG RUN_CONFIG TRAIN_SHARD TOKENS_PER_MICRO_BATCH LR TOL_FIRST TOL_LOSS [HF_LR]
 # TOL_FIRST bounds the first step's relative loss and grad-norm difference (same
 # weights, same batch: rounding only); TOL_LOSS every logged step's relative loss
@@ -200,7 +211,7 @@ sanitize_run() {
     [ $rc = 0 ] && return
     # 9: the tool found errors; any other status (a crash, the timeout) fails too,
     # except racecheck stopping the program after a summary of 0 hazards (seen on
-    # every run so far, cause not found: BENCHMARKS.md), which is reported instead
+    # every run so far, cause not found: docs/kernels/attention.md), which is reported instead
     if [ $rc != 9 ] && [ "$tool" = racecheck ] && [[ $summary == *"RACECHECK SUMMARY: 0 hazards"* ]]; then
         echo "  racecheck stopped the program after 0 hazards (rc $rc): reported, not failed"
         return

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""HF transformers + PEFT baseline for `make bench` (PERF.md protocol).
+"""HF transformers + PEFT baseline for `make bench` (the protocol in BENCHMARKS.md).
 
 Same model folder and the same shards as ctune; LoRA r16 on all linear layers,
 bf16 base, fp32 LoRA, torch AdamW. Each optimizer step takes --tokens-per-step
@@ -7,7 +7,7 @@ tokens of documents (in shard order, truncated to --max-len):
 
   --mode packed   one row per step, documents concatenated, position_ids restart
                   per document, no attention mask (what TRL's padding_free does;
-                  with sdpa this LEAKS across documents, see PERF.md)
+                  with sdpa this LEAKS across documents, see BENCHMARKS.md, "The setup")
   --mode padded   documents padded to the longest in a micro-batch of --batch rows
 
 Reports the median step time over the steps after --warmup, tokens/s and the

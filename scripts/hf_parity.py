@@ -51,6 +51,14 @@ Needs torch, transformers, peft and safetensors (no network). Two modes:
   logged one, and is compared the same way (use logging_steps: 1 for per-step).
   Prints a table and the max relative difference |ctune - hf| / |hf|; exits 0
   whatever the difference (the caller judges), 2 on malformed input.
+
+  The model runs with eager attention and, on transformers v5, eager experts
+  (the default grouped_mm wants 16-byte row strides, which tiny widths lack).
+  Both modes first check that PEFT loaded the whole adapter: every tensor of
+  adapter_model.safetensors must be a LoRA parameter holding the file's values,
+  and PEFT must have made no LoRA parameter that the file lacks (PEFT leaves a
+  module it does not target plain, silently). Otherwise they exit 3, listing
+  the tensors.
 """
 import argparse
 import json
@@ -209,6 +217,7 @@ def read_metrics(path):
 
 def load_model(args):
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM
     from peft import PeftModel
     for d in (args.model, args.adapter):
@@ -219,10 +228,14 @@ def load_model(args):
         torch.set_float32_matmul_precision("highest")  # no TF32 in the fp32 reference
     except Exception:
         pass
+    # eager attention, and eager experts (v5's default grouped_mm needs 16-byte row strides)
+    impl = {"attn_implementation": "eager"}
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        impl["experts_implementation"] = "eager"
     try:
-        base = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="eager")
+        base = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, **impl)
     except TypeError:  # transformers < 4.56 knows only torch_dtype
-        base = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=dtype, attn_implementation="eager")
+        base = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=dtype, **impl)
     base.to(dtype)  # exact either way: the checkpoint's bf16 values fit fp32 exactly
     # autocast_adapter_dtype=True keeps the LoRA weights fp32 on a bf16 base, as ctune does
     model = PeftModel.from_pretrained(base, args.adapter, is_trainable=True, autocast_adapter_dtype=True)
@@ -252,7 +265,7 @@ def load_model(args):
     if not params:
         die(args.adapter, "PEFT made no trainable parameters from this adapter")
     model.ctune_fused = fused_experts(model, args.adapter, params)
-    check_names(args.adapter, list(ctune_grads(model, params)))
+    check_loaded(args.adapter, model, params)
     return model, params
 
 
@@ -289,12 +302,17 @@ def ctune_grads(model, params):
     """{saved per-expert name: gradient (fp32, cpu)}: plain parameters as they are,
     fused v5 expert parameters split back per expert (see the module docstring)."""
     import torch
+    return split_fused(model, [(n, p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in params])
+
+
+def split_fused(model, named):
+    """[(saved name, tensor shaped like that parameter)] -> {saved per-expert name:
+    tensor (fp32, cpu)}: ctune_grads for any tensors (the weights themselves too)."""
     cfg = model.get_base_model().config
     E = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
     block, gate, up, down = expert_names(cfg.model_type)
     out = {}
-    for name, p in params:
-        g = p.grad if p.grad is not None else torch.zeros_like(p)
+    for name, g in named:
         g = g.detach().float().cpu()
         if name not in model.ctune_fused:
             out[name] = g.contiguous()
@@ -347,14 +365,47 @@ def adapter_keys(adapter_dir):
         return None
 
 
-def check_names(adapter_dir, names):
-    """Warns when the trainable parameters and the adapter file's tensors differ."""
-    saved = adapter_keys(adapter_dir)
-    if saved is None:
-        return
-    for what, ks in (("not in the adapter file", set(names) - saved), ("not loaded as a parameter", saved - set(names))):
-        if ks:
-            print(f"warning: {len(ks)} names {what}, e.g. {sorted(ks)[0]}", file=sys.stderr)
+def adapter_tensors(adapter_dir):
+    """{name: tensor} of the adapter file; exit 2 if it cannot be read."""
+    from safetensors.torch import load_file
+    path = os.path.join(adapter_dir, "adapter_model.safetensors")
+    try:
+        return load_file(path)
+    except Exception as e:  # noqa: BLE001 - reported as bad input
+        die(path, f"cannot read: {e}")
+
+
+def check_loaded(adapter_dir, model, params):
+    """Every tensor of the adapter file must be a LoRA parameter of the PEFT model
+    holding exactly the file's values (after PEFT's v5 conversion, split back as
+    ctune_grads does), and PEFT must have made no LoRA parameter the file lacks:
+    PeftModel.from_pretrained leaves a module it does not target plain, with no
+    error, and then trains fewer modules than ctune. Exits 3 naming the tensors."""
+    import torch
+    saved = adapter_tensors(adapter_dir)
+    loaded = split_fused(model, [(n, p.data) for n, p in params])
+    differ = [k for k in saved if k in loaded and not torch.equal(loaded[k], saved[k].float())]
+    model.ctune_loaded = judge_loaded(adapter_dir, set(saved), set(loaded), differ)
+
+
+def judge_loaded(adapter_dir, saved, loaded, differ):
+    """check_loaded's verdict on name sets: len(saved), or exit 3 listing the
+    tensors PEFT did not load, loaded with other values, or made on its own."""
+    missing = sorted(saved - loaded)
+    extra = sorted(loaded - saved)
+    problems = [(f"{len(missing)} of the adapter's {len(saved)} tensors were not loaded by PEFT", missing),
+                (f"{len(differ)} tensors were loaded with other values than the file's", sorted(differ)),
+                (f"PEFT made {len(extra)} LoRA parameters that the adapter file lacks", extra)]
+    bad = [(what, ks) for what, ks in problems if ks]
+    for what, ks in bad:
+        print(f"{adapter_dir}: {what}:", file=sys.stderr)
+        for k in ks[:20]:
+            print(f"  {k}", file=sys.stderr)
+        if len(ks) > 20:
+            print(f"  ... and {len(ks) - 20} more", file=sys.stderr)
+    if bad:
+        sys.exit(3)
+    return len(saved)
 
 
 def ce_sum(model, ids, targets, device):
@@ -379,29 +430,38 @@ def grad_norm(params):
 
 # ---------------------------------------------------------------- modes
 
-def cmd_grads(args):
+def docs_grads(model, params, docs, device):
+    """Loss and LoRA gradients of DOCS (read_docs) as one step: {"loss": F32 [1],
+    saved name: gradient}, and the gradient norm. None if no document has a target."""
     import torch
-    from safetensors.torch import save_file
-    docs = read_docs(args.docs)
     total = sum(sum(1 for y in tg if y != -100) for _, tg in docs)
     if total == 0:
-        die(args.docs, "no targets in any document")
-    model, params = load_model(args)
+        return None, 0.0
     for _, p in params:
         p.grad = None
     loss_sum = 0.0
     for ids, tg in docs:  # per-document backward of ce/total == backward of (sum ce)/total
-        ce = ce_sum(model, ids, tg, args.device)
+        ce = ce_sum(model, ids, tg, device)
         if ce is not None:
             (ce / total).backward()
             loss_sum += float(ce.detach().double())
-    loss = loss_sum / total
     mask_fused_grads(model, params)
-    out = {"loss": torch.tensor([loss], dtype=torch.float32)}
+    out = {"loss": torch.tensor([loss_sum / total], dtype=torch.float32)}
     out.update(ctune_grads(model, params))
+    return out, grad_norm(params)
+
+
+def cmd_grads(args):
+    from safetensors.torch import save_file
+    docs = read_docs(args.docs)
+    if not any(y != -100 for _, tg in docs for y in tg):
+        die(args.docs, "no targets in any document")
+    model, params = load_model(args)
+    out, norm = docs_grads(model, params, docs, args.device)
     save_file(out, args.out, metadata={"format": "pt"})
-    print(f"loss {loss:.8f} over {total} targets in {len(docs)} documents; "
-          f"{len(out) - 1} gradient tensors (norm {grad_norm(params):.6g}) -> {args.out}")
+    total = sum(sum(1 for y in tg if y != -100) for _, tg in docs)
+    print(f"loss {float(out['loss'][0]):.8f} over {total} targets in {len(docs)} documents; "
+          f"{len(out) - 1} gradient tensors (norm {norm:.6g}) -> {args.out}")
 
 
 def doc_inputs(doc, length):

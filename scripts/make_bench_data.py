@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Token-id JSONL with a realistic long-tailed mix of sample lengths, for
-benchmarks (PERF.md protocol): log-normal lengths with median ~600 tokens,
+benchmarks (the protocol in BENCHMARKS.md): log-normal lengths with median ~600 tokens,
 clipped to [16, max_len]; random ids below --vocab; the first ~20% of every
 sample is a prompt without loss (labels -100).
 

@@ -14,7 +14,10 @@
 #                              model/ + adapter/ (scripts/hf_parity.py grads, fp32 CPU)
 #
 # NAMEs default to all fixtures. Each half regenerates its outputs from scratch;
-# commit the results together. A fixture's documents depend only on its place in
+# commit the results together. The hf half fails (hf_parity.py exits 3) when
+# PEFT leaves any adapter tensor unloaded. tests/fixtures/random_parity/ holds
+# generated configs made the same way, in one step where torch is installed:
+# scripts/random_parity.py --fixtures tests/fixtures/random_parity. A fixture's documents depend only on its place in
 # ALL (the seed), so remaking one fixture leaves the others' inputs as they were.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -4,7 +4,7 @@
 
     python3 scripts/run_record.py RUN_DIR LOG RC WARMUP PEAK_GIB [EXTRA_JSON]
 
-tokens_per_s is the median over the logged steps after WARMUP (PERF.md's
+tokens_per_s is the median over the logged steps after WARMUP (BENCHMARKS.md's
 protocol; RUN_DIR/metrics.jsonl), host_syncs_per_step is what the run's log
 reports, error is the log's last "ctune..." line when RC is not 0, and the fields
 of EXTRA_JSON (shape, system, ...) lead the line.

@@ -250,8 +250,8 @@ struct ct_backend {
      *    holds slot row_slot[r]; slot s sits at row slot_row[s] (inverse maps).
      *  - offsets (E+1) int32: expert e owns rows [offsets[e], offsets[e+1]).
      * Expert-ordered buffers are (n, cols) act with row stride = cols unless an
-     * ld is given. The CUDA backend does not implement these yet (NULL entries);
-     * model_load refuses MoE models on a backend without them. */
+     * ld is given. Both backends implement every op below (CUDA: cuda/moe_*.cu);
+     * model_load refuses MoE models on a backend that leaves one NULL. */
 
     /* topk_idx (T,K) int32 and topk_w (T,K) fp32 from logits (T,E) act, by rule.
      * Probabilities and the softmax over the K are computed in fp32 (double sums on

@@ -584,8 +584,8 @@ static int read_run_state(const char *path, const st_reader *r, ct_trainer_state
     rc = check_count(path, "log_window", "tokens", w[4], st->tokens_seen, err);
     if (!rc) rc = check_count(path, "log_window", "targets", w[3], w[4], err);
     if (!rc) rc = check_count(path, "log_window", "micro_batches", w[5], (double)st->data.batches_done, err);
-    if (!rc) rc = check_range(path, "guard", "used", g[5], 0, CT_GUARD_MAX, err);
-    /* the unread slots are those of the steps up to this one */
+    /* the unread slots are those of the steps up to this one, which start at 1 */
+    if (!rc) rc = check_range(path, "guard", "used", g[5], 0, step < CT_GUARD_MAX ? step : CT_GUARD_MAX, err);
     if (!rc && g[5] > 0) rc = check_range(path, "guard", "first_step", g[4], step - g[5] + 1, step - g[5] + 1, err);
     if (!rc) rc = check_range(path, "guard", "streak", g[0], 0, step, err);
     if (!rc) rc = check_range(path, "guard", "streak_start", g[1], 0, step, err);
@@ -594,8 +594,9 @@ static int read_run_state(const char *path, const st_reader *r, ct_trainer_state
     if (!rc) rc = check_range(path, "data_crc32", "value", crc, 0, UINT32_MAX, err);
     if (!rc) rc = check_float(path, "log_window", "loss_sum", w[0], err);
     if (!rc) rc = check_float(path, "log_window", "aux_sum", w[1], err);
-    int64_t n_ring = 1 + 2 * g[5];
-    if (!rc) rc = st_expect(r, "guard_ring", CT_DTYPE_F64, 1, &n_ring, &tr, err);
+    if (rc) return rc;
+    int64_t n_ring = 1 + 2 * g[5]; /* only now: g[5] is unchecked when an earlier check failed */
+    rc = st_expect(r, "guard_ring", CT_DTYPE_F64, 1, &n_ring, &tr, err);
     if (rc) return rc;
     double ring[1 + 2 * CT_GUARD_MAX];
     memcpy(ring, tr->data, (size_t)n_ring * sizeof(double));

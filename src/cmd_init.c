@@ -1,6 +1,6 @@
 /* cmd_init.c — `ctune init --config CONFIG.json --out DIR [--seed S]`: a model
  * folder with random bf16 weights under HF names, so tests and benchmarks run on
- * real shapes without downloading checkpoints (PERF.md protocol).
+ * real shapes without downloading checkpoints (the protocol of BENCHMARKS.md).
  *
  * Values: norms 1.0 (q/k norms too), sinks 0, every other tensor (embeddings,
  * linear weights and biases) N(0, initializer_range). HF zero-inits biases; we
@@ -15,7 +15,8 @@
  * freed right after it is added, so the peak is about one shard plus one tensor
  * (an 8B model needs ~6 GB of RAM, not 16 or 32). We therefore shard ourselves in
  * spec order (layer by layer) instead of st_writer_save_sharded, which needs the
- * whole model in one writer; the file names and index follow FORMATS.md 1. */
+ * whole model in one writer; the file names and index are the sharded layout of
+ * docs/ARCHITECTURE.md, "safetensors". */
 #include <stdatomic.h>
 #include <errno.h>
 #include <inttypes.h>

@@ -9,7 +9,8 @@
  * tensor is written as bf16 too; integer tensors are copied as they are.
  *
  * gpt_oss's experts are 3-D parameters [E, in, out] (for x @ W), adapted in
- * PEFT's target_parameters layout (FORMATS.md 3.3): one pair per parameter,
+ * PEFT's target_parameters layout (docs/ARCHITECTURE.md, "PEFT adapters"): one
+ * pair per parameter,
  * lora_A [R*E, in] with expert e's rows at e*R, lora_B [out, R*E] with expert
  * e's column j at j*E + e; W[e] gains (B_e @ A_e)^T * scaling. The pair's keys
  * name the experts module: "experts.base_layer" is gate_up_proj when both

@@ -15,9 +15,10 @@
  * ids took 1.9 to 4.5 GB), so lines are read here without a tree: one pass over
  * the bytes checks the grammar as json.c does (strings: escapes and UTF-8;
  * numbers: RFC 8259 and finite; depth <= 64) and keeps only where each field
- * we use lies; then its items go straight into the token and mask arrays (5
- * bytes a token). Unlike json.c, duplicate keys are caught only among those
- * fields. */
+ * we use lies; then its items go straight into the shard writer's token and
+ * mask arrays (5 bytes a token, never copied again: shard_writer_reserve), so
+ * the peak is the line plus its tokens. Unlike json.c, duplicate keys are
+ * caught only among those fields. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -422,9 +423,10 @@ static int item_mask(int k, const char *s, size_t n, uint32_t token)
     return item_integer(s, n, &v) && (v == 0 || v == 1) ? (int)v : -1;
 }
 
-/* Parses one line into tokens/mask (grown as needed); *len receives its length. */
-static int parse_doc(const char *line, size_t line_len, const char *src, uint32_t vocab_size,
-                     uint32_t **tokens, uint8_t **mask, size_t *cap, size_t *len, ct_error *err)
+/* Parses one line into room reserved in w (committed by the caller); *mask and
+ * *len receive its loss mask and length. */
+static int parse_doc(const char *line, size_t line_len, const char *src, uint32_t vocab_size, shard_writer *w,
+                     const uint8_t **mask_out, size_t *len, ct_error *err)
 {
     scanner p = {.s = line, .len = line_len, .src = src, .err = err};
     field f[N_FIELDS];
@@ -444,11 +446,9 @@ static int parse_doc(const char *line, size_t line_len, const char *src, uint32_
         if (f[k].present && f[k].count != n)
             return CT_FAIL_INPUT(err, "%s: %s has %zu entries but input_ids has %zu", src, field_names[k],
                                  f[k].count, n);
-    if (n > *cap) {
-        *cap = n;
-        *tokens = ct_realloc(*tokens, n * sizeof **tokens);
-        *mask = ct_realloc(*mask, n);
-    }
+    uint32_t *tokens;
+    uint8_t *mask;
+    shard_writer_reserve(w, n, &tokens, &mask);
     const char *item;
     for (i = 0, p.pos = f[F_INPUT_IDS].start + 1; next_item(&p, &item, &item_len); i++) {
         long long id;
@@ -457,28 +457,29 @@ static int parse_doc(const char *line, size_t line_len, const char *src, uint32_
                                  src, i, describe(item, item_len, b, sizeof b));
         if (vocab_size && id >= vocab_size)
             return CT_FAIL_INPUT(err, "%s: input_ids[%zu] = %lld >= vocab size %u", src, i, id, vocab_size);
-        (*tokens)[i] = (uint32_t)id;
-        (*mask)[i] = 1;
+        tokens[i] = (uint32_t)id;
+        mask[i] = 1;
     }
     int first = -1; /* the first mask field given; any other must agree with it */
     for (int k = 1; k < N_FIELDS; k++) {
         if (!f[k].present) continue;
         for (i = 0, p.pos = f[k].start + 1; next_item(&p, &item, &item_len); i++) {
-            int m = item_mask(k, item, item_len, (*tokens)[i]);
+            int m = item_mask(k, item, item_len, tokens[i]);
             if (m < 0 && k == F_LABELS)
                 return CT_FAIL_INPUT(err, "%s: labels[%zu] must be -100 or input_ids[%zu] = %u (labels are "
-                                     "unshifted), found %s", src, i, i, (*tokens)[i], describe(item, item_len, b, sizeof b));
+                                     "unshifted), found %s", src, i, i, tokens[i], describe(item, item_len, b, sizeof b));
             if (m < 0)
                 return CT_FAIL_INPUT(err, "%s: %s[%zu] must be 0 or 1, found %s", src, field_names[k], i,
                                      describe(item, item_len, b, sizeof b));
-            if (first >= 0 && (*mask)[i] != m)
+            if (first >= 0 && mask[i] != m)
                 return CT_FAIL_INPUT(err, "%s: %s and %s disagree at token %zu (one trains on it, the other does "
                                      "not); give one mask field, or fields that agree", src, field_names[first],
                                      field_names[k], i);
-            (*mask)[i] = (uint8_t)m;
+            mask[i] = (uint8_t)m;
         }
         if (first < 0) first = k;
     }
+    *mask_out = mask;
     *len = n;
     return CT_OK;
 }
@@ -529,19 +530,18 @@ static int read_docs(FILE *f, const prepare_opts *o, const uint8_t *is_eval, siz
     int rc = CT_OK;
     char *line = NULL;
     size_t line_cap = 0, len, d = 0;
-    uint32_t *tokens = NULL;
-    uint8_t *mask = NULL;
-    size_t tok_cap = 0;
     size_t src_len = strlen(o->in) + 32;
     char *src = ct_malloc(src_len);
     for (size_t lineno = 1; rc == CT_OK && next_line(f, &line, &line_cap, &len); lineno++) {
         if (is_blank(line, len)) continue;
         if (d >= n_docs) break;
         snprintf(src, src_len, "%s:%zu", o->in, lineno);
+        shard_writer *split = w[is_eval[d]];
+        const uint8_t *mask;
         size_t n = 0;
-        rc = parse_doc(line, len, src, o->vocab_size, &tokens, &mask, &tok_cap, &n, err);
+        rc = parse_doc(line, len, src, o->vocab_size, split, &mask, &n, err);
         if (rc) break;
-        if (line_cap > LINE_KEEP_BYTES) { /* not kept while the writer grows: the peak is the line or the tokens */
+        if (line_cap > LINE_KEEP_BYTES) { /* not kept while the writer grows for the next line */
             free(line);
             line = NULL;
             line_cap = 0;
@@ -553,15 +553,13 @@ static int read_docs(FILE *f, const prepare_opts *o, const uint8_t *is_eval, siz
         s->docs++;
         s->tokens += n;
         s->labels += labels;
-        shard_writer_add(w[is_eval[d]], tokens, mask, n);
+        shard_writer_commit(split, n);
         d++;
     }
     if (rc == CT_OK && ferror(f)) rc = CT_FAIL_RUNTIME(err, "%s: read error", o->in);
     if (rc == CT_OK && (d != n_docs || !feof(f)))
         rc = CT_FAIL_RUNTIME(err, "%s: the file changed while it was read", o->in);
     free(line);
-    free(tokens);
-    free(mask);
     free(src);
     return rc;
 }

@@ -226,47 +226,48 @@ static int fsync_dir_of(const char *path)
     return rc;
 }
 
-int ct_write_file_atomic(const char *path, const void *data, size_t len, ct_error *err)
+/* write(2) until all of n bytes are out; -1 with errno on failure. */
+static int write_all(int fd, const void *data, size_t n)
+{
+    const char *p = data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int ct_write_pieces_atomic(const char *path, const ct_piece *pieces, int n, ct_error *err)
 {
     size_t plen = strlen(path);
     char *tmp = ct_malloc(plen + 8);
     snprintf(tmp, plen + 8, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int rc = CT_OK, fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        int rc = CT_FAIL_RUNTIME(err, "%s: cannot create (%s)", tmp, strerror(errno));
+        rc = CT_FAIL_RUNTIME(err, "%s: cannot create (%s)", tmp, strerror(errno));
         free(tmp);
         return rc;
     }
-    const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            int rc = CT_FAIL_RUNTIME(err, "%s: write failed (%s)", tmp, strerror(errno));
-            close(fd);
-            unlink(tmp);
-            free(tmp);
-            return rc;
-        }
-        p += w;
-        left -= (size_t)w;
-    }
-    if (fsync(fd) != 0 || close(fd) != 0) {
-        int rc = CT_FAIL_RUNTIME(err, "%s: fsync/close failed (%s)", tmp, strerror(errno));
-        unlink(tmp);
-        free(tmp);
-        return rc;
-    }
-    if (rename(tmp, path) != 0) {
-        int rc = CT_FAIL_RUNTIME(err, "%s: rename to %s failed (%s)", tmp, path, strerror(errno));
-        unlink(tmp);
-        free(tmp);
-        return rc;
-    }
+    for (int i = 0; i < n && !rc; i++)
+        if (write_all(fd, pieces[i].data, pieces[i].len) != 0)
+            rc = CT_FAIL_RUNTIME(err, "%s: write failed (%s)", tmp, strerror(errno));
+    if (!rc && fsync(fd) != 0) rc = CT_FAIL_RUNTIME(err, "%s: fsync/close failed (%s)", tmp, strerror(errno));
+    if (close(fd) != 0 && !rc) rc = CT_FAIL_RUNTIME(err, "%s: fsync/close failed (%s)", tmp, strerror(errno));
+    if (!rc && rename(tmp, path) != 0)
+        rc = CT_FAIL_RUNTIME(err, "%s: rename to %s failed (%s)", tmp, path, strerror(errno));
+    if (rc) unlink(tmp);
+    else fsync_dir_of(path);
     free(tmp);
-    fsync_dir_of(path);
-    return CT_OK;
+    return rc;
+}
+
+int ct_write_file_atomic(const char *path, const void *data, size_t len, ct_error *err)
+{
+    const ct_piece one = {data, len};
+    return ct_write_pieces_atomic(path, &one, 1, err);
 }
 
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)

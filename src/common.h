@@ -2,7 +2,7 @@
  * overflow-safe size arithmetic, bf16 conversion, a seeded RNG and a
  * counter-based hash (so the CPU and CUDA backends draw identical dropout masks).
  *
- * Errors are values (STYLE.md): a function that can fail on user input returns
+ * Errors are values (docs/ARCHITECTURE.md): a function that can fail on user input returns
  * CT_OK or an error code and fills a ct_error with one line naming the file and
  * what is wrong. Only main() turns an error into an exit code. */
 #ifndef CT_COMMON_H
@@ -83,6 +83,11 @@ char *ct_read_file_max(const char *path, size_t max, size_t *len, ct_error *err)
 /* Writes data to PATH atomically: PATH.tmp, fsync, rename, fsync of the folder.
  * Nothing is left at PATH on failure except what was there before. */
 int ct_write_file_atomic(const char *path, const void *data, size_t len, ct_error *err);
+
+/* The same for a file made of n pieces written one after another (no image of
+ * the whole file is built). */
+typedef struct ct_piece { const void *data; size_t len; } ct_piece;
+int ct_write_pieces_atomic(const char *path, const ct_piece *pieces, int n, ct_error *err);
 
 /* mkdir -p. */
 int ct_mkdirs(const char *path, ct_error *err);

@@ -1,7 +1,7 @@
 /* config.h — the run configuration: a typed struct with defaults, read from YAML
  * (libyaml) and from `--set a.b=value` overrides, validated strictly.
  *
- * Key names follow TRL/PEFT/Axolotl (DESIGN.md); configs/reference.yaml lists
+ * Key names follow TRL/PEFT/Axolotl (docs/ARCHITECTURE.md); configs/reference.yaml lists
  * every key with its default and a one-line comment. Errors are one line:
  * "FILE:LINE: what is wrong (expected ...)" (for --set: "--set KEY=VALUE: ...").
  * Unknown keys, wrong types, out-of-range and contradictory values are errors. */

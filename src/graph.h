@@ -2,7 +2,7 @@
  * LoRA gradients. Buffers are planned once for the largest micro-batch
  * (capacity tokens) and reused every step; nothing here waits for the device.
  *
- * Loss convention (DESIGN.md): the loss of an optimizer step is the sum of
+ * Loss convention (docs/ARCHITECTURE.md): the loss of an optimizer step is the sum of
  * per-target cross-entropies over all its micro-batches divided by their total
  * target count, so callers pass grad_scale = 1 / (targets in the whole step). */
 #ifndef CT_GRAPH_H

@@ -23,7 +23,7 @@
  * backward) read hn's token rows through row_slot (their gather argument), which
  * saves an (n, H) buffer per workspace and a pass over it. (A copy by moe_gather
  * that lets the GEMM load whole tiles by TMA measured a wash or slower on the
- * H200, BENCHMARKS.md: the copy costs about what the GEMM saves.)
+ * H200, docs/kernels/moe_gemm.md: the copy costs about what the GEMM saves.)
  *
  * The gate|up and down forwards run with their expert LoRA fused into the grouped
  * GEMM (moe_linear_lora_fwd) when lora_dropout is 0: on the H200 that is 5% more
@@ -40,7 +40,7 @@
  * linear_lora_bwd (the CUDA ops store their ranks padded to 16, 32 or 64). */
 #define MOE_G_COLS 64
 
-/* gpt_oss's clamped SwiGLU (FORMATS.md 2.6): alpha is fixed by the model code;
+/* gpt_oss's clamped SwiGLU (docs/ARCHITECTURE.md, "Model folders"): alpha is fixed by the model code;
  * the limit is config.json's swiglu_limit. (HF transformers' GptOssExperts
  * hardcodes 7.0 and ignores swiglu_limit; every released gpt-oss has 7.0, and
  * the HF parity fixture uses 7.0, since with another value HF and the config

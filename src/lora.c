@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "adapter.h"
 #include "json.h"
 #include "safetensors.h"
 
@@ -207,50 +208,6 @@ static void fused_B_copy(float *peft, float *mine, int E, int out, int R, bool t
             }
 }
 
-/* The names target_modules lists for a module: mixtral's experts are w1/w3/w2;
- * gpt_oss's experts are parameters (target_parameters), not modules. */
-static const char *target_name(const ct_lora *lo, ct_module mod)
-{
-    if (mod < CT_MOD_GATE) return model_module_name(mod);
-    if (lo->arch == CT_ARCH_GPT_OSS) return NULL;
-    return expert_module_name(lo->arch, mod);
-}
-
-static void write_config_json(const ct_lora *lo, const char *base_model, json_writer *w)
-{
-    /* PEFT writes sorted keys with indent 2; we do the same so diffs stay readable. */
-    json_write_raw(w, "{\n  \"alpha_pattern\": {},\n  \"auto_mapping\": null,\n  \"base_model_name_or_path\": ");
-    json_write_string(w, base_model);
-    json_write_raw(w, ",\n  \"bias\": \"none\",\n  \"fan_in_fan_out\": false,\n  \"inference_mode\": true,\n"
-                      "  \"init_lora_weights\": ");
-    json_write_raw(w, strcmp(lo->cfg.init_lora_weights, "gaussian") ? "true" : "\"gaussian\"");
-    json_write_raw(w, ",\n  \"layers_pattern\": null,\n  \"layers_to_transform\": null,\n  \"lora_alpha\": ");
-    json_write_number(w, lo->cfg.lora_alpha);
-    json_write_raw(w, ",\n  \"lora_dropout\": ");
-    json_write_number(w, lo->cfg.lora_dropout);
-    json_write_raw(w, ",\n  \"modules_to_save\": null,\n  \"peft_type\": \"LORA\",\n  \"r\": ");
-    json_write_rawf(w, "%d", lo->R);
-    json_write_raw(w, ",\n  \"rank_pattern\": {},\n  \"revision\": null,\n  \"target_modules\": [");
-    bool first = true;
-    for (int mod = 0; mod < CT_MOD_COUNT; mod++) {
-        if (!lo->targeted[mod] || !target_name(lo, mod)) continue;
-        json_write_raw(w, first ? "\n    " : ",\n    ");
-        json_write_string(w, target_name(lo, mod));
-        first = false;
-    }
-    json_write_raw(w, first ? "]" : "\n  ]");
-    if (lo->arch == CT_ARCH_GPT_OSS && (lo->targeted[CT_MOD_GATE] || lo->targeted[CT_MOD_DOWN])) {
-        json_write_raw(w, ",\n  \"target_parameters\": [");
-        if (lo->targeted[CT_MOD_GATE]) json_write_raw(w, "\n    \"mlp.experts.gate_up_proj\"");
-        if (lo->targeted[CT_MOD_GATE] && lo->targeted[CT_MOD_DOWN]) json_write_raw(w, ",");
-        if (lo->targeted[CT_MOD_DOWN]) json_write_raw(w, "\n    \"mlp.experts.down_proj\"");
-        json_write_raw(w, "\n  ]");
-    }
-    json_write_raw(w, ",\n  \"task_type\": \"CAUSAL_LM\",\n  \"use_dora\": false,\n  \"use_rslora\": ");
-    json_write_raw(w, lo->cfg.use_rslora ? "true" : "false");
-    json_write_raw(w, "\n}\n");
-}
-
 int lora_save_peft(const ct_lora *lo, const ct_model *m, const char *dir, const char *base_model, ct_error *err)
 {
     ct_backend *be = m->be;
@@ -281,7 +238,7 @@ int lora_save_peft(const ct_lora *lo, const ct_model *m, const char *dir, const 
     if (rc) return rc;
     json_writer w;
     json_writer_init(&w);
-    write_config_json(lo, base_model, &w);
+    adapter_write_config(lo, &m->cfg, base_model, &w);
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     rc = ct_write_file_atomic(path, w.buf, w.len, err);
     json_writer_free(&w);

@@ -1,6 +1,7 @@
 /* lora.h — LoRA adapter parameters for the targeted projections of every layer,
  * their gradients and AdamW moments (all fp32, backend memory), PEFT-style
- * initialisation, and the PEFT adapter format on disk (FORMATS.md section 3).
+ * initialisation, and the PEFT adapter format on disk (docs/ARCHITECTURE.md,
+ * "PEFT adapters").
  *
  * Layout: one flat fp32 vector; for each layer, for each targeted module in
  * ct_module order: A then B. A plain projection has A (R, in), B (out, R). The
@@ -58,7 +59,7 @@ const ct_lora_slot *lora_slot(const ct_lora *lo, int layer, ct_module mod);
  * except gpt_oss, which has no per-expert modules: its experts use PEFT's
  * target_parameters format with transformers v5's is_transposed layout
  * (...mlp.experts[.base_layer].lora_A [R*E, in] expert-major rows, lora_B
- * [out, R*E] with column j*E + e; FORMATS.md 3.3). */
+ * [out, R*E] with column j*E + e; docs/ARCHITECTURE.md, "PEFT adapters"). */
 int lora_save_peft(const ct_lora *lo, const ct_model *m, const char *dir, const char *base_model,
                    ct_error *err);
 /* Reads a PEFT adapter folder into lo (shapes, r and targets must match). */

@@ -173,7 +173,7 @@ static float *load_sinks(loader *ld, const char *name, size_t n)
     return p;
 }
 
-/* The experts and router of sparse layer l (names: FORMATS.md 2.4-2.6). */
+/* The experts and router of sparse layer l (names: docs/ARCHITECTURE.md, "Model folders"). */
 static int load_sparse(loader *ld, const ct_model_config *c, int l, ct_layer_weights *w)
 {
     size_t H = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts;

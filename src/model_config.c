@@ -1,5 +1,5 @@
 /* model_config.c — see model_config.h. Family defaults follow the transformers
- * config classes (FORMATS.md 2.2-2.6); where a field is absent we use the value
+ * config classes (docs/ARCHITECTURE.md, "Model folders"); where a field is absent we use the value
  * HF would, so a checkpoint means the same model here as in transformers. */
 #include "model_config.h"
 
@@ -118,7 +118,15 @@ static int parse_rope(ct_model_config *mc, const json_value *root, const char *s
 
     /* transformers v5 writes rope_parameters; older files rope_scaling. */
     const char *key = present(root, "rope_parameters") ? "rope_parameters" : "rope_scaling";
-    if (!present(root, key)) return CT_OK;
+    if (!present(root, key)) {
+        if (mc->arch == CT_ARCH_GPT_OSS) { /* GptOssConfig's default when neither is given */
+            rp->type = CT_ROPE_YARN;
+            rp->factor = 32.0;
+            rp->truncate = false;
+            rp->original_max_position_embeddings = 4096;
+        }
+        return CT_OK;
+    }
     const json_value *p = json_get(root, key);
     if (p->type != JSON_OBJECT) return CT_FAIL_INPUT(err, "%s: key '%s': expected an object", src, key);
     char sub[600];
@@ -297,8 +305,7 @@ static int parse_attention(ct_model_config *mc, const json_value *root, const ch
         for (int i = 0; i < L; i++) mc->layer_sliding[i] = true;
         break;
     case CT_ARCH_QWEN2:
-    case CT_ARCH_QWEN3:
-    case CT_ARCH_QWEN3_MOE: { /* window only with use_sliding_window; layers >= max_window_layers */
+    case CT_ARCH_QWEN3: { /* window only with use_sliding_window; layers >= max_window_layers */
         bool use = false;
         int max_window_layers = 28;
         rc = opt_bool(root, "use_sliding_window", false, &use, src, err);
@@ -307,6 +314,16 @@ static int parse_attention(ct_model_config *mc, const json_value *root, const ch
         if (!use) window = 0;
         for (int i = 0; i < L; i++) mc->layer_sliding[i] = i >= max_window_layers;
         if (!rc) rc = parse_layer_types(mc, root, src, err);
+        break;
+    }
+    case CT_ARCH_QWEN3_MOE: /* transformers' Qwen3MoeAttention: with use_sliding_window every layer slides
+                             * (max_window_layers and layer_types are not read) */
+    {
+        bool use = false;
+        rc = opt_bool(root, "use_sliding_window", false, &use, src, err);
+        if (!rc) rc = opt_int(root, "sliding_window", 4096, &window, src, err);
+        if (!use) window = 0;
+        for (int i = 0; i < L; i++) mc->layer_sliding[i] = true;
         break;
     }
     case CT_ARCH_GPT_OSS:
@@ -361,12 +378,24 @@ static int parse_moe(ct_model_config *mc, const json_value *root, const char *sr
         for (int i = 0; i < L; i++) mc->layer_sparse[i] = true;
         break;
     case CT_ARCH_GPT_OSS: { /* softmax over the top-k logits: normalized by construction */
-        int per_tok = 4;
+        /* transformers routes to num_experts_per_tok (default 4) and clamps the
+         * SwiGLU at 7.0; a file whose experts_per_token or swiglu_limit says
+         * otherwise would train a model that HF, PEFT and vLLM do not run. */
+        int per_tok = 0;
         rc = opt_int(root, "num_local_experts", 128, &mc->num_experts, src, err);
-        if (!rc) rc = opt_int(root, "experts_per_token", 4, &per_tok, src, err);
-        if (!rc) rc = opt_int(root, "num_experts_per_tok", per_tok, &mc->num_experts_per_tok, src, err);
+        if (!rc) rc = opt_int(root, "num_experts_per_tok", 4, &mc->num_experts_per_tok, src, err);
+        if (!rc) rc = opt_int(root, "experts_per_token", mc->num_experts_per_tok, &per_tok, src, err);
         if (!rc) rc = opt_double(root, "router_aux_loss_coef", 0.9, &mc->router_aux_loss_coef, src, err);
         if (!rc) rc = opt_double(root, "swiglu_limit", 7.0, &mc->swiglu_limit, src, err);
+        if (rc) return rc;
+        if (per_tok != mc->num_experts_per_tok)
+            return CT_FAIL_INPUT(err, "%s: key 'experts_per_token' is %d but num_experts_per_tok is %d%s: transformers "
+                                 "routes to num_experts_per_tok (make the two equal)", src, per_tok,
+                                 mc->num_experts_per_tok, present(root, "num_experts_per_tok") ? "" : " (its default)");
+        if (mc->swiglu_limit != 7.0)
+            return CT_FAIL_INPUT(err, "%s: key 'swiglu_limit' is %g: transformers' GptOssExperts clamps at 7.0 whatever "
+                                 "the file says, so an adapter trained at %g would not mean the same there (expected 7.0)",
+                                 src, mc->swiglu_limit, mc->swiglu_limit);
         mc->moe_intermediate_size = mc->intermediate_size;
         mc->norm_topk_prob = true;
         for (int i = 0; i < L; i++) mc->layer_sparse[i] = true;
@@ -425,8 +454,11 @@ static int parse_root(ct_model_config *mc, const json_value *root, const char *s
     for (int i = 0; i < 5; i++)
         if ((rc = require_at_most(vals[i], caps[i], sizes[i], src, err))) return rc;
 
-    /* Qwen3Config defaults head_dim to 128; every other family to hidden/heads. */
-    int hd_dflt = mc->arch == CT_ARCH_QWEN3 ? 128 : mc->hidden_size / mc->num_attention_heads;
+    /* An absent head_dim: Qwen3Config's default is 128, GptOssConfig's 64 (its
+     * hidden/heads only for an explicit null); every other family hidden/heads. */
+    int hd_dflt = mc->hidden_size / mc->num_attention_heads;
+    if (mc->arch == CT_ARCH_QWEN3) hd_dflt = 128;
+    if (mc->arch == CT_ARCH_GPT_OSS && !json_get(root, "head_dim")) hd_dflt = 64;
     rc = opt_int(root, "num_key_value_heads", mc->num_attention_heads, &mc->num_key_value_heads, src, err);
     if (!rc) rc = opt_int(root, "head_dim", hd_dflt, &mc->head_dim, src, err);
     if (rc) return rc;

@@ -1,5 +1,5 @@
 /* model_config.h — a Hugging Face config.json as a model description, and the
- * map from that description to HF tensor names and shapes (FORMATS.md section 2).
+ * map from that description to HF tensor names and shapes (docs/ARCHITECTURE.md, "Model folders").
  *
  * Supported model_type: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, gpt_oss.
  * Anything else is CT_ERR_INPUT naming the supported ones. Both the legacy
@@ -86,7 +86,7 @@ const char *model_arch_name(ct_arch a);
 
 /* RoPE inverse frequencies for rotary dim d = head_dim * partial_rotary_factor:
  * writes d/2 values and the cos/sin multiplier (1.0 except yarn). Computed in
- * double, rounded to float, exactly as FORMATS.md gives each scaling type.
+ * double, rounded to float, as transformers computes each scaling type (docs/ARCHITECTURE.md, "Model folders").
  * dynamic (NTK) equals default up to max_position_embeddings, where HF starts
  * to grow theta; ctune uses the default frequencies at every length. */
 int model_rope_dim(const ct_model_config *mc);
@@ -117,7 +117,7 @@ ct_tensor_spec *model_tensor_specs(const ct_model_config *mc, size_t *n);
 typedef struct ct_param_counts {
     size_t total;          /* every parameter */
     size_t embedding;      /* embed_tokens (+ lm_head when untied) */
-    size_t per_token_active; /* matmul parameters a token passes through (PERF.md N) */
+    size_t per_token_active; /* matmul parameters a token passes through (N of BENCHMARKS.md's MFU accounting) */
 } ct_param_counts;
 ct_param_counts model_param_counts(const ct_model_config *mc);
 

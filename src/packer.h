@@ -1,5 +1,6 @@
 /* packer.h — documents -> packed 1-D micro-batches with their metadata, built once
- * on the host (DESIGN.md idea 1).
+ * on the host, so that no step waits for the device to learn them
+ * (docs/ARCHITECTURE.md).
  *
  * Per epoch the documents are shuffled from (seed, epoch). Consecutive windows of
  * `shuffle_window` documents are packed by best-fit-decreasing into bins of at most

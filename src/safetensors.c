@@ -1,4 +1,4 @@
-/* safetensors.c — see safetensors.h and FORMATS.md section 1.
+/* safetensors.c — see safetensors.h; the format: docs/ARCHITECTURE.md, "safetensors".
  *
  * Reader: each file is mmap'd read-only and its JSON header parsed into a json_doc
  * that lives as long as the reader, so tensor names point into the doc's arena and
@@ -604,7 +604,8 @@ static int cmp_entry_name(const void *a, const void *b)
 }
 
 /* Largest elements first, so that with an 8-aligned data section every tensor
- * starts aligned to its element size (FORMATS.md: the Rust writer's order). */
+ * starts aligned to its element size (the reference Rust writer's order:
+ * docs/ARCHITECTURE.md, "safetensors"). */
 static int cmp_entry_layout(const void *a, const void *b)
 {
     const st_entry *x = *(const st_entry *const *)a, *y = *(const st_entry *const *)b;

@@ -1,4 +1,4 @@
-/* safetensors.h — the safetensors format (FORMATS.md section 1): an mmap reader
+/* safetensors.h — the safetensors format (docs/ARCHITECTURE.md): an mmap reader
  * that also opens sharded folders through model.safetensors.index.json, and a
  * writer (header padded with spaces to 8 bytes, tensors sorted by dtype size then
  * name, metadata {"format":"pt"}, written atomically).

@@ -1,11 +1,13 @@
 /* shard.c — the tokenized shard format: validating mmap reader, buffered atomic
- * writer, and datasets over several shards. The byte layout is in docs/SHARDS.md;
- * the SHARD_OFF_* constants below are that table. */
+ * writer (saved straight from its arrays), and datasets over several shards.
+ * The byte layout is in docs/SHARDS.md; the SHARD_OFF_* constants below are
+ * that table. */
 #include "shard.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -49,17 +51,19 @@ static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 
 /* zlib's crc32 takes a 32-bit length; payloads of many GiB go in chunks. */
-static uint32_t crc32_bytes(const uint8_t *p, size_t n)
+static uint32_t crc32_more(uint32_t crc, const uint8_t *p, size_t n)
 {
-    uLong crc = crc32(0L, Z_NULL, 0);
+    uLong c = crc;
     while (n > 0) {
         uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
-        crc = crc32(crc, p, chunk);
+        c = crc32(c, p, chunk);
         p += chunk;
         n -= chunk;
     }
-    return (uint32_t)crc;
+    return (uint32_t)c;
 }
+
+static uint32_t crc32_bytes(const uint8_t *p, size_t n) { return crc32_more(0, p, n); }
 
 /* Total file size for a shard of num_docs documents and num_tokens tokens:
  * header, offsets, tokens, mask, zero padding to a multiple of 8.
@@ -180,7 +184,9 @@ static int shard_validate(shard *s, uint32_t vocab_size, ct_error *err)
 static int shard_open_rc(const char *path, uint32_t vocab_size, shard **out, ct_error *err)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer,
+     * before fstat could tell it is not a shard. A regular file ignores it. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return CT_FAIL_INPUT(err, "%s: cannot open shard (%s)", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -189,7 +195,10 @@ static int shard_open_rc(const char *path, uint32_t vocab_size, shard **out, ct_
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return CT_FAIL_INPUT(err, "%s: not a regular file", path);
+        /* (a socket never gets here: opening one fails) */
+        const char *what = S_ISDIR(st.st_mode) ? "a folder" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device";
+        return CT_FAIL_INPUT(err, "%s: %s, not a regular file (expected a shard made by `ctune prepare`)", path,
+                             what);
     }
     /* Checked before mmap: a zero-length mapping is an error of its own. */
     if ((uint64_t)st.st_size < SHARD_HEADER_BYTES) {
@@ -257,9 +266,9 @@ const uint8_t *shard_doc_mask(const shard *s, size_t i)
 struct shard_writer {
     uint64_t *offsets;          /* (num_docs + 1) */
     size_t num_docs, offsets_cap;
-    uint32_t *tokens;           /* (num_tokens) */
-    uint8_t *mask;              /* (num_tokens) */
-    size_t num_tokens, tokens_cap;
+    uint32_t *tokens;           /* (num_tokens), then the reserved document */
+    uint8_t *mask;              /* (num_tokens), then the reserved document */
+    size_t num_tokens, tokens_cap, reserved;
     uint32_t max_token;
 };
 
@@ -272,7 +281,7 @@ shard_writer *shard_writer_new(void)
     return w;
 }
 
-void shard_writer_add(shard_writer *w, const uint32_t *tokens, const uint8_t *mask, size_t len)
+void shard_writer_reserve(shard_writer *w, size_t len, uint32_t **tokens, uint8_t **mask)
 {
     CT_ASSERT(len >= 1, "shard documents cannot be empty");
     size_t need;
@@ -288,45 +297,64 @@ void shard_writer_add(shard_writer *w, const uint32_t *tokens, const uint8_t *ma
         w->offsets_cap *= 2;
         w->offsets = ct_realloc(w->offsets, w->offsets_cap * sizeof *w->offsets);
     }
-    memcpy(w->tokens + w->num_tokens, tokens, len * sizeof *tokens);
+    w->reserved = len;
+    *tokens = w->tokens + w->num_tokens;
+    *mask = w->mask + w->num_tokens;
+}
+
+void shard_writer_commit(shard_writer *w, size_t len)
+{
+    CT_ASSERT(len >= 1 && len <= w->reserved, "shard_writer_commit of %zu tokens, %zu reserved", len, w->reserved);
+    const uint32_t *t = w->tokens + w->num_tokens;
+    const uint8_t *m = w->mask + w->num_tokens;
     for (size_t j = 0; j < len; j++) {
-        if (tokens[j] > w->max_token) w->max_token = tokens[j];
-        CT_ASSERT(!mask || mask[j] <= 1, "loss mask values are 0 or 1, got %u", mask[j]);
-        w->mask[w->num_tokens + j] = mask ? mask[j] : 1;
+        if (t[j] > w->max_token) w->max_token = t[j];
+        CT_ASSERT(m[j] <= 1, "loss mask values are 0 or 1, got %u", m[j]);
     }
-    w->num_tokens = need;
+    w->num_tokens += len;
     w->num_docs++;
     w->offsets[w->num_docs] = w->num_tokens;
+    w->reserved = 0;
+}
+
+void shard_writer_add(shard_writer *w, const uint32_t *tokens, const uint8_t *mask, size_t len)
+{
+    uint32_t *t;
+    uint8_t *m;
+    shard_writer_reserve(w, len, &t, &m);
+    memcpy(t, tokens, len * sizeof *tokens);
+    if (mask) memcpy(m, mask, len);
+    else memset(m, 1, len);
+    shard_writer_commit(w, len);
 }
 
 size_t shard_writer_num_docs(const shard_writer *w) { return w->num_docs; }
 
+/* The header, then each of the writer's arrays from where it lies: no image of
+ * the file is built, so saving takes no memory beyond the documents. Written
+ * atomically (ct_write_pieces_atomic): a crash never leaves a half shard. */
 int shard_writer_save(shard_writer *w, const char *path, ct_error *err)
 {
     if (w->num_docs == 0) return CT_FAIL_INPUT(err, "%s: refusing to write a shard with no documents", path);
     size_t size;
     CT_ASSERT(shard_file_size(w->num_docs, w->num_tokens, &size), "shard size overflows");
-    /* One image, then one atomic write: a crash never leaves a half shard at path. */
-    uint8_t *img = ct_calloc(1, size);
-    uint8_t *p = img + SHARD_HEADER_BYTES;
-    size_t off_bytes = (w->num_docs + 1) * sizeof *w->offsets;
-    memcpy(p, w->offsets, off_bytes);
-    p += off_bytes;
-    memcpy(p, w->tokens, w->num_tokens * sizeof *w->tokens);
-    p += w->num_tokens * sizeof *w->tokens;
-    memcpy(p, w->mask, w->num_tokens);
-
-    memcpy(img, SHARD_MAGIC, 8);
-    put_u32(img + SHARD_OFF_VERSION, SHARD_VERSION);
-    put_u32(img + SHARD_OFF_TOKEN_BYTES, SHARD_TOKEN_BYTES);
-    put_u64(img + SHARD_OFF_NUM_DOCS, w->num_docs);
-    put_u64(img + SHARD_OFF_NUM_TOKENS, w->num_tokens);
-    put_u32(img + SHARD_OFF_MAX_TOKEN, w->max_token);
-    put_u32(img + SHARD_OFF_PAYLOAD_CRC, crc32_bytes(img + SHARD_HEADER_BYTES, size - SHARD_HEADER_BYTES));
-    put_u32(img + SHARD_OFF_HEADER_CRC, crc32_bytes(img, SHARD_OFF_HEADER_CRC));
-    int rc = ct_write_file_atomic(path, img, size, err);
-    free(img);
-    return rc;
+    static const uint8_t zeros[8];
+    size_t off_bytes = (w->num_docs + 1) * sizeof *w->offsets, tok_bytes = w->num_tokens * sizeof *w->tokens;
+    uint8_t head[SHARD_HEADER_BYTES] = {0};
+    const ct_piece pieces[5] = {
+        {head, sizeof head}, {w->offsets, off_bytes}, {w->tokens, tok_bytes}, {w->mask, w->num_tokens},
+        {zeros, size - SHARD_HEADER_BYTES - off_bytes - tok_bytes - w->num_tokens}};
+    uint32_t crc = 0;
+    for (int i = 1; i < 5; i++) crc = crc32_more(crc, pieces[i].data, pieces[i].len); /* the payload */
+    memcpy(head, SHARD_MAGIC, 8);
+    put_u32(head + SHARD_OFF_VERSION, SHARD_VERSION);
+    put_u32(head + SHARD_OFF_TOKEN_BYTES, SHARD_TOKEN_BYTES);
+    put_u64(head + SHARD_OFF_NUM_DOCS, w->num_docs);
+    put_u64(head + SHARD_OFF_NUM_TOKENS, w->num_tokens);
+    put_u32(head + SHARD_OFF_MAX_TOKEN, w->max_token);
+    put_u32(head + SHARD_OFF_PAYLOAD_CRC, crc);
+    put_u32(head + SHARD_OFF_HEADER_CRC, crc32_bytes(head, SHARD_OFF_HEADER_CRC));
+    return ct_write_pieces_atomic(path, pieces, 5, err);
 }
 
 void shard_writer_free(shard_writer *w)

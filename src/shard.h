@@ -34,15 +34,25 @@ uint32_t shard_crc32(const shard *s);              /* payload CRC32, verified on
 const uint32_t *shard_doc_tokens(const shard *s, size_t i, size_t *len);
 const uint8_t  *shard_doc_mask(const shard *s, size_t i);
 
-/* Writer: documents are buffered in memory and written atomically by save. */
+/* Writer: documents are buffered in memory (5 bytes a token, held once) and
+ * written atomically by save. */
 typedef struct shard_writer shard_writer;
 shard_writer *shard_writer_new(void);
 /* Adds one document (len >= 1; tokens and mask are copied). mask values are 0 or
  * 1; mask may be NULL (every token a label). Breaking either rule is a bug
  * (CT_ASSERT), so callers validate user data first. */
 void shard_writer_add(shard_writer *w, const uint32_t *tokens, const uint8_t *mask, size_t len);
+/* For a caller that fills a document in place instead of copying it in (ctune
+ * prepare parses a line straight into it): *tokens and *mask receive room for
+ * len >= 1 tokens after the documents so far, valid until the next call on w.
+ * Nothing is added until shard_writer_commit; another reserve replaces it. */
+void shard_writer_reserve(shard_writer *w, size_t len, uint32_t **tokens, uint8_t **mask);
+/* Adds the first len tokens (1 <= len <= reserved) of the reserved document,
+ * under shard_writer_add's rules. */
+void shard_writer_commit(shard_writer *w, size_t len);
 size_t shard_writer_num_docs(const shard_writer *w);
-/* Writes PATH atomically (PATH.tmp, fsync, rename). The writer stays usable.
+/* Writes PATH atomically (PATH.tmp, fsync, rename) straight from the writer's
+ * buffers: no copy of the file is made in memory. The writer stays usable.
  * A writer with no documents is CT_ERR_INPUT: an empty shard cannot be opened. */
 int shard_writer_save(shard_writer *w, const char *path, ct_error *err);
 void shard_writer_free(shard_writer *w);

@@ -95,13 +95,20 @@ static int capacity_of(const ct_config *cfg)
     return cfg->data.packing || cfg->data.max_length > tpmb ? tpmb : cfg->data.max_length;
 }
 
+/* Tokens of a document the packer keeps: max_length, and with packing off
+ * never more than one micro-batch. */
+static size_t doc_cap(const ct_packer_options *opt)
+{
+    return (size_t)(!opt->packing && opt->tokens_per_micro_batch < opt->max_length ? opt->tokens_per_micro_batch
+                                                                                  : opt->max_length);
+}
+
 /* A shard none of whose documents has a target token (every label masked, or
  * max_length too short to predict one) would train with a loss of 0 and a
  * gradient of 0, or evaluate to NaN: CT_ERR_INPUT naming the first such shard. */
 static int check_targets(const ct_dataset *ds, const ct_packer_options *opt, const char *key, ct_error *err)
 {
-    size_t cap = (size_t)(!opt->packing && opt->tokens_per_micro_batch < opt->max_length ? opt->tokens_per_micro_batch
-                                                                                          : opt->max_length);
+    size_t cap = doc_cap(opt);
     for (int s = 0; s < ds->n_shards; s++) {
         bool found = false;
         for (size_t d = ds->doc_base[s]; d < ds->doc_base[s + 1] && !found; d++) {
@@ -125,6 +132,31 @@ static int check_targets(const ct_dataset *ds, const ct_packer_options *opt, con
     return CT_OK;
 }
 
+/* transformers' dynamic rope (dynamic NTK) rescales rope_theta for a sequence
+ * longer than max_position_embeddings, and keeps the rescaled table for later
+ * batches until a shorter one comes: not a function of the document. ctune
+ * keeps the plain rope, equal to HF within max_position_embeddings, so a
+ * longer document is CT_ERR_INPUT naming the shard. */
+static int check_positions(const ct_dataset *ds, const ct_packer_options *opt, const ct_model_config *mc,
+                           const char *key, ct_error *err)
+{
+    if (mc->rope.type != CT_ROPE_DYNAMIC) return CT_OK;
+    size_t cap = doc_cap(opt);
+    for (int s = 0; s < ds->n_shards; s++)
+        for (size_t d = ds->doc_base[s]; d < ds->doc_base[s + 1]; d++) {
+            size_t len;
+            dataset_doc(ds, d, &len, NULL);
+            if (len > cap) len = cap;
+            if (len > (size_t)mc->max_position_embeddings)
+                return CT_FAIL_INPUT(err, "%s: document %zu has %zu tokens, more than max_position_embeddings %d of a "
+                                     "model with rope_type dynamic, whose rope transformers rescales past that length "
+                                     "(expected data.max_length <= %d for %s)", shard_path(ds->shards[s]),
+                                     d - ds->doc_base[s], len, mc->max_position_embeddings,
+                                     mc->max_position_embeddings, key);
+        }
+    return CT_OK;
+}
+
 /* Opens model, data, adapter and graph (everything but the run directory). */
 static int run_setup(run *r, const ct_config *cfg, bool need_train, ct_error *err)
 {
@@ -141,16 +173,20 @@ static int run_setup(run *r, const ct_config *cfg, bool need_train, ct_error *er
         rc = dataset_open(&r->train_ds, train_pat, cfg->data.n_train_files, V, err);
         if (!rc && !(r->packer = packer_new(&r->train_ds, &opt, err))) rc = err->code;
         if (!rc) rc = check_targets(&r->train_ds, &opt, "data.train_files", err);
+        if (!rc) rc = check_positions(&r->train_ds, &opt, &r->model.cfg, "data.train_files", err);
         if (rc) return rc;
     }
     if (cfg->data.n_eval_files > 0) {
         rc = dataset_open(&r->eval_ds, eval_pat, cfg->data.n_eval_files, V, err);
         if (!rc && !(r->eval_packer = packer_new(&r->eval_ds, &opt, err))) rc = err->code;
         if (!rc) rc = check_targets(&r->eval_ds, &opt, "data.eval_files", err);
+        if (!rc) rc = check_positions(&r->eval_ds, &opt, &r->model.cfg, "data.eval_files", err);
         if (rc) return rc;
         r->has_eval = true;
     }
-    rc = lora_init(&r->lora, &r->model, &cfg->lora, (uint64_t)cfg->training.seed, err);
+    /* adapters PEFT could not load whole are refused before anything trains */
+    rc = adapter_check_peft(&r->model.cfg, &cfg->lora, err);
+    if (!rc) rc = lora_init(&r->lora, &r->model, &cfg->lora, (uint64_t)cfg->training.seed, err);
     if (rc) return rc;
     if ((rc = optim_guard_init(&r->guard, r->be, &cfg->training, err))) return rc;
     ct_memory_plan plan;

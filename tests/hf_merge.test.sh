@@ -1,5 +1,6 @@
 # hf_merge.test.sh — HF transformers + PEFT judge `ctune merge`: for the tiny
-# llama, qwen3_moe, mixtral and gpt_oss models, a few training steps on the CPU,
+# llama, qwen3_moe (all sparse, and with a dense layer), mixtral and gpt_oss
+# models, a few training steps on the CPU,
 # a merge, then scripts/hf_merge_check.py: the merged folder loaded by plain HF
 # gives PEFT's base + adapter logits to bf16 rounding. Needs torch, transformers
 # and peft in $HF_PYTHON (default python3); skipped without them (CI has none).
@@ -9,9 +10,9 @@ source "$(dirname "$0")/lib.sh"
 PY=${HF_PYTHON:-python3}
 MODELS=$(mktemp -d)
 
-merge_matches_peft() { # MODEL
-    local model=$1
-    "$CTUNE" init --config "$ROOT/configs/models/$model/config.json" --out "$MODELS/$model" --seed 3 >/dev/null
+merge_matches_peft() { # MODEL [CONFIG.json]
+    local model=$1 config=${2:-$ROOT/configs/models/$1/config.json}
+    "$CTUNE" init --config "$config" --out "$MODELS/$model" --seed 3 >/dev/null
     "$CTUNE" train "$ROOT/configs/tiny.yaml" --set model="$MODELS/$model" --set output_dir=run \
         --set "data.train_files=[$ROOT/data/arith/train.shard]" --set data.eval_files= \
         --set data.tokens_per_micro_batch=256 --set data.max_length=256 --set training.max_steps=4 \
@@ -28,8 +29,16 @@ llama_merge_matches_peft() { merge_matches_peft tiny; }
 qwen3_moe_merge_matches_peft() { merge_matches_peft tiny-moe; }
 mixtral_merge_matches_peft() { merge_matches_peft tiny-mixtral; }
 gpt_oss_merge_matches_peft() { merge_matches_peft tiny-gpt-oss; }
+# layer 1 dense: its MLP LoRA is named as target_parameters, which PEFT must load and merge too
+qwen3_moe_with_a_dense_layer_merge_matches_peft() {
+    sed 's/"mlp_only_layers": \[\]/"mlp_only_layers": [1]/' "$ROOT/configs/models/tiny-moe/config.json" >dense.json
+    grep -q '"mlp_only_layers": \[1\]' dense.json
+    merge_matches_peft tiny-moe-dense "$PWD/dense.json"
+    grep -q '"mlp.gate_proj.weight"' run/final/adapter_config.json
+}
 
-tests=(llama_merge_matches_peft qwen3_moe_merge_matches_peft mixtral_merge_matches_peft gpt_oss_merge_matches_peft)
+tests=(llama_merge_matches_peft qwen3_moe_merge_matches_peft qwen3_moe_with_a_dense_layer_merge_matches_peft
+       mixtral_merge_matches_peft gpt_oss_merge_matches_peft)
 if "$PY" -c "import torch, transformers, peft" 2>/dev/null; then
     for t in "${tests[@]}"; do run_test "$t"; done
 else

@@ -53,17 +53,20 @@ static const char *const fixture_mixtral_json =
     " \"max_position_embeddings\": 256, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}";
 
 /* gpt_oss: 2 layers (sliding window 4, then full), sinks, biases, yarn rope,
- * E = 4, K = 2, swiglu_limit low enough that some activations clamp. */
+ * E = 4, K = 2; matrices N(0, initializer_range 0.4) so that some SwiGLU
+ * inputs pass the limit 7 and clamp (ctune, as transformers, takes no other limit). */
 static const char *const fixture_gpt_oss_json =
     "{\"model_type\": \"gpt_oss\", \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 16,"
     " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8,"
-    " \"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"sliding_window\": 4, \"swiglu_limit\": 1.5,"
+    " \"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"sliding_window\": 4, \"swiglu_limit\": 7.0,"
     " \"rope_theta\": 150000.0, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": 32.0,"
     " \"beta_slow\": 1.0, \"truncate\": false, \"original_max_position_embeddings\": 64},"
-    " \"rms_norm_eps\": 1e-5, \"max_position_embeddings\": 256, \"tie_word_embeddings\": false}";
+    " \"rms_norm_eps\": 1e-5, \"max_position_embeddings\": 256, \"tie_word_embeddings\": false,"
+    " \"initializer_range\": 0.4}";
 
 /* Writes DIR/config.json and random bf16 weights (norm weights near 1, biases
- * small, matrices N(0, 0.2) so activations are far from trivial). */
+ * small, matrices N(0, 0.2), or N(0, initializer_range) where the JSON gives
+ * one, so activations are far from trivial). */
 static int fixture_write_model(const char *dir, const char *json, uint64_t seed)
 {
     ct_error err = {0};
@@ -81,6 +84,7 @@ static int fixture_write_model(const char *dir, const char *json, uint64_t seed)
     st_writer *w = st_writer_new();
     ct_rng rng;
     ct_rng_seed(&rng, seed);
+    float sd = strstr(json, "\"initializer_range\"") ? (float)mc.initializer_range : 0.2f;
     for (size_t i = 0; i < n; i++) {
         size_t numel = 1;
         for (int d = 0; d < specs[i].ndim; d++) numel *= (size_t)specs[i].shape[d];
@@ -89,7 +93,7 @@ static int fixture_write_model(const char *dir, const char *json, uint64_t seed)
         bool is_bias = strstr(specs[i].name, "bias") != NULL;
         for (size_t j = 0; j < numel; j++) {
             float v = ct_rng_normal(&rng);
-            data[j] = ct_f32_to_bf16(is_norm ? 1.0f + 0.1f * v : is_bias ? 0.05f * v : 0.2f * v);
+            data[j] = ct_f32_to_bf16(is_norm ? 1.0f + 0.1f * v : is_bias ? 0.05f * v : sd * v);
         }
         if (st_writer_add(w, specs[i].name, CT_DTYPE_BF16, specs[i].ndim, specs[i].shape, data, &err)) return -1;
         free(data);

@@ -1,6 +1,7 @@
 # parity_verdict.test.sh — the pass/fail logic of scripts/hf_parity.py (its
 # compare and verdict: pure Python, no torch), which decides the GPU parity
-# checks of scripts/gpu_check.sh, on synthetic ctune metrics and HF histories.
+# checks of scripts/gpu_check.sh, on synthetic ctune metrics and HF histories;
+# and its judge of whether PEFT loaded the whole adapter, on synthetic names.
 # The GPU runs themselves need a GPU and torch; this is the part CI can check.
 source "$(dirname "$0")/lib.sh"
 
@@ -102,6 +103,45 @@ assert rc == 0 and "parity" not in out and "max rel diff (loss)" in out, (rc, ou
 '
 }
 
+# judged(SAVED, LOADED, DIFFER): judge_loaded's exit status and stderr
+judged_py='
+def judged(saved, loaded, differ=()):
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            n = hf_parity.judge_loaded("ad", set(saved), set(loaded), list(differ))
+        return 0, err.getvalue(), n
+    except SystemExit as e:
+        return e.code, err.getvalue(), None
+'
+
+a_fully_loaded_adapter_passes() {
+    py "$judged_py"'
+rc, err, n = judged(["a.lora_A.weight", "a.lora_B.weight"], ["a.lora_A.weight", "a.lora_B.weight"])
+assert rc == 0 and n == 2 and not err, (rc, err)
+'
+}
+
+a_tensor_peft_left_unloaded_fails_naming_it() {
+    # PEFT 0.21 on transformers v5 once left a qwen3_moe dense layer's MLP plain
+    py "$judged_py"'
+saved = ["l0.q_proj.lora_A.weight", "l1.mlp.gate_proj.lora_A.weight", "l1.mlp.gate_proj.lora_B.weight"]
+rc, err, _ = judged(saved, saved[:1])
+print(err)
+assert rc == 3 and "were not loaded by PEFT" in err and err.startswith("ad: 2 of"), (rc, err)
+assert "l1.mlp.gate_proj.lora_A.weight" in err and "l1.mlp.gate_proj.lora_B.weight" in err, err
+'
+}
+
+values_other_than_the_files_or_extra_parameters_fail() {
+    py "$judged_py"'
+rc, err, _ = judged(["a.lora_A.weight"], ["a.lora_A.weight"], differ=["a.lora_A.weight"])
+assert rc == 3 and "other values" in err, (rc, err)
+rc, err, _ = judged(["a.lora_A.weight"], ["a.lora_A.weight", "b.lora_A.weight"])
+assert rc == 3 and "lacks" in err and "b.lora_A.weight" in err, (rc, err)
+'
+}
+
 if ! command -v python3 >/dev/null; then
     echo "skipped: no python3"; echo "#summary 0 0 1"; exit 0
 fi
@@ -112,4 +152,7 @@ run_test the_first_grad_norm_bound_reads_the_first_step_only
 run_test a_nan_loss_never_passes
 run_test a_logged_window_is_compared_with_the_mean_of_its_steps
 run_test without_bounds_it_reports_and_does_not_judge
+run_test a_fully_loaded_adapter_passes
+run_test a_tensor_peft_left_unloaded_fails_naming_it
+run_test values_other_than_the_files_or_extra_parameters_fail
 summary

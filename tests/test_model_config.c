@@ -117,6 +117,16 @@ TEST(absent_head_dim_and_kv_heads_take_family_defaults)
     REQUIRE(parse_text(&mc, "{\"model_type\":\"qwen3\",\"vocab_size\":10,\"hidden_size\":64,\"intermediate_size\":8,"
                             "\"num_hidden_layers\":1,\"num_attention_heads\":2}", &err) == CT_OK, "%s", err.msg);
     CHECK(mc.head_dim == 128, "qwen3 head_dim defaults to 128, got %d", mc.head_dim);
+    /* GptOssConfig: 64 when absent, hidden/heads for an explicit null */
+    const char *g = "{\"model_type\":\"gpt_oss\",\"vocab_size\":10,\"hidden_size\":96,\"intermediate_size\":8,"
+                    "\"num_hidden_layers\":1,\"num_attention_heads\":3,\"num_local_experts\":4%s}";
+    char buf[512];
+    snprintf(buf, sizeof buf, g, "");
+    REQUIRE(parse_text(&mc, buf, &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.head_dim == 64, "gpt_oss head_dim defaults to 64, got %d", mc.head_dim);
+    snprintf(buf, sizeof buf, g, ",\"head_dim\":null");
+    REQUIRE(parse_text(&mc, buf, &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.head_dim == 32, "gpt_oss head_dim null is hidden/heads, got %d", mc.head_dim);
 }
 
 TEST(unsupported_model_type_lists_supported)
@@ -171,6 +181,61 @@ TEST(sliding_window_follows_each_family)
                             "\"num_hidden_layers\":4,\"num_attention_heads\":2,\"use_sliding_window\":true,"
                             "\"sliding_window\":256,\"max_window_layers\":2}", &err) == CT_OK, "%s", err.msg);
     CHECK(mc.sliding_window == 256 && !mc.layer_sliding[1] && mc.layer_sliding[2], "qwen2 layers >= max_window_layers");
+}
+
+/* Where transformers' model code reads a config differently from its siblings
+ * (found by scripts/random_parity.py), ctune follows it or refuses the file. */
+TEST(qwen3_moe_with_use_sliding_window_slides_every_layer_as_transformers)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(parse_text(&mc, "{\"model_type\":\"qwen3_moe\",\"vocab_size\":10,\"hidden_size\":64,\"intermediate_size\":32,"
+                            "\"num_hidden_layers\":3,\"num_attention_heads\":2,\"head_dim\":32,\"num_experts\":4,"
+                            "\"num_experts_per_tok\":2,\"moe_intermediate_size\":16,\"use_sliding_window\":true,"
+                            "\"sliding_window\":5,\"max_window_layers\":2}", &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.sliding_window == 5 && mc.layer_sliding[0] && mc.layer_sliding[1] && mc.layer_sliding[2],
+          "every layer slides (window %d)", mc.sliding_window);
+    REQUIRE(parse_text(&mc, "{\"model_type\":\"qwen3_moe\",\"vocab_size\":10,\"hidden_size\":64,\"intermediate_size\":32,"
+                            "\"num_hidden_layers\":3,\"num_attention_heads\":2,\"head_dim\":32,\"num_experts\":4,"
+                            "\"num_experts_per_tok\":2,\"moe_intermediate_size\":16,\"sliding_window\":5}", &err) == CT_OK,
+            "%s", err.msg);
+    CHECK(mc.sliding_window == 0 && !mc.layer_sliding[0], "no window without use_sliding_window");
+}
+
+#define GPT_OSS_BASE "\"model_type\":\"gpt_oss\",\"vocab_size\":10,\"hidden_size\":64,\"intermediate_size\":32," \
+                     "\"num_hidden_layers\":2,\"num_attention_heads\":2,\"head_dim\":32,\"num_local_experts\":8"
+
+TEST(gpt_oss_without_rope_scaling_takes_transformers_default_yarn)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(parse_text(&mc, "{" GPT_OSS_BASE "}", &err) == CT_OK, "%s", err.msg);
+    const ct_rope_config *rp = &mc.rope;
+    CHECK(rp->type == CT_ROPE_YARN && rp->factor == 32.0 && rp->beta_fast == 32.0 && rp->beta_slow == 1.0 &&
+          !rp->truncate && rp->original_max_position_embeddings == 4096 && rp->theta == 150000.0,
+          "type %d factor %g betas %g %g truncate %d orig %d theta %g", rp->type, rp->factor, rp->beta_fast,
+          rp->beta_slow, rp->truncate, rp->original_max_position_embeddings, rp->theta);
+    REQUIRE(parse_text(&mc, "{" GPT_OSS_BASE ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2}}", &err) == CT_OK,
+            "%s", err.msg);
+    CHECK(mc.rope.type == CT_ROPE_LINEAR, "a given rope_scaling wins (type %d)", mc.rope.type);
+}
+
+TEST(gpt_oss_top_k_and_swiglu_limit_other_than_transformers_are_refused)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(parse_text(&mc, "{" GPT_OSS_BASE ",\"experts_per_token\":4}", &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.num_experts_per_tok == 4, "top-k %d", mc.num_experts_per_tok);
+    REQUIRE(parse_text(&mc, "{" GPT_OSS_BASE ",\"experts_per_token\":2,\"num_experts_per_tok\":2}", &err) == CT_OK,
+            "%s", err.msg);
+    CHECK(mc.num_experts_per_tok == 2, "top-k %d", mc.num_experts_per_tok);
+    err = (ct_error){0};
+    CHECK(parse_text(&mc, "{" GPT_OSS_BASE ",\"experts_per_token\":2}", &err) == CT_ERR_INPUT &&
+          strstr(err.msg, "test.json: key 'experts_per_token' is 2 but num_experts_per_tok is 4 (its default)"), "%s",
+          err.msg);
+    err = (ct_error){0};
+    CHECK(parse_text(&mc, "{" GPT_OSS_BASE ",\"swiglu_limit\":1.5}", &err) == CT_ERR_INPUT &&
+          strstr(err.msg, "test.json: key 'swiglu_limit' is 1.5") && strstr(err.msg, "expected 7.0"), "%s", err.msg);
 }
 
 TEST(qwen3_moe_sparse_layers_follow_step_and_mlp_only_layers)
@@ -448,6 +513,9 @@ int main(void)
     RUN(unsupported_model_type_lists_supported);
     RUN(invalid_configs_name_file_and_key);
     RUN(sliding_window_follows_each_family);
+    RUN(qwen3_moe_with_use_sliding_window_slides_every_layer_as_transformers);
+    RUN(gpt_oss_without_rope_scaling_takes_transformers_default_yarn);
+    RUN(gpt_oss_top_k_and_swiglu_limit_other_than_transformers_are_refused);
     RUN(qwen3_moe_sparse_layers_follow_step_and_mlp_only_layers);
     RUN(rope_default_and_linear_frequencies);
     RUN(rope_llama3_bands_match_hand_computed_values);

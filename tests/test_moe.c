@@ -367,7 +367,7 @@ TEST(peft_adapter_names_each_expert_qwen3_moe)
 {
     /* 3 layers x 4 attention modules + dense layer 1: 3 MLP modules + 2 sparse layers x 4 experts x 3, A and B */
     check_adapter(fixture_qwen3_moe_json, "base_model.model.model.layers.2.mlp.experts.3.up_proj.lora_A.weight", 4, 32,
-                  "base_model.model.model.layers.0.mlp.experts.1.down_proj.lora_B.weight", 32, 4, "\"gate_proj\"",
+                  "base_model.model.model.layers.0.mlp.experts.1.down_proj.lora_B.weight", 32, 4, "\"mlp.gate_proj.weight\"",
                   2 * (3 * 4 + 3 + 2 * 4 * 3));
 }
 

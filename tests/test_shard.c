@@ -4,6 +4,7 @@
  * tests also hold the documentation to the code. */
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -314,6 +315,37 @@ TEST(shard_empty_and_tiny_files_are_errors)
     CHECK(msg != NULL, "a folder opened as a shard");
 }
 
+/* A FIFO named in data.train_files: opening one for reading waits for a writer,
+ * so the check must come before that wait. Run in a child with an alarm, so a
+ * regression fails here instead of hanging the suite. */
+TEST(shard_fifo_in_train_files_is_refused_without_blocking)
+{
+    const char *fifo = tmp_path("pipe.shard");
+    REQUIRE(mkfifo(fifo, 0600) == 0, "mkfifo %s failed", fifo);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(5);
+        ct_dataset ds;
+        ct_error err = {0};
+        const char *pats[] = {fifo};
+        int rc = dataset_open(&ds, pats, 1, 0, &err);
+        char want[600];
+        snprintf(want, sizeof want, "%s: a FIFO, not a regular file", fifo);
+        if (rc != CT_ERR_INPUT || strncmp(err.msg, want, strlen(want)) != 0) {
+            printf("     rc %d, message: %s\n", rc, err.msg);
+            _exit(1);
+        }
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(!WIFSIGNALED(status), "shard_open blocked on the FIFO (killed by signal %d)",
+          WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "not refused with a one-line input error naming it");
+    unlink(fifo);
+}
+
 TEST(shard_writer_with_no_documents_refuses_to_save)
 {
     shard_writer *w = shard_writer_new();
@@ -432,6 +464,7 @@ int main(void)
     RUN(shard_mask_value_other_than_0_1_is_error);
     RUN(shard_token_id_over_vocab_names_document_and_value);
     RUN(shard_empty_and_tiny_files_are_errors);
+    RUN(shard_fifo_in_train_files_is_refused_without_blocking);
     RUN(shard_writer_with_no_documents_refuses_to_save);
     RUN(dataset_over_two_shards_maps_global_indices);
     RUN(dataset_expands_globs_sorted);

@@ -102,6 +102,24 @@ shard_without_target_tokens_is_an_input_error_naming_it() {
     [ ! -e run/final ]
 }
 
+dynamic_rope_document_past_max_positions_is_an_input_error() {
+    # transformers rescales a dynamic rope past max_position_embeddings; ctune refuses such a document
+    python3 -c "
+import json; c = json.load(open('$ROOT/configs/models/tiny/config.json'))
+c.update(max_position_embeddings=16, rope_scaling={'rope_type': 'dynamic', 'factor': 2.0})
+json.dump(c, open('config.json', 'w'))"
+    "$CTUNE" init --config config.json --out dyn --seed 1 >/dev/null
+    printf '{"input_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]}\n{"input_ids": [5, 6, 7]}\n' >long.jsonl
+    "$CTUNE" prepare --in long.jsonl --out long --eval-fraction 0 >/dev/null
+    expect_exit 2 small_run run --set model=dyn --set training.max_steps=2 --set "data.train_files=[long/train.shard]" \
+        --set data.eval_files=
+    grep -q 'long/train.shard: document 0 has 17 tokens, more than max_position_embeddings 16 of a model with rope_type dynamic' err.txt
+    # within max_position_embeddings (here cut by data.max_length) it trains
+    small_run run --set model=dyn --set training.max_steps=2 --set "data.train_files=[long/train.shard]" \
+        --set data.eval_files= --set data.max_length=16 >/dev/null 2>log || { cat log; false; }
+    [ -f run/final/adapter_model.safetensors ]
+}
+
 eval_without_eval_files_is_an_input_error() {
     expect_exit 2 "$CTUNE" eval "$ROOT/configs/tiny.yaml" --set model="$MODEL" --set data.eval_files= --set output_dir=x
     grep -q 'data.eval_files is empty: nothing to evaluate' err.txt
@@ -111,6 +129,7 @@ eval_without_eval_files_is_an_input_error() {
 run_test resume_continues_bit_identically
 run_test shard_without_target_tokens_is_an_input_error_naming_it
 run_test eval_without_eval_files_is_an_input_error
+run_test dynamic_rope_document_past_max_positions_is_an_input_error
 run_test training_and_eval_without_packing_run_one_document_per_micro_batch
 run_test training_lowers_the_loss_and_writes_the_run_folder
 run_test save_total_limit_keeps_the_newest_checkpoints

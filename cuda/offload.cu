@@ -10,6 +10,10 @@
  * an event is safe: a wait binds to the record that preceded it. */
 #include "ct_cuda.cuh"
 
+extern "C" {
+#include "hooks.h"
+}
+
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -68,11 +72,12 @@ static bool cuda_reserve_scratch(ct_backend *be, size_t bytes)
     return true;
 }
 
+/* Page-locked where the driver gives it (never under the test hook
+ * CTUNE_INJECT_PIN_FAIL, hooks.h), else pageable. */
 static void *cuda_host_alloc(ct_backend *be, size_t bytes, bool *pinned)
 {
     void *p = NULL;
-    const char *inj = getenv("CTUNE_INJECT_PIN_FAIL"); /* tests: take the fallback */
-    if (!(inj && *inj == '1') && cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) == cudaSuccess) {
+    if (!hooks_get()->inject_pin_fail && cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) == cudaSuccess) {
         *pinned = true;
         return p;
     }

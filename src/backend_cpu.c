@@ -15,6 +15,7 @@
  * call: on the CPU malloc is cheap next to the work, and the buffers then need
  * no capacity planning. */
 #include "backend_cpu_internal.h"
+#include "hooks.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -91,12 +92,11 @@ static void cpu_act_to_f32(ct_backend *be, float *host_dst, const void *src, siz
 static void cpu_destroy(ct_backend *be) { free(be); }
 
 /* Activation offload: host memory is the CPU's memory, copies happen at once.
- * CTUNE_INJECT_PIN_FAIL=1 reports the memory as not page-locked, so tests can
+ * CTUNE_INJECT_PIN_FAIL=1 (hooks.h) reports the memory as not page-locked, so tests can
  * reach the fallback path (its warning) without a GPU. */
 static void *cpu_host_alloc(ct_backend *be, size_t bytes, bool *pinned)
 {
-    const char *inj = getenv("CTUNE_INJECT_PIN_FAIL");
-    *pinned = !(inj && *inj == '1');
+    *pinned = !hooks_get()->inject_pin_fail;
     return malloc(bytes ? bytes : 1);
 }
 static void cpu_host_free(ct_backend *be, void *p, bool pinned) { free(p); }

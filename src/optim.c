@@ -1,6 +1,8 @@
 /* optim.c — see optim.h. */
 #include "optim.h"
 
+#include "hooks.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,8 +42,8 @@ int optim_guard_init(ct_guard *g, ct_backend *be, const ct_training_config *t, c
     g->cap = t->logging_steps < g->max_in_a_row ? t->logging_steps : g->max_in_a_row;
     if (g->cap > CT_GUARD_MAX) g->cap = CT_GUARD_MAX;
     if (g->cap < 1) g->cap = 1;
-    const char *inj = getenv("CTUNE_INJECT_NAN_STEP");
-    if (inj && *inj) {
+    const char *inj = hooks_get()->inject_nan_step;
+    if (inj) {
         int n = 0;
         if (sscanf(inj, "%d-%d%n", &g->inject_first, &g->inject_last, &n) != 2 || inj[n]) {
             n = 0;

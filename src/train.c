@@ -18,6 +18,7 @@
 #include "adapter.h"
 #include "checkpoint.h"
 #include "graph.h"
+#include "hooks.h"
 #include "interrupt.h"
 #include "memory_plan.h"
 #include "log.h"
@@ -339,13 +340,13 @@ static int resume_if_asked(run *r, ct_error *err)
     return rc ? rc : write_resolved_config(r, found, err);
 }
 
-/* CTUNE_TRACE=DIR (a debugging aid for scripts/hf_parity.py): writes the adapter
+/* CTUNE_TRACE=DIR (hooks.h; a debugging aid for scripts/hf_parity.py): writes the adapter
  * as it is before step 1 to DIR/initial_adapter and, per optimizer step, the
  * documents of each micro-batch as [global doc id, tokens used] to DIR/batches.jsonl. */
 static int trace_open(run *r, ct_error *err)
 {
-    const char *dir = getenv("CTUNE_TRACE");
-    if (!dir || !*dir) return CT_OK;
+    const char *dir = hooks_get()->trace_dir;
+    if (!dir) return CT_OK;
     char path[CT_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/initial_adapter", dir);
     int rc = ct_mkdirs(dir, err);

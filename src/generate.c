@@ -94,7 +94,7 @@ ct_generator *generator_new(const ct_model *m, const ct_lora *lo, int capacity, 
     g->xf = galloc(g, H * A);
     g->logits = galloc(g, (size_t)c->vocab_size * A);
     g->host_pos = ct_malloc(C * sizeof(int32_t));
-    if ((g->moe = moe_new(m, chunk, 1, lo != NULL))) {
+    if ((g->moe = moe_new(m, chunk, 1, lo != NULL, true))) {
         ct_arena ar = {0}; /* measure, allocate, carve (arena.h) */
         moe_layout(g->moe, &ar);
         if ((g->moe_arena = galloc(g, ar.used))) {

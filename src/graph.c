@@ -165,7 +165,7 @@ static ct_graph *graph_shell(const ct_model *m, const ct_graph_options *opt)
     g->n_ws = (g->n_recompute > 0) + kept;
     g->ws = ct_calloc(g->n_ws, sizeof *g->ws);
     g->xs = ct_calloc(L + 1, sizeof *g->xs);
-    g->moe = moe_new(m, opt->capacity, g->n_ws, !opt->no_expert_lora);
+    g->moe = moe_new(m, opt->capacity, g->n_ws, !opt->no_expert_lora, !opt->separate_expert_lora);
     g->stage_holds[0] = g->stage_holds[1] = -1;
     return g;
 }

@@ -31,6 +31,10 @@ typedef struct ct_graph_options {
     bool no_expert_lora;  /* the experts carry no LoRA (memory plan): a mixture-of-experts
                            * graph leaves out the buffers of the fused expert LoRA's u and
                            * g (n x 64 each per workspace); false keeps them, for any adapter */
+    bool separate_expert_lora; /* tests: the expert LoRA forward apart from the grouped GEMM,
+                           * and gate's and up's LoRA backward one by one, where the fused
+                           * forms would run (dropout 0); results within rounding. Train,
+                           * eval and generate leave it false */
 } ct_graph_options;
 
 /* Bytes by what they are for (the memory plan prints them). */

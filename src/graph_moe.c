@@ -27,9 +27,11 @@
  *
  * The gate|up and down forwards run with their expert LoRA fused into the grouped
  * GEMM (moe_linear_lora_fwd) when lora_dropout is 0: on the H200 that is 5% more
- * tokens/s on the qwen3-30b-a3b shape than the GEMM and moe_lora_fwd apart, which
- * CTUNE_MOE_LORA=separate (read by moe_new) keeps for comparison. Under the same
- * conditions gate's and up's LoRA backward runs as one (moe_lora_bwd_cols). */
+ * tokens/s on the qwen3-30b-a3b shape than the GEMM and moe_lora_fwd apart. Under
+ * the same conditions gate's and up's LoRA backward runs as one
+ * (moe_lora_bwd_cols). The separate path remains for dropout and more than 64
+ * ranks, and tests force it everywhere (ct_graph_options.separate_expert_lora)
+ * to compare. */
 #include "graph_moe.h"
 
 #include <stdio.h>
@@ -67,7 +69,7 @@ struct ct_moe {
     ct_backend *be;
     int capacity, E, K, I, H, n_sparse, n_ws;
     ct_moe_rule rule;
-    bool fused_lora;     /* CTUNE_MOE_LORA is not separate */
+    bool fused_lora;     /* the fused expert LoRA ops may run (ct_graph_options.separate_expert_lora off) */
     bool lora_buffers;   /* the workspaces' u_gu, u_d and g exist (moe_new's expert_lora) */
     int *sparse_index;   /* (L): index among sparse layers, -1 for dense */
     moe_acts *ws;        /* (n_ws) */
@@ -84,19 +86,7 @@ struct ct_moe {
     void *g;             /* (n, MOE_G_COLS): the expert LoRA's dy B for the GEMM's input gradient */
 };
 
-/* CTUNE_MOE_LORA: fused (the default, also when unset) or separate; anything
- * else is refused by name, as CTUNE_MOE_GEMM is. */
-static bool fused_lora_wanted(void)
-{
-    const char *v = getenv("CTUNE_MOE_LORA");
-    if (!v || !*v || !strcmp(v, "fused")) return true;
-    if (!strcmp(v, "separate")) return false;
-    fprintf(stderr, "ctune: CTUNE_MOE_LORA=%s is not fused or separate\n"
-                    "HINT: unset it (the default is fused) or set separate for the GEMM and expert LoRA apart\n", v);
-    exit(CT_ERR_INPUT);
-}
-
-ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, bool expert_lora)
+ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, bool expert_lora, bool fused_lora)
 {
     const ct_model_config *c = &m->cfg;
     int n_sparse = 0;
@@ -112,7 +102,7 @@ ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, bool expert_lora)
     mo->H = c->hidden_size;
     mo->n_sparse = n_sparse;
     mo->n_ws = n_ws;
-    mo->fused_lora = fused_lora_wanted();
+    mo->fused_lora = fused_lora;
     mo->lora_buffers = expert_lora;
     mo->rule = c->arch == CT_ARCH_GPT_OSS ? CT_MOE_TOPK_SOFTMAX
              : c->norm_topk_prob          ? CT_MOE_SOFTMAX_TOPK_NORM
@@ -209,7 +199,7 @@ static int targeted_cols(const moe_lora *ml, int l, const ct_module *mods, const
 
 /* The expert LoRA backward of modules mods[i] on dy's columns from col0[i] (they
  * share x), in one moe_lora_bwd_cols when the fused forward would run (dropout 0,
- * CTUNE_MOE_LORA not separate) and at least two of them are targeted; else
+ * fused_lora) and at least two of them are targeted; else
  * lora_bwd per module. */
 static void lora_bwd_cols(ct_moe *mo, const moe_lora *ml, int l, const ct_module *mods, const int *col0, int n_mods,
                           const moe_acts *a, void *dx, int lddx, void *dy, int lddy, int out, const void *x,
@@ -228,7 +218,7 @@ static void lora_bwd_cols(ct_moe *mo, const moe_lora *ml, int l, const ct_module
 
 /* dx = dy W_e (the grouped GEMM's input gradient) plus the expert LoRA backward of
  * modules mods[i] on dy's columns from col0[i] (x their input). With the fused
- * forward (dropout 0, CTUNE_MOE_LORA not separate) and at most 64 ranks in all,
+ * forward (dropout 0, fused_lora) and at most 64 ranks in all,
  * the GEMM also computes g = dy B per module into mo->g and adds the LoRA's
  * input-gradient term (moe_linear_lora_bwd_input: dy read once for both, dx
  * written once), then the LoRA's weight gradients read g and u instead of
@@ -253,8 +243,8 @@ static void linear_lora_bwd(ct_moe *mo, const moe_lora *ml, int l, const ct_modu
 }
 
 /* y = the grouped GEMM of x with W (bias) and the expert LoRA of modules mods[i]
- * on y's columns from col0[i], in one moe_linear_lora_fwd: when CTUNE_MOE_LORA is
- * not separate, dropout is 0 and one of the modules is targeted. Returns false when it did not
+ * on y's columns from col0[i], in one moe_linear_lora_fwd: when fused_lora, dropout
+ * is 0 and one of the modules is targeted. Returns false when it did not
  * run (the caller runs moe_linear_fwd and lora_fwd per module). */
 static bool linear_lora_fwd(ct_moe *mo, const moe_lora *ml, int l, const ct_module *mods, const int *col0,
                             int n_mods, const moe_acts *a, void *y, int ldy, const void *x, int ldx,

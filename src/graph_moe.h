@@ -27,8 +27,10 @@ typedef struct moe_lora {
  * NULL when the model has no sparse layer. Its device buffers come from the
  * graph's arena: moe_layout takes them (in both of the arena's passes).
  * expert_lora false leaves out the fused expert LoRA's u and g buffers (the
- * adapter has no expert modules; with one, its ops then take the unfused path). */
-ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, bool expert_lora);
+ * adapter has no expert modules; with one, its ops then take the unfused path).
+ * fused_lora false (tests) runs the expert LoRA apart from the grouped GEMMs even
+ * where the fused ops could run. */
+ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, bool expert_lora, bool fused_lora);
 void moe_layout(ct_moe *mo, ct_arena *ar);
 void moe_free(ct_moe *mo);   /* host side only: the arena's owner frees the memory */
 

@@ -243,18 +243,22 @@ TEST(checkpointing_on_and_off_give_identical_moe_gradients)
     expect_identical_steps(&f1, &f2, "checkpointing on and off");
 }
 
-/* The fused expert LoRA forward (the default; CTUNE_MOE_LORA=separate turns it
- * off) routes the gate|up and down forwards through moe_linear_lora_fwd (gate
- * and up as two modules on their column halves; gpt_oss's one gate_up module,
- * expert biases and clamped SwiGLU): on the CPU that op is the
- * unfused sequence, so any wrong module, column offset or input shows here. */
+/* The fused expert LoRA forward (the default; the graph option
+ * separate_expert_lora turns it off) routes the gate|up and down forwards through
+ * moe_linear_lora_fwd (gate and up as two modules on their column halves;
+ * gpt_oss's one gate_up module, expert biases and clamped SwiGLU): on the CPU
+ * that op is the unfused sequence, so any wrong module, column offset or input
+ * shows here. */
 static void check_fused_lora_graph(const char *json)
 {
     fixture f1, f2;
     REQUIRE(fixture_open(&f1, json, false, all_targets, 7) == 0, "fixture");
-    setenv("CTUNE_MOE_LORA", "separate", 1);
     REQUIRE(fixture_open(&f2, json, false, all_targets, 7) == 0, "fixture");
-    unsetenv("CTUNE_MOE_LORA");
+    ct_graph_options separate = {.capacity = 64, .separate_expert_lora = true};
+    ct_error err = {0};
+    graph_free(f2.graph);
+    f2.graph = graph_new_with(&f2.model, &separate, &err);
+    REQUIRE(f2.graph, "graph with the separate expert LoRA: %s", err.msg);
     expect_identical_steps(&f1, &f2, "the fused and the separate expert LoRA");
 }
 

@@ -2,7 +2,12 @@
  * packed causal documents and prints TFLOP/s, for comparison with torch's varlen
  * attention on the same shapes (scripts/attn_bench_torch.py prints the same table).
  *
- *   build/bench/attn_bench [reps]        (default 20 calls per timed trial)
+ *   build/bench/attn_bench [reps] [auto|wgmma|tma]
+ *
+ * reps: calls per timed trial (default 20). The second argument forces the
+ * head_dim 64 forward (ct_cuda_options.attn_fwd: one warpgroup or TMA, the two
+ * kernels kept there) to re-measure the rule cuda/kernel_choice.cu picks by;
+ * auto, the default, times what training runs.
  *
  * Shapes: 32 query heads over 8 kv heads (GQA 4), head_dim 64 and 128, 32768
  * tokens per batch of documents of 1k, 4k or 16k tokens; plus "mix", the
@@ -190,12 +195,30 @@ static void bench_shape(ct_backend *be, const attn_shape *s, const float *chunk,
     be->free(be, b.lse); be->free(be, b.cu);
 }
 
+/* The head_dim 64 forward named on the command line (auto when absent). */
+static int parse_fwd(const char *arg, ct_attn_fwd_kernel *fwd)
+{
+    static const char *const names[] = {"auto", "wgmma", "tma"};
+    static const ct_attn_fwd_kernel kernels[] = {CT_ATTN_FWD_AUTO, CT_ATTN_FWD_WGMMA, CT_ATTN_FWD_TMA};
+    for (int i = 0; i < 3; i++)
+        if (!arg || !strcmp(arg, names[i])) {
+            *fwd = kernels[arg ? i : 0];
+            return 0;
+        }
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     int reps = argc > 1 ? atoi(argv[1]) : 20;
     if (reps < 1) reps = 1;
+    ct_cuda_options opt = {0};
+    if (parse_fwd(argc > 2 ? argv[2] : NULL, &opt.attn_fwd)) {
+        fprintf(stderr, "attn_bench: %s is not auto, wgmma or tma (the head_dim 64 forward)\n", argv[2]);
+        return 2;
+    }
     ct_error err = {0};
-    ct_backend *be = backend_cuda_new(&err);
+    ct_backend *be = backend_cuda_new_with(&opt, &err);
     if (!be) {
         printf("attn_bench: skipped: CUDA backend unavailable: %s\n", err.msg);
         return 0;
@@ -214,7 +237,8 @@ int main(int argc, char **argv)
         for (int j = 0; j < 3; j++) shapes[n++] = shape_uniform(names[j], 32, 8, Ds[i], 32768, lens[j]);
     shapes[n++] = shape_mix();
 
-    printf("# ctune CUDA attention, causal, bf16, %d calls per trial, median of %d trials\n", reps, TRIALS);
+    printf("# ctune CUDA attention, causal, bf16, %d calls per trial, median of %d trials; head_dim 64 forward: %s\n",
+           reps, TRIALS, argc > 2 ? argv[2] : "auto");
     printf("# TFLOP/s: fwd 4 * sum(S^2/2) * nq * D per call, bwd 2.5x that\n");
     printf("%-5s %4s %6s %6s %5s %8s %8s %8s %8s\n", "docs", "D", "heads", "T", "n", "fwd_ms", "fwd_TF",
            "bwd_ms", "bwd_TF");

@@ -21,22 +21,18 @@
  * together, the longest tiles of a document first. The host sizes the list from
  * T, n_docs and max_seqlen only (no sync); surplus entries have len 0.
  *
- * Kernels: D = 32 always runs mma.sync (this file's forward, attention_bwd.cu's
- * backward). At D = 64 and 128, CTUNE_ATTN_FWD / CTUNE_ATTN_BWD (auto, wgmma2,
- * wgmma, mma; read by attention_init when a backend is created) pick, and auto
- * decides per call: the forward runs attention_fwd_sm90_2wg.cu (TMA producer, two
- * consumer warpgroups, 128-query tiles) at D = 128, and at D = 64 when documents
- * average 2048 tokens or more, else attention_fwd_sm90.cu (one warpgroup, 64
- * queries); the backward runs dq and dk/dv on two warpgroups per 128-row tile at
- * D = 128 (attention_bwd_dq_2wg.cu, attention_bwd_dkdv_2wg.cu) and on one
+ * Kernels (chosen per call by kernel_choice.cu): D = 32 runs mma.sync (this
+ * file's forward, attention_bwd.cu's backward). The forward runs
+ * attention_fwd_sm90_2wg.cu (TMA producer, two consumer warpgroups, 128-query
+ * tiles) at D = 128, and at D = 64 when documents average 2048 tokens or more,
+ * else attention_fwd_sm90.cu (one warpgroup, 64 queries); the backward runs dq
+ * and dk/dv on two warpgroups per 128-row tile at D = 128
+ * (attention_bwd_dq_2wg.cu, attention_bwd_dkdv_2wg.cu) and on one
  * (attention_bwd_sm90.cu) at D = 64. Every backward is delta = rowsum(dout * out)
  * and then dq and dk/dv as two kernels without atomics: gradients are
  * bit-identical run to run. */
 #include "attention.cuh"
-
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include "kernel_choice.cuh"
 
 #define TAIL_ROWS 16       /* rows per block of the padding-rows kernel */
 #define TILES_THREADS 1024 /* the work-list kernel's one block */
@@ -236,57 +232,15 @@ size_t attn_tiles_bytes(int n_docs, size_t slots)
 
 template <int D> static size_t fwd_smem() { return (size_t)5 * TILE * Cfg<D>::ROW * 2; }
 
-/* The forward cuda_attention_fwd runs at D = 64 and 128: set from CTUNE_ATTN_FWD
- * by attention_init, i.e. by the latest backend created. AUTO picks per call
- * (fwd_kind_for). */
-enum attn_fwd_kind { ATTN_FWD_KIND_AUTO, ATTN_FWD_KIND_MMA, ATTN_FWD_KIND_WGMMA, ATTN_FWD_KIND_WGMMA2 };
-static attn_fwd_kind fwd_kind = ATTN_FWD_KIND_AUTO;
-
-/* CTUNE_ATTN_{FWD,BWD}: auto (the default, also when unset), wgmma2, wgmma or mma
- * as index 0..3; anything else is refused by name. */
-static int attn_kind_from_env(const char *name)
-{
-    static const char *const kinds[] = {"auto", "mma", "wgmma", "wgmma2"};
-    const char *v = getenv(name);
-    if (!v || !*v) return 0;
-    for (int i = 0; i < 4; i++)
-        if (!strcmp(v, kinds[i])) return i;
-    fprintf(stderr, "ctune: %s=%s is not auto, mma, wgmma or wgmma2\n"
-                    "HINT: unset it (auto picks the fastest kernel per call), or set wgmma2 (two "
-                    "warpgroups, 128-row tiles), wgmma (one warpgroup, 64-row tiles) or mma (mma.sync)\n",
-            name, v);
-    exit(CT_ERR_INPUT);
-}
-
-/* The forward kernel for one call. AUTO: the two-consumer TMA kernel at D = 128;
- * at D = 64 only when documents average 2048 tokens or more, because its 128-query
- * tiles waste more rows at document ends and, at D = 64, lost to the 64-row
- * kernel on 1k documents (H200: 215 vs 241 TFLOP/s; 333 vs 296 at 4k;
- * docs/kernels/attention.md). */
-static attn_fwd_kind fwd_kind_for(int D, int T, int n_docs)
-{
-    if (D == 32) return ATTN_FWD_KIND_MMA;
-    if (fwd_kind != ATTN_FWD_KIND_AUTO) return fwd_kind;
-    if (D == 128 || (size_t)T >= (size_t)2048 * (size_t)n_docs) return ATTN_FWD_KIND_WGMMA2;
-    return ATTN_FWD_KIND_WGMMA;
-}
-
-template <int D> static void attention_init_d()
-{
-    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fwd_smem<D>()));
-}
-
-/* Raises the shared-memory limit of every instantiation once (more than 48 KB
- * needs an explicit opt-in) and reads CTUNE_ATTN_FWD and CTUNE_ATTN_BWD. */
+/* Raises the shared-memory limit of every attention kernel (more than 48 KB
+ * needs an explicit opt-in). The mma.sync forward is built for D = 32 only. */
 void attention_init(void)
 {
-    attention_init_d<32>();
-    attention_init_d<64>();
-    attention_init_d<128>();
+    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)fwd_smem<32>()));
     attn_fwd_sm90_init();
     attn_fwd_sm90_2wg_init();
-    attention_bwd_init((attn_bwd_kind)attn_kind_from_env("CTUNE_ATTN_BWD"));
-    fwd_kind = (attn_fwd_kind)attn_kind_from_env("CTUNE_ATTN_FWD");
+    attention_bwd_init();
 }
 
 /* Also checks that the 1-D grid of the largest launch (slots x nq blocks) fits. */
@@ -303,12 +257,12 @@ void attn_check_args(const char *op, int D, int nq, int nkv, int T, int n_docs, 
                   "%s: operand %d must be 16-byte aligned with a stride multiple of 8 (stride %d)", op, i, lds[i]);
 }
 
-template <int D>
-static void fwd_launch(cudaStream_t st, bf16 *out, int ldo, float *lse, const bf16 *q, int ldq,
-                       const bf16 *k, int ldk, const bf16 *v, int ldv, const int4 *tiles, size_t slots,
-                       int nq, int nkv, float scale, int window, const float *sinks)
+/* The mma.sync forward (D = 32) over the work list tiles (slots entries). */
+static void fwd_mma(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf16 *k, int ldk,
+                    const bf16 *v, int ldv, const int4 *tiles, size_t slots, int nq, int nkv, float scale,
+                    int window, const float *sinks, cudaStream_t st)
 {
-    attn_fwd_kernel<D><<<(unsigned)(slots * nq), THREADS, fwd_smem<D>(), st>>>(
+    attn_fwd_kernel<32><<<(unsigned)(slots * nq), THREADS, fwd_smem<32>(), st>>>(
         out, ldo, lse, q, ldq, k, ldk, v, ldv, tiles, nq, nq / nkv, scale * LOG2E, window, sinks);
     LAUNCH_CHECK();
 }
@@ -326,20 +280,19 @@ void cuda_attention_fwd(ct_backend *be, void *out, int ldo, float *lse, const vo
     cudaStream_t st = c->stream;
     tail_zero z = {{(bf16 *)out, NULL, NULL}, {ldo, 0, 0}, {nq * D, 0, 0}, lse, nq};
     attn_zero_tail(st, z, cu_seqlens, n_docs, T);
-    const attn_fwd_kind kind = fwd_kind_for(D, T, n_docs);
-    const int rows = kind == ATTN_FWD_KIND_WGMMA2 ? 2 * TILE : TILE; /* queries per work-list tile */
+    const attn_fwd_choice kind = choose_attn_fwd(c->options.attn_fwd, D, T, n_docs);
+    const int rows = kind == ATTN_FWD_TMA ? 2 * TILE : TILE; /* queries per work-list tile */
     size_t slots = attn_tile_slots(T, n_docs, max_seqlen, rows);
     if (slots == 0) return;
     scratch_carver sc = {(char *)cuda_scratch(c, attn_tiles_bytes(n_docs, slots)), 0};
     const int4 *tiles = attn_build_tiles(st, &sc, cu_seqlens, n_docs, slots, rows);
     bf16 *o = (bf16 *)out;
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
-    if (kind == ATTN_FWD_KIND_WGMMA2)
+    if (kind == ATTN_FWD_TMA)
         attn_fwd_sm90_2wg(o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, T, nq, nkv, D, scale, window, sinks,
                           st);
-    else if (kind == ATTN_FWD_KIND_WGMMA)
+    else if (kind == ATTN_FWD_WGMMA)
         attn_fwd_sm90(o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, D, scale, window, sinks, st);
-    else if (D == 32) fwd_launch<32>(st, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, scale, window, sinks);
-    else if (D == 64) fwd_launch<64>(st, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, scale, window, sinks);
-    else fwd_launch<128>(st, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, scale, window, sinks);
+    else
+        fwd_mma(o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, scale, window, sinks, st);
 }

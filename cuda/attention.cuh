@@ -606,17 +606,11 @@ const int4 *attn_build_tiles(cudaStream_t st, scratch_carver *sc, const int32_t 
 /* Asserts the shapes, strides and alignment both directions need. */
 void attn_check_args(const char *op, int D, int nq, int nkv, int T, int n_docs, int max_seqlen,
                      const void *const *ptrs, const int *lds, int n);
-/* The backward at D = 64 and 128 (CTUNE_ATTN_BWD): mma.sync (attention_bwd.cu),
- * wgmma (attention_bwd_sm90.cu), or wgmma with the two-warpgroup dq and dk/dv
- * kernels at D = 128 (attention_bwd_dq_2wg.cu, attention_bwd_dkdv_2wg.cu; D = 64
- * runs wgmma's). AUTO and WGMMA2 both run the two-warpgroup pair, the fastest at
- * every measured shape. The order is attn_kind_from_env's. */
-enum attn_bwd_kind { ATTN_BWD_AUTO, ATTN_BWD_MMA, ATTN_BWD_WGMMA, ATTN_BWD_WGMMA2 };
-/* attention_bwd.cu: raises the backward kernels' shared-memory limits and picks
- * the backward cuda_attention_bwd runs at D = 64 and 128 from now on (process-wide). */
-void attention_bwd_init(attn_bwd_kind kind);
+/* attention_bwd.cu: raises the backward kernels' shared-memory limits (once per
+ * backend created, from attention_init). */
+void attention_bwd_init(void);
 
-/* attention_fwd_sm90.cu: the wgmma forward (D = 64 or 128) and its shared-memory opt-in. */
+/* attention_fwd_sm90.cu: the one-warpgroup wgmma forward (D = 64) and its shared-memory opt-in. */
 void attn_fwd_sm90(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf16 *k, int ldk,
                    const bf16 *v, int ldv, const int4 *tiles, size_t slots, int nq, int nkv, int D,
                    float scale, int window, const float *sinks, cudaStream_t st);
@@ -630,7 +624,7 @@ void attn_fwd_sm90_2wg(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, c
                        float scale, int window, const float *sinks, cudaStream_t st);
 void attn_fwd_sm90_2wg_init(void);
 
-/* attention_bwd_sm90.cu: the wgmma dq and dk/dv kernels (D = 64 or 128) after
+/* attention_bwd_sm90.cu: the one-warpgroup wgmma dq and dk/dv kernels (D = 64) after
  * attn_delta_kernel filled delta and lse2 ((nq, T) each), and their shared-memory
  * opt-in. Arguments as attention_bwd.cu's mma.sync launch; tiles is the 64-row
  * work list (slots entries). */

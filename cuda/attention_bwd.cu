@@ -1,11 +1,11 @@
 /* attention_bwd.cu — backward of the varlen causal GQA flash attention: delta,
- * then dq and dk/dv in two deterministic kernels, here on mma.sync
- * (CTUNE_ATTN_BWD=mma, and always at D = 32), or at D = 64 and 128 on wgmma
- * (attention_bwd_sm90.cu), with dq and dk/dv at D = 128 on two warpgroups each
- * (attention_bwd_dq_2wg.cu, attention_bwd_dkdv_2wg.cu) unless CTUNE_ATTN_BWD=wgmma.
- * The contract and the work list are attention.cu's header comment; the
- * algorithm and pipelining are described in docs/kernels/attention.md. */
+ * then dq and dk/dv in two deterministic kernels, here on mma.sync at D = 32,
+ * at D = 64 on wgmma (attention_bwd_sm90.cu), at D = 128 on two warpgroups each
+ * (attention_bwd_dq_2wg.cu, attention_bwd_dkdv_2wg.cu); kernel_choice.cu has
+ * the rule. The contract and the work list are attention.cu's header comment;
+ * the algorithm and pipelining are described in docs/kernels/attention.md. */
 #include "attention.cuh"
+#include "kernel_choice.cuh"
 
 // ---- kernels ----
 
@@ -215,75 +215,41 @@ template <int D> static size_t dkdv_smem()
     return (size_t)(2 * TILE + 4 * Cfg<D>::QT) * Cfg<D>::ROW * 2 + 4 * Cfg<D>::QT * sizeof(float);
 }
 
-template <int D> static void attention_bwd_init_d()
+/* The mma.sync kernels are built for D = 32 only (kernel_choice.cu). */
+void attention_bwd_init(void)
 {
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem<D>()));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkdv_smem<D>()));
-}
-
-/* Which kernels cuda_attention_bwd runs at D = 64 and 128: set by attention_init
- * (CTUNE_ATTN_BWD), i.e. by the latest backend created. */
-static attn_bwd_kind bwd_kind = ATTN_BWD_AUTO;
-
-void attention_bwd_init(attn_bwd_kind kind)
-{
-    attention_bwd_init_d<32>();
-    attention_bwd_init_d<64>();
-    attention_bwd_init_d<128>();
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)dq_smem<32>()));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)dkdv_smem<32>()));
     attn_bwd_sm90_init();
     attn_bwd_dkdv_2wg_init();
     attn_bwd_dq_2wg_init();
-    bwd_kind = kind;
 }
 
-/* Whether dk/dv at head_dim D runs the two-warpgroup kernel on 128-key tiles. */
-static bool bwd_dkdv_2wg(int D)
-{
-    return (bwd_kind == ATTN_BWD_WGMMA2 || bwd_kind == ATTN_BWD_AUTO) && D == 128;
-}
-
-/* Whether dq at head_dim D runs the two-warpgroup kernel on 128-query tiles
- * (faster at every measured shape: 4k documents 303 -> 357 TFLOP/s backward). */
-static bool bwd_dq_2wg(int D)
-{
-    return (bwd_kind == ATTN_BWD_WGMMA2 || bwd_kind == ATTN_BWD_AUTO) && D == 128;
-}
-
-/* The backward's kernels for one D: tiles (slots entries) is the 64-row work
- * list; tiles2 (slots2) the 128-row one when bwd_dkdv_2wg(D) or bwd_dq_2wg(D),
- * else unused. */
+/* delta and lse2 ((nq, T) each) for every kind of backward. */
 template <int D>
-static void bwd_launch(cudaStream_t st, float *delta, float *lse2, const int4 *tiles, size_t slots,
-                       const int4 *tiles2, size_t slots2, bf16 *dq, int lddq, bf16 *dk, int lddk, bf16 *dv,
-                       int lddv, const bf16 *dout, int lddo, const bf16 *out, int ldo, const float *lse,
-                       const bf16 *q, int ldq, const bf16 *k, int ldk, const bf16 *v, int ldv, int T, int nq,
-                       int nkv, float scale, int window)
+static void delta_launch(float *delta, float *lse2, const bf16 *dout, int lddo, const bf16 *out, int ldo,
+                         const float *lse, int T, int nq, cudaStream_t st)
 {
     size_t rows = (size_t)T * nq;
     constexpr int rows_per_warp = D / 8 < 32 ? 256 / D : 1;
     attn_delta_kernel<D><<<grid_for(rows, 8 * rows_per_warp), 256, 0, st>>>(delta, lse2, dout, lddo, out, ldo, lse,
                                                                            T, nq);
     LAUNCH_CHECK();
-    if (bwd_kind != ATTN_BWD_MMA && D != 32) {
-        if (bwd_dq_2wg(D))
-            attn_bwd_dq_2wg(dq, lddq, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles2, slots2, T, nq, nkv,
-                            scale, window, st);
-        else
-            attn_bwd_dq_sm90(dq, lddq, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, slots, T, nq, nkv,
-                             D, scale, window, st);
-        if (bwd_dkdv_2wg(D))
-            attn_bwd_dkdv_2wg(dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles2, slots2,
-                              T, nq, nkv, scale, window, st);
-        else
-            attn_bwd_dkdv_sm90(dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, slots,
-                               T, nq, nkv, D, scale, window, st);
-        return;
-    }
-    attn_bwd_dq_kernel<D><<<(unsigned)(slots * nq), THREADS, dq_smem<D>(), st>>>(
+}
+
+/* dq, then dk/dv, on mma.sync (D = 32) over the 64-row work list tiles (slots entries). */
+static void bwd_mma(bf16 *dq, int lddq, bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout, int lddo,
+                    const float *lse2, const float *delta, const bf16 *q, int ldq, const bf16 *k, int ldk,
+                    const bf16 *v, int ldv, const int4 *tiles, size_t slots, int T, int nq, int nkv, float scale,
+                    int window, cudaStream_t st)
+{
+    attn_bwd_dq_kernel<32><<<(unsigned)(slots * nq), THREADS, dq_smem<32>(), st>>>(
         dq, lddq, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, T, nq, nq / nkv, scale,
         scale * LOG2E, window);
     LAUNCH_CHECK();
-    attn_bwd_dkdv_kernel<D><<<(unsigned)(slots * nkv), THREADS, dkdv_smem<D>(), st>>>(
+    attn_bwd_dkdv_kernel<32><<<(unsigned)(slots * nkv), THREADS, dkdv_smem<32>(), st>>>(
         dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, T, nkv, nq / nkv,
         scale, scale * LOG2E, window);
     LAUNCH_CHECK();
@@ -304,8 +270,8 @@ void cuda_attention_bwd(ct_backend *be, void *dq, int lddq, void *dk, int lddk, 
     attn_zero_tail(c->stream, z, cu_seqlens, n_docs, T);
     size_t slots = attn_tile_slots(T, n_docs, max_seqlen, TILE);
     if (slots == 0) return;
-    const size_t slots2 =
-        bwd_dkdv_2wg(D) || bwd_dq_2wg(D) ? attn_tile_slots(T, n_docs, max_seqlen, 2 * TILE) : 0;
+    const attn_bwd_choice kind = choose_attn_bwd(D);
+    const size_t slots2 = kind == ATTN_BWD_TWO_WG ? attn_tile_slots(T, n_docs, max_seqlen, 2 * TILE) : 0;
     /* The sinks enter backward only through lse (they have no value rows and are
      * frozen), so they are not read here. */
     size_t head_rows = scratch_round((size_t)T * nq * sizeof(float));
@@ -318,8 +284,23 @@ void cuda_attention_bwd(ct_backend *be, void *dq, int lddq, void *dk, int lddk, 
     bf16 *a = (bf16 *)dq, *b = (bf16 *)dk, *cc = (bf16 *)dv;
     const bf16 *go = (const bf16 *)dout, *o = (const bf16 *)out;
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
-    if (D == 32) bwd_launch<32>(c->stream, delta, lse2, tiles, slots, tiles2, slots2, a, lddq, b, lddk, cc, lddv, go, lddo, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, T, nq, nkv, scale, window);
-    else if (D == 64) bwd_launch<64>(c->stream, delta, lse2, tiles, slots, tiles2, slots2, a, lddq, b, lddk, cc, lddv, go, lddo, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, T, nq, nkv, scale, window);
-    else bwd_launch<128>(c->stream, delta, lse2, tiles, slots, tiles2, slots2, a, lddq, b, lddk, cc, lddv, go, lddo, o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, T, nq, nkv, scale, window);
+    cudaStream_t st = c->stream;
+    if (D == 32) delta_launch<32>(delta, lse2, go, lddo, o, ldo, lse, T, nq, st);
+    else if (D == 64) delta_launch<64>(delta, lse2, go, lddo, o, ldo, lse, T, nq, st);
+    else delta_launch<128>(delta, lse2, go, lddo, o, ldo, lse, T, nq, st);
+    if (kind == ATTN_BWD_TWO_WG) {
+        attn_bwd_dq_2wg(a, lddq, go, lddo, lse2, delta, qb, ldq, kb, ldk, vb, ldv, tiles2, slots2, T, nq, nkv, scale,
+                        window, st);
+        attn_bwd_dkdv_2wg(b, lddk, cc, lddv, go, lddo, lse2, delta, qb, ldq, kb, ldk, vb, ldv, tiles2, slots2, T, nq,
+                          nkv, scale, window, st);
+    } else if (kind == ATTN_BWD_WGMMA) {
+        attn_bwd_dq_sm90(a, lddq, go, lddo, lse2, delta, qb, ldq, kb, ldk, vb, ldv, tiles, slots, T, nq, nkv, D,
+                         scale, window, st);
+        attn_bwd_dkdv_sm90(b, lddk, cc, lddv, go, lddo, lse2, delta, qb, ldq, kb, ldk, vb, ldv, tiles, slots, T, nq,
+                           nkv, D, scale, window, st);
+    } else {
+        bwd_mma(a, lddq, b, lddk, cc, lddv, go, lddo, lse2, delta, qb, ldq, kb, ldk, vb, ldv, tiles, slots, T, nq, nkv,
+                scale, window, st);
+    }
 }
 

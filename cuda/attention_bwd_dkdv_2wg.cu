@@ -1,6 +1,6 @@
 /* attention_bwd_dkdv_2wg.cu — dk/dv of the varlen causal GQA flash-attention
- * backward at D = 128 on two warpgroups per block (the default there; dk/dv at
- * D = 64 stays attention_bwd_sm90.cu's, and dq at D = 128 is
+ * backward at D = 128 on two warpgroups per block (kernel_choice.cu: the only dk/dv
+ * there; dk/dv at D = 64 is attention_bwd_sm90.cu's, and dq at D = 128 is
  * attention_bwd_dq_2wg.cu's). Same contract as that file's
  * dk/dv kernel: delta and lse2 head-major (nq, T) from attn_delta_kernel, the same
  * masks, window and sinks (through lse only), P and dS rounded to bf16 before

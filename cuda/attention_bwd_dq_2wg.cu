@@ -1,6 +1,6 @@
 /* attention_bwd_dq_2wg.cu — dq of the varlen causal GQA flash-attention backward
- * at D = 128 on two warpgroups per block (the default at D = 128; CTUNE_ATTN_BWD=wgmma
- * keeps attention_bwd_sm90.cu's dq). Same contract as that file's dq kernel: delta and
+ * at D = 128 on two warpgroups per block (kernel_choice.cu: the only dq at
+ * D = 128). Same contract as attention_bwd_sm90.cu's dq kernel: delta and
  * lse2 head-major (nq, T) from attn_delta_kernel, the same masks, window and
  * sinks (through lse only), dS rounded to bf16 before dq += dS K, the keys summed
  * in ascending order, no atomics; rows past a document's end are not stored.

@@ -4,9 +4,10 @@
  * (nq, T), written first by attn_delta_kernel), sinks entering only through lse,
  * the same fp32 -> bf16 roundings (P for dv, dS for dq and dk) and a fixed sum
  * order, so results are deterministic without atomics; see attention.cu's header.
- * Both kernels run at D = 64, and at D = 128 under CTUNE_ATTN_BWD=wgmma (by
- * default attention_bwd_dq_2wg.cu's dq and attention_bwd_dkdv_2wg.cu's dk/dv run
- * there); D = 32 always runs mma.sync (attention_bwd.cu's dispatch).
+ * Both kernels are built for and run at D = 64 (kernel_choice.cu): D = 128 runs
+ * attention_bwd_dq_2wg.cu's dq and attention_bwd_dkdv_2wg.cu's dk/dv, D = 32
+ * mma.sync. The design and figures below also cover D = 128, where these kernels
+ * ran until the two-warpgroup ones replaced them (docs/kernels/attention.md).
  *
  * dq: one warpgroup per 64-query tile x head, walking the key tiles it sees:
  *   S  = Q K^T    SS, K rows as a K-major B (as the forward's Q K^T);
@@ -48,11 +49,11 @@
  * barrier per step, after the copy wait and the proxy fence, as in the forward.
  *
  * Resources (ptxas, sm_90a, CUDA 13; no spills, no serialized wgmma):
- *   dq    D = 128: 248 registers, 113 KB shared, 2 blocks per multiprocessor
- *                  (exactly the 228 KB, hence the max-shared carveout);
- *         D = 64:  185 registers, 57 KB, 2 blocks (registers);
- *   dk/dv D = 128: 226 registers, 81.75 KB, 2 blocks;
- *         D = 64:  220 registers, 66.5 KB, 2 blocks (registers).
+ *   dq    D = 64:  185 registers, 57 KB, 2 blocks per multiprocessor (registers);
+ *         D = 128: 248 registers, 113 KB shared, 2 blocks (exactly the 228 KB,
+ *                  hence the max-shared carveout);
+ *   dk/dv D = 64:  220 registers, 66.5 KB, 2 blocks (registers);
+ *         D = 128: 226 registers, 81.75 KB, 2 blocks.
  * Measurements: docs/kernels/attention.md. */
 #include "attention.cuh"
 #include "wgmma.cuh"
@@ -233,22 +234,16 @@ attn_bwd_dkdv_sm90_kernel(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *do
 
 // ---- launchers ----
 
-template <int D> static void bwd_sm90_init_d()
-{
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)sm90b::dq_smem<D>()));
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)sm90b::dkdv_smem<D>()));
-    /* Two dq blocks at D = 128 need all 228 KB of the multiprocessor as shared memory. */
-    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_sm90_kernel<D>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    cudaSharedmemCarveoutMaxShared));
-}
-
-/* Raises both instantiations' shared-memory limits (more than 48 KB needs an opt-in). */
+/* Raises the kernels' shared-memory limits (more than 48 KB needs an opt-in). */
 void attn_bwd_sm90_init(void)
 {
-    bwd_sm90_init_d<64>();
-    bwd_sm90_init_d<128>();
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_sm90_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)sm90b::dq_smem<64>()));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkdv_sm90_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)sm90b::dkdv_smem<64>()));
+    /* As at D = 128, where two dq blocks need all 228 KB of the multiprocessor as shared memory. */
+    CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dq_sm90_kernel<64>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
 }
 
 /* dq over the work list tiles (slots entries, 64-row tiles), after attn_delta_kernel. */
@@ -256,11 +251,10 @@ void attn_bwd_dq_sm90(bf16 *dq, int lddq, const bf16 *dout, int lddo, const floa
                       const bf16 *q, int ldq, const bf16 *k, int ldk, const bf16 *v, int ldv, const int4 *tiles,
                       size_t slots, int T, int nq, int nkv, int D, float scale, int window, cudaStream_t st)
 {
-    CT_ASSERT(D == 64 || D == 128, "attention_bwd (wgmma): head_dim %d is not 64 or 128", D);
-    auto kernel = D == 64 ? attn_bwd_dq_sm90_kernel<64> : attn_bwd_dq_sm90_kernel<128>;
-    const size_t smem = D == 64 ? sm90b::dq_smem<64>() : sm90b::dq_smem<128>();
-    kernel<<<(unsigned)(slots * nq), THREADS, smem, st>>>(dq, lddq, dout, lddo, lse2, delta, q, ldq, k, ldk, v,
-                                                          ldv, tiles, T, nq, nq / nkv, scale, scale * LOG2E, window);
+    CT_ASSERT(D == 64, "attention_bwd (wgmma): head_dim %d is not 64", D);
+    attn_bwd_dq_sm90_kernel<64><<<(unsigned)(slots * nq), THREADS, sm90b::dq_smem<64>(), st>>>(
+        dq, lddq, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, T, nq, nq / nkv, scale, scale * LOG2E,
+        window);
     LAUNCH_CHECK();
 }
 
@@ -270,11 +264,9 @@ void attn_bwd_dkdv_sm90(bf16 *dk, int lddk, bf16 *dv, int lddv, const bf16 *dout
                         const int4 *tiles, size_t slots, int T, int nq, int nkv, int D, float scale, int window,
                         cudaStream_t st)
 {
-    CT_ASSERT(D == 64 || D == 128, "attention_bwd (wgmma): head_dim %d is not 64 or 128", D);
-    auto kernel = D == 64 ? attn_bwd_dkdv_sm90_kernel<64> : attn_bwd_dkdv_sm90_kernel<128>;
-    const size_t smem = D == 64 ? sm90b::dkdv_smem<64>() : sm90b::dkdv_smem<128>();
-    kernel<<<(unsigned)(slots * nkv), THREADS, smem, st>>>(dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k,
-                                                           ldk, v, ldv, tiles, T, nkv, nq / nkv, scale,
-                                                           scale * LOG2E, window);
+    CT_ASSERT(D == 64, "attention_bwd (wgmma): head_dim %d is not 64", D);
+    attn_bwd_dkdv_sm90_kernel<64><<<(unsigned)(slots * nkv), THREADS, sm90b::dkdv_smem<64>(), st>>>(
+        dk, lddk, dv, lddv, dout, lddo, lse2, delta, q, ldq, k, ldk, v, ldv, tiles, T, nkv, nq / nkv, scale,
+        scale * LOG2E, window);
     LAUNCH_CHECK();
 }

@@ -2,8 +2,9 @@
  * warpgroup MMA (wgmma.cuh). Same contract as attention.cu's mma.sync forward
  * (layouts, visibility, GQA, sinks, lse in natural log including the sink, rows
  * past a document's end not written, padding rows zeroed by the caller): see
- * attention.cu's header. attention.cu's fwd_kind_for runs it at D = 64 for short
- * documents, and CTUNE_ATTN_FWD=wgmma at D = 64 and 128.
+ * attention.cu's header. Built for D = 64, where kernel_choice.cu runs it for
+ * documents averaging under 2048 tokens; the design and figures below also cover
+ * D = 128, where it ran until the TMA kernel (attention_fwd_sm90_2wg.cu) replaced it.
  *
  * Schedule. Grid and work list are the mma.sync forward's (block b: work-list entry
  * b / nq, head b % nq). One warpgroup (128 threads) owns 64 queries of one head,
@@ -129,17 +130,11 @@ attn_fwd_sm90_kernel(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, con
 
 // ---- launchers ----
 
-template <int D> static void fwd_sm90_init_d()
-{
-    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_sm90_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)sm90::smem_bytes<D>()));
-}
-
-/* Raises both instantiations' shared-memory limit (more than 48 KB needs an opt-in). */
+/* Raises the kernel's shared-memory limit (more than 48 KB needs an opt-in). */
 void attn_fwd_sm90_init(void)
 {
-    fwd_sm90_init_d<64>();
-    fwd_sm90_init_d<128>();
+    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_sm90_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)sm90::smem_bytes<64>()));
 }
 
 /* The forward over the work list tiles (slots entries, attn_build_tiles), as
@@ -149,13 +144,8 @@ void attn_fwd_sm90(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const
                    const bf16 *v, int ldv, const int4 *tiles, size_t slots, int nq, int nkv, int D,
                    float scale, int window, const float *sinks, cudaStream_t st)
 {
-    CT_ASSERT(D == 64 || D == 128, "attention_fwd (wgmma): head_dim %d is not 64 or 128", D);
-    const unsigned grid = (unsigned)(slots * nq);
-    if (D == 64)
-        attn_fwd_sm90_kernel<64><<<grid, THREADS, sm90::smem_bytes<64>(), st>>>(
-            out, ldo, lse, q, ldq, k, ldk, v, ldv, tiles, nq, nq / nkv, scale * LOG2E, window, sinks);
-    else
-        attn_fwd_sm90_kernel<128><<<grid, THREADS, sm90::smem_bytes<128>(), st>>>(
-            out, ldo, lse, q, ldq, k, ldk, v, ldv, tiles, nq, nq / nkv, scale * LOG2E, window, sinks);
+    CT_ASSERT(D == 64, "attention_fwd (wgmma): head_dim %d is not 64", D);
+    attn_fwd_sm90_kernel<64><<<(unsigned)(slots * nq), THREADS, sm90::smem_bytes<64>(), st>>>(
+        out, ldo, lse, q, ldq, k, ldk, v, ldv, tiles, nq, nq / nkv, scale * LOG2E, window, sinks);
     LAUNCH_CHECK();
 }

@@ -3,8 +3,8 @@
  * warpgroup, two consumer warpgroups on wgmma sharing every K/V tile. Same
  * contract as attention.cu's forwards (layouts, visibility, GQA, sinks, lse in
  * natural log including the sink, rows past a document's end not written, padding
- * rows zeroed by the caller): see attention.cu's header. CTUNE_ATTN_FWD=wgmma2
- * forces it for D = 64 and 128 (attention.cu's dispatch).
+ * rows zeroed by the caller): see attention.cu's header. kernel_choice.cu runs it
+ * at D = 128, and at D = 64 for documents averaging 2048 tokens or more.
  *
  * Schedule. The work list has 128-query tiles (attn_build_tiles with rows 128,
  * longest tiles of a document first); block b takes entry b / nq and head b % nq.

@@ -212,7 +212,7 @@ static void cuda_destroy(ct_backend *be)
     free(be);
 }
 
-extern "C" ct_backend *backend_cuda_new(ct_error *err)
+extern "C" ct_backend *backend_cuda_new_with(const ct_cuda_options *opt, ct_error *err)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -238,6 +238,9 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     CUDA_CHECK(cudaSetDevice(0));
     cuda_ctx *c = (cuda_ctx *)ct_calloc(1, sizeof *c);
     c->num_sms = prop.multiProcessorCount;
+    if (opt) c->options = *opt;
+    CT_ASSERT(c->options.attn_fwd >= CT_ATTN_FWD_AUTO && c->options.attn_fwd <= CT_ATTN_FWD_TMA,
+              "backend_cuda_new_with: attn_fwd %d is not a ct_attn_fwd_kernel", (int)c->options.attn_fwd);
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
     c->workspace_bytes = WORKSPACE_BYTES;
@@ -297,3 +300,5 @@ extern "C" ct_backend *backend_cuda_new(ct_error *err)
     cuda_fill_moe_gemm_lora_ops(be);
     return be;
 }
+
+extern "C" ct_backend *backend_cuda_new(ct_error *err) { return backend_cuda_new_with(NULL, err); }

@@ -42,6 +42,7 @@ struct cuda_ctx {
     size_t scratch_bytes;
     double *partials;           /* (SUMSQ_BLOCKS) sum_squares partial sums, fixed size */
     int num_sms;
+    ct_cuda_options options;    /* the kernels forced at creation (kernel_choice.cu reads them) */
     /* activation offload (offload.cu): copies run here, ordered by events */
     cudaStream_t copy_stream;
     cudaEvent_t compute_mark;                  /* "everything queued on stream so far" */
@@ -170,7 +171,8 @@ void cuda_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int 
 void lora_convert_cols(cudaStream_t st, bf16 *Ap, bf16 *At, bf16 *Bt, const ct_lora_cols *mods, int n_mod, int E,
                        int R, int RP, int in, int out);
 
-/* attention.cu */
+/* attention.cu: attention_init raises the kernels' shared-memory limits (per
+ * backend created). */
 void attention_init(void);
 void cuda_attention_fwd(ct_backend *be, void *out, int ldo, float *lse, const void *q, int ldq,
                         const void *k, int ldk, const void *v, int ldv, const int32_t *cu_seqlens,

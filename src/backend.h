@@ -430,8 +430,25 @@ struct ct_backend {
 
 /* The CPU reference backend (never fails). */
 ct_backend *backend_cpu_new(void);
-/* The CUDA backend, or NULL with a reason in err when no GPU is usable
- * (or ctune was built without CUDA). */
+/* The attention forward kernel a CUDA backend runs at head_dim 64, where two
+ * kernels are kept (head_dim 32 and 128 have one each and ignore the choice). */
+typedef enum ct_attn_fwd_kernel {
+    CT_ATTN_FWD_AUTO = 0, /* per call, by the documents' mean length (cuda/kernel_choice.cu) */
+    CT_ATTN_FWD_WGMMA,    /* one warpgroup per 64 queries (cuda/attention_fwd_sm90.cu) */
+    CT_ATTN_FWD_TMA,      /* TMA producer, two consumer warpgroups per 128 queries (cuda/attention_fwd_sm90_2wg.cu) */
+} ct_attn_fwd_kernel;
+
+/* Kernel choices of a CUDA backend, fixed when it is created. Zero is the
+ * automatic choice, what train, eval and generate run; tests and benchmarks
+ * force a kept kernel where more than one serves a call. */
+typedef struct ct_cuda_options {
+    ct_attn_fwd_kernel attn_fwd;
+} ct_cuda_options;
+
+/* The CUDA backend with the kernels opt chooses (NULL: all automatic), or NULL
+ * with a reason in err when no GPU is usable (or ctune was built without CUDA). */
+ct_backend *backend_cuda_new_with(const ct_cuda_options *opt, ct_error *err);
+/* backend_cuda_new_with(NULL, err). */
 ct_backend *backend_cuda_new(ct_error *err);
 
 #endif

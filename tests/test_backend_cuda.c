@@ -16,13 +16,13 @@
  *   GEMM-based (linear, LoRA, rmsnorm bwd)           2e-2
  *   attention out / dq, dk, dv                       2e-2 / 4e-2
  *   fp32 results (lse, loss, optimizer)              1e-3 .. 1e-5
- * The attention tests run four times, on a backend created under CTUNE_ATTN_FWD=mma
- * and CTUNE_ATTN_BWD=mma, then on one under =wgmma for both (the Hopper kernels),
- * then under CTUNE_ATTN_FWD=wgmma2 (the warp-specialized TMA forward) with the
- * wgmma backward, then under CTUNE_ATTN_FWD=wgmma and CTUNE_ATTN_BWD=wgmma2 (dq
- * and dk/dv at D = 128 on two warpgroups each: the only pass that runs the
- * two-warpgroup dq, which auto does not pick); each pass compares the forward and
- * the backward and checks that the backward is bit-reproducible.
+ * The attention tests run once per kept kernel choice, each on a backend created
+ * with the choice forced (ct_cuda_options): the head_dim 64 forward on one
+ * warpgroup, then on the TMA kernel (the two kernels kept there). Every pass also
+ * runs the one forward of head_dim 32 (mma.sync) and 128 (TMA) and the one
+ * backward of each head_dim (mma.sync at 32, one warpgroup at 64, two warpgroups
+ * for dq and dk/dv at 128); each compares the forward and the backward with the
+ * CPU and checks that the backward is bit-reproducible.
  * Without a GPU every test reports "skip NAME: skipped: no GPU". */
 #include "backend.h"
 #include "check.h"
@@ -32,8 +32,15 @@
 #include <math.h>
 #include <stdint.h>
 
-static const char *attn_fwd = "mma"; /* the CTUNE_ATTN_FWD gpu was created under */
-static const char *attn_bwd = "mma"; /* and its CTUNE_ATTN_BWD */
+/* The kernel choices the attention tests run under, one backend each. */
+static const struct {
+    ct_cuda_options options;
+    const char *name;
+} ATTN_PASSES[] = {
+    {{.attn_fwd = CT_ATTN_FWD_WGMMA}, "head_dim 64 forward on one warpgroup"},
+    {{.attn_fwd = CT_ATTN_FWD_TMA}, "head_dim 64 forward on TMA"},
+};
+static const char *attn_pass; /* the name of the pass gpu was created for */
 
 TEST(embedding_copies_rows_exactly)
 {
@@ -295,8 +302,8 @@ static void attention_case(const int *lens, int n_docs, int pad, int nq, int nkv
     gpu->attention_fwd(gpu, po.g, ldo, plse.g, qg + qo * gb, ldqkv, qg + ko * gb, ldqkv, qg + vo * gb, ldqkv,
                        pcu.g, n_docs, max_seqlen, T, nq, nkv, D, scale, window, sg);
     double eo = act_err(po, T, ldo, ldo), el = f32_err(plse, (size_t)T * nq);
-    CHECK(eo < 2e-2, "out rel err %g (%s forward)", eo, attn_fwd);
-    CHECK(el < 1e-3, "lse rel err %g (%s forward)", el, attn_fwd);
+    CHECK(eo < 2e-2, "out rel err %g (D %d, %s)", eo, D, attn_pass);
+    CHECK(el < 1e-3, "lse rel err %g (D %d, %s)", el, D, attn_pass);
 
     /* Backward from identical inputs: the CPU's out (rounded to bf16) and lse. */
     float *o = ct_malloc((size_t)T * ldo * sizeof(float)), *lse = ct_malloc((size_t)T * nq * sizeof(float));
@@ -325,12 +332,12 @@ static void attention_case(const int *lens, int n_docs, int pad, int nq, int nkv
         pair slice = {dc + offs[s] * eb, dg + offs[s] * gb};
         if (zero_qk && s < 2) {
             double c = act_max_abs(cpu, slice.c, T, widths[s], ldqkv), g = act_max_abs(gpu, slice.g, T, widths[s], ldqkv);
-            CHECK(c <= 1e-3 * dv_scale && g <= 1e-3 * dv_scale && dv_scale > 0, "%s: max |cpu| %g, max |gpu| %g, max |dv| %g (%s "
-                  "backward)", names[s], c, g, dv_scale, attn_bwd);
+            CHECK(c <= 1e-3 * dv_scale && g <= 1e-3 * dv_scale && dv_scale > 0, "%s: max |cpu| %g, max |gpu| %g, max |dv| %g (D %d, "
+                  "%s)", names[s], c, g, dv_scale, D, attn_pass);
             continue;
         }
         double e = act_err(slice, T, widths[s], ldqkv);
-        CHECK(e < 4e-2, "%s rel err %g (%s backward)", names[s], e, attn_bwd);
+        CHECK(e < 4e-2, "%s rel err %g (D %d, %s)", names[s], e, D, attn_pass);
     }
     drop(pout); drop(pdo); drop(pd);
     free(o); free(lse);
@@ -441,8 +448,8 @@ static void bwd_reproducible_case(int D)
                            D, 0.125f, 0, NULL);
         gpu->download(gpu, run ? b : a, d, (size_t)T * ld * 2);
     }
-    CHECK(memcmp(a, b, (size_t)T * ld * 2) == 0, "two identical backward passes differ (%s backward, D %d)",
-          attn_bwd, D);
+    CHECK(memcmp(a, b, (size_t)T * ld * 2) == 0, "two identical backward passes differ (D %d, %s)", D,
+          attn_pass);
     gpu->free(gpu, pq); gpu->free(gpu, po); gpu->free(gpu, pdo); gpu->free(gpu, pcu);
     gpu->free(gpu, plse); gpu->free(gpu, pd);
     free(qkv); free(dout); free(a); free(b);
@@ -596,10 +603,11 @@ TEST(unsupported_model_shapes_are_input_errors)
     }
 }
 
-/* Every attention test, on the kernels gpu was created with (attn_fwd, attn_bwd). */
-static void run_attention_tests(void)
+/* Every attention test, on a backend created for pass i of ATTN_PASSES (gpu). */
+static void run_attention_tests(size_t i)
 {
-    printf("# attention: CTUNE_ATTN_FWD=%s CTUNE_ATTN_BWD=%s\n", attn_fwd, attn_bwd);
+    attn_pass = ATTN_PASSES[i].name;
+    printf("# attention: %s\n", attn_pass);
     RUN(attention_one_token_and_odd_documents_mha_d64);
     RUN(attention_gqa4_d128_with_sinks);
     RUN(attention_gqa8_d128_4097_token_document);
@@ -617,9 +625,7 @@ int main(void)
 {
     ct_error err = {0};
     cpu = backend_cpu_new();
-    setenv("CTUNE_ATTN_FWD", attn_fwd, 1);
-    setenv("CTUNE_ATTN_BWD", attn_bwd, 1);
-    gpu = backend_cuda_new(&err);
+    gpu = backend_cuda_new_with(&ATTN_PASSES[0].options, &err);
     if (!gpu) printf("# CUDA backend unavailable: %s\n", err.msg);
     ct_rng_seed(&rng, 20261129);
     RUN(embedding_copies_rows_exactly);
@@ -631,35 +637,20 @@ int main(void)
     RUN(lora_cols_stacked_modules_match_cpu_sequence);
     RUN(lora_dropout_mask_is_bit_identical_to_cpu);
     RUN(rope_matches_cpu_forward_and_inverse_on_partial_dims);
-    run_attention_tests();
+    run_attention_tests(0);
     RUN(swiglu_fwd_bwd_match_cpu);
     RUN(add_and_copy_2d_match_cpu);
     RUN(cross_entropy_matches_cpu_in_one_chunk);
     RUN(cross_entropy_matches_cpu_over_several_chunks);
     RUN(sum_squares_adds_to_out);
     RUN(adamw_matches_cpu_with_and_without_clipping);
-    if (gpu) gpu->destroy(gpu);
-    attn_fwd = attn_bwd = "wgmma"; /* the kernels are chosen when a backend is created */
-    setenv("CTUNE_ATTN_FWD", attn_fwd, 1);
-    setenv("CTUNE_ATTN_BWD", attn_bwd, 1);
-    gpu = backend_cuda_new(&err);
-    run_attention_tests();
-    if (gpu) gpu->destroy(gpu);
-    attn_fwd = "wgmma2";
-    setenv("CTUNE_ATTN_FWD", attn_fwd, 1);
-    gpu = backend_cuda_new(&err);
-    run_attention_tests();
-    if (gpu) gpu->destroy(gpu);
-    attn_fwd = "wgmma";
-    attn_bwd = "wgmma2";
-    setenv("CTUNE_ATTN_FWD", attn_fwd, 1);
-    setenv("CTUNE_ATTN_BWD", attn_bwd, 1);
-    gpu = backend_cuda_new(&err);
-    run_attention_tests();
-    unsetenv("CTUNE_ATTN_FWD");
-    unsetenv("CTUNE_ATTN_BWD");
-    if (gpu) gpu->destroy(gpu);
-    cpu->destroy(cpu);
     RUN(unsupported_model_shapes_are_input_errors);
+    if (gpu) gpu->destroy(gpu);
+    for (size_t i = 1; i < sizeof ATTN_PASSES / sizeof *ATTN_PASSES; i++) {
+        gpu = backend_cuda_new_with(&ATTN_PASSES[i].options, &err); /* the kernels are fixed at creation */
+        run_attention_tests(i);
+        if (gpu) gpu->destroy(gpu);
+    }
+    cpu->destroy(cpu);
     return check_summary();
 }

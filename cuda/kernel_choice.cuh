@@ -1,0 +1,36 @@
+/* kernel_choice.cuh — the one place that decides which kernel runs a call where
+ * more than one could: from the call's shape and, where two kept kernels serve
+ * it, the backend's options (ct_cuda_options, backend.h). kernel_choice.cu
+ * holds the rules, each with the measurement behind it. Only kernels some rule
+ * picks are built; docs/ARCHITECTURE.md ("How kernels are chosen") names those
+ * removed and the commit that last had them.
+ *
+ * Rules of fit rather than speed stay with their launchers: the cross-entropy
+ * cluster kernel needs a vocabulary that fits (loss.cu), the RMSNorm register
+ * kernel D <= 2048 (norm_rope.cu). */
+#ifndef CT_KERNEL_CHOICE_CUH
+#define CT_KERNEL_CHOICE_CUH
+
+extern "C" {
+#include "backend.h"
+}
+
+/* The attention forward kernels, by file. */
+enum attn_fwd_choice {
+    ATTN_FWD_MMA,   /* attention.cu: mma.sync, 64-query tiles; D = 32 */
+    ATTN_FWD_WGMMA, /* attention_fwd_sm90.cu: one warpgroup, 64-query tiles; D = 64 */
+    ATTN_FWD_TMA,   /* attention_fwd_sm90_2wg.cu: TMA producer + two consumers, 128-query tiles; D = 64, 128 */
+};
+/* The forward for head_dim D over T tokens in n_docs documents. */
+attn_fwd_choice choose_attn_fwd(ct_attn_fwd_kernel forced, int D, int T, int n_docs);
+
+/* The attention backward kernels (delta, then dq and dk/dv), by file. */
+enum attn_bwd_choice {
+    ATTN_BWD_MMA,    /* attention_bwd.cu: mma.sync, 64-row tiles; D = 32 */
+    ATTN_BWD_WGMMA,  /* attention_bwd_sm90.cu: one warpgroup per 64-row tile; D = 64 */
+    ATTN_BWD_TWO_WG, /* attention_bwd_dq_2wg.cu, attention_bwd_dkdv_2wg.cu: two warpgroups per
+                      * 128-row tile; D = 128 */
+};
+attn_bwd_choice choose_attn_bwd(int D);
+
+#endif

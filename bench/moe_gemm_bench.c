@@ -1,23 +1,20 @@
 /* moe_gemm_bench.c — times the CUDA backend's grouped expert GEMMs
- * (moe_linear_fwd, moe_linear_bwd_input) in all three versions side by side (v1
- * mma.sync, CTUNE_MOE_GEMM=old; v2 wgmma, =new; tma, the warp-specialized TMA
- * kernel, =tma) and the expert LoRA on the
- * expert shapes of real MoE models, next to one dense cuBLAS GEMM
- * (be->linear_fwd / linear_bwd_input) or dense LoRA of the same total size: the
- * ceiling a grouped GEMM can hope for.
+ * (moe_linear_fwd, moe_linear_bwd_input: the warp-specialized TMA kernel, the only
+ * one kept; the earlier generations' figures are in docs/kernels/moe_gemm.md) and
+ * the expert LoRA on the expert shapes of real MoE models, next to one dense
+ * cuBLAS GEMM (be->linear_fwd / linear_bwd_input) or dense LoRA of the same total
+ * size: the ceiling a grouped GEMM can hope for.
  *
  *   build/bench/moe_gemm_bench [reps]        (default 20 calls per timed trial)
  *
  * Rows: "fwd" reads expert-ordered x; "fwd_g" reads token rows through the
  * routing's row_slot (the gather fused into the loads, as graph_moe.c runs
- * gate_up; tma's producer warpgroup copies those rows with cp.async);
+ * gate_up; the TMA kernel's producer warpgroup copies those rows with cp.async);
  * "bwd_in" is moe_linear_bwd_input. The gate_up LoRA rows read x through the
  * gather too. "lora_fused" times moe_linear_lora_fwd (the GEMM with the LoRA of
- * one module over all columns fused in, graph_moe.c's default) in every version's
- * column (old and new both run v2's fused kernel, tma its own), its TFLOP/s
- * counting the base GEMM's FLOPs only, and the unfused pair it replaces (v2 GEMM,
- * then moe_lora_fwd) in the dense column. Each version's ops come from a backend created under its
- * CTUNE_MOE_GEMM; all share one set of buffers.
+ * one module over all columns fused in, graph_moe.c's default; rank 16 runs on
+ * the TMA kernel), its TFLOP/s counting the base GEMM's FLOPs only, and the
+ * unfused pair it replaces (the GEMM, then moe_lora_fwd) in the dense column.
  *
  * Shapes (T = 16384 tokens, n = T*K routed rows):
  *   qwen3-30b-a3b  E 128, K 8, H 2048, I 768    gate_up (in H, out 2I), down (in I, out H)
@@ -26,7 +23,7 @@
  * Routing is uneven, as trained routers are: each expert's popularity is
  * log-normal (sigma 0.7), each token draws K distinct experts by it. The
  * TFLOP/s of a GEMM call is 2 * n * in * out / time. LoRA (R 16, qwen3 shapes)
- * is memory-bound: its columns give milliseconds only (in the v2 column).
+ * is memory-bound: its columns give milliseconds only.
  *
  * Timing: cudaEvents on the backend's stream around `reps` queued calls, after
  * WARMUP calls; the median of TRIALS trials. Inputs are random, never zeros. */
@@ -221,40 +218,19 @@ static void fill(ct_backend *be, void *dst, size_t n, const float *chunk, bool w
     }
 }
 
-/* The grouped GEMM versions: ops of backends created under CTUNE_MOE_GEMM=old (v1),
- * =new (v2) and =tma, all on the one GPU, sharing buffers. */
-#define N_VERSIONS 3
-typedef struct {
-    ct_backend *be[N_VERSIONS];
-} versions;
-
-static void row_gemm(const char *model, const char *what, int E, int n, int in, int out, const double ms[N_VERSIONS],
-                     double dense_ms)
+static void row_gemm(const char *model, const char *what, int E, int n, int in, int out, double ms, double dense_ms)
 {
     double flop = 2.0 * n * (double)in * out;
-    printf("%-14s %-15s %4d %7d %6d %6d %8.3f %7.1f %8.3f %7.1f %8.3f %7.1f %8.3f %7.1f %6.2f %6.2f %6.2f\n", model,
-           what, E, n, in, out, ms[0], flop / ms[0] * 1e-9, ms[1], flop / ms[1] * 1e-9, ms[2], flop / ms[2] * 1e-9,
-           dense_ms, flop / dense_ms * 1e-9, ms[0] / ms[1], ms[1] / ms[2], dense_ms / ms[1]);
+    printf("%-14s %-15s %4d %7d %6d %6d %8.3f %7.1f %8.3f %7.1f %6.2f\n", model, what, E, n, in, out, ms,
+           flop / ms * 1e-9, dense_ms, flop / dense_ms * 1e-9, dense_ms / ms);
     fflush(stdout);
 }
 
 static void row_lora(const char *model, const char *what, int E, int n, int in, int out, double ms, double dense_ms)
 {
-    printf("%-14s %-15s %4d %7d %6d %6d %8s %7s %8.3f %7s %8s %7s %8.3f %7s %6s %6s %6.2f\n", model, what, E, n, in,
-           out, "-", "-", ms, "-", "-", "-", dense_ms, "-", "-", "-", dense_ms / ms);
+    printf("%-14s %-15s %4d %7d %6d %6d %8.3f %7s %8.3f %7s %6.2f\n", model, what, E, n, in, out, ms, "-", dense_ms,
+           "-", dense_ms / ms);
     fflush(stdout);
-}
-
-/* Every version of a grouped GEMM op, each on its own backend's stream (the buffers
- * are idle between: time_op ends synchronized). */
-static void time_versions(double ms[N_VERSIONS], bench_op op, bench_bufs *b, const versions *v, int reps)
-{
-    ct_backend *own = b->be;
-    for (int i = 0; i < N_VERSIONS; i++) {
-        b->be = v->be[i];
-        ms[i] = time_op(op, b, reps);
-    }
-    b->be = own;
 }
 
 static void check_finite(ct_backend *be, const void *y, const char *model, const char *name)
@@ -269,9 +245,9 @@ static void check_finite(ct_backend *be, const void *y, const char *model, const
 }
 
 /* One projection (in -> out) of model m: fwd (expert-ordered and gathered x) and
- * bwd_input, grouped (both versions) and dense; LoRA fwd/bwd as well when lora
- * (gathered x for gate_up, as the graph runs it). */
-static void bench_proj(ct_backend *be, const versions *v, const moe_model *m, const char *name, int in, int out,
+ * bwd_input, grouped and dense; LoRA fwd/bwd as well when lora (gathered x for
+ * gate_up, as the graph runs it). */
+static void bench_proj(ct_backend *be, const moe_model *m, const char *name, int in, int out,
                        const int32_t *offsets, const int32_t *row_slot, const float *chunk, int reps, bool lora)
 {
     int n = offsets[m->E], big = in > out ? in : out;
@@ -291,21 +267,17 @@ static void bench_proj(ct_backend *be, const versions *v, const moe_model *m, co
     }
     be->upload(be, b.offsets, offsets, (m->E + 1) * sizeof(int32_t));
     be->upload(be, b.row_slot, row_slot, (size_t)n * sizeof(int32_t));
-    be->sync(be); /* the other backends' streams read these buffers */
 
     char what[64];
-    double ms[N_VERSIONS], td = time_op(op_dense_fwd, &b, reps);
-    time_versions(ms, op_moe_fwd, &b, v, reps);
+    double td = time_op(op_dense_fwd, &b, reps);
     snprintf(what, sizeof what, "%s fwd", name);
-    row_gemm(m->model, what, m->E, n, in, out, ms, td);
-    time_versions(ms, op_moe_fwd_gather, &b, v, reps);
+    row_gemm(m->model, what, m->E, n, in, out, time_op(op_moe_fwd, &b, reps), td);
     snprintf(what, sizeof what, "%s fwd_g", name);
-    row_gemm(m->model, what, m->E, n, in, out, ms, td);
+    row_gemm(m->model, what, m->E, n, in, out, time_op(op_moe_fwd_gather, &b, reps), td);
     check_finite(be, b.y, m->model, what);
     td = time_op(op_dense_bwd, &b, reps);
-    time_versions(ms, op_moe_bwd, &b, v, reps);
     snprintf(what, sizeof what, "%s bwd_in", name);
-    row_gemm(m->model, what, m->E, n, in, out, ms, td);
+    row_gemm(m->model, what, m->E, n, in, out, time_op(op_moe_bwd, &b, reps), td);
     check_finite(be, b.y, m->model, what);
 
     if (lora) {
@@ -325,10 +297,10 @@ static void bench_proj(ct_backend *be, const versions *v, const moe_model *m, co
         td = time_op(op_dense_lora_fwd, &b, reps);
         snprintf(what, sizeof what, "%s lora_f", name);
         row_lora(m->model, what, m->E, n, in, out, t, td);
-        time_versions(ms, op_moe_lora_fused_fwd, &b, v, reps);
+        t = time_op(op_moe_lora_fused_fwd, &b, reps);
         td = time_op(op_moe_lora_unfused_fwd, &b, reps);
         snprintf(what, sizeof what, "%s lora_fused", name);
-        row_gemm(m->model, what, m->E, n, in, out, ms, td);
+        row_gemm(m->model, what, m->E, n, in, out, t, td);
         check_finite(be, b.y, m->model, what);
         t = time_op(op_moe_lora_bwd, &b, reps);
         td = time_op(op_dense_lora_bwd, &b, reps);
@@ -340,28 +312,19 @@ static void bench_proj(ct_backend *be, const versions *v, const moe_model *m, co
     if (b.bias) be->free(be, b.bias);
 }
 
-/* A CUDA backend whose grouped GEMM is version `which` (old|new|tma), or NULL (reason printed). */
-static ct_backend *backend_version(const char *which)
-{
-    ct_error err = {0};
-    setenv("CTUNE_MOE_GEMM", which, 1);
-    ct_backend *be = backend_cuda_new(&err);
-    if (!be) printf("moe_gemm_bench: skipped: no GPU (%s)\n", err.msg);
-    return be;
-}
-
 int main(int argc, char **argv)
 {
     int reps = argc > 1 ? atoi(argv[1]) : 20;
     if (reps < 1) reps = 1;
-    static const char *const NAMES[N_VERSIONS] = {"old", "new", "tma"};
-    versions v = {{NULL}};
-    for (int i = 0; i < N_VERSIONS; i++)
-        if (!(v.be[i] = backend_version(NAMES[i]))) return 0;
-    ct_backend *be = v.be[1];
+    ct_error err = {0};
+    ct_backend *be = backend_cuda_new(&err);
+    if (!be) {
+        printf("moe_gemm_bench: skipped: no GPU (%s)\n", err.msg);
+        return 0;
+    }
     if (!be->moe_linear_fwd || !be->moe_lora_bwd) {
         printf("moe_gemm_bench: skipped: the CUDA backend has no grouped expert GEMM\n");
-        for (int i = 0; i < N_VERSIONS; i++) v.be[i]->destroy(v.be[i]);
+        be->destroy(be);
         return 0;
     }
     float *chunk = ct_malloc(FILL_CHUNK * sizeof(float));
@@ -371,13 +334,11 @@ int main(int argc, char **argv)
 
     printf("# ctune CUDA grouped expert GEMM, bf16 in, fp32 accumulate; %d calls per trial, median of %d trials\n",
            reps, TRIALS);
-    printf("# T = %d tokens, n = T*K rows; TF = 2*n*in*out / time (TFLOP/s); v1 = mma.sync (CTUNE_MOE_GEMM=old),\n"
-           "# v2 = wgmma (new), tma = warp-specialized TMA (tma; fwd_g rows by cp.async); dense = one cuBLAS GEMM\n"
-           "# (or dense LoRA, R %d) over all n rows with expert 0's weights; gain = v1_ms / v2_ms;\n"
-           "# tma_x = v2_ms / tma_ms; ratio = dense_ms / v2_ms\n", T_TOKENS, LORA_R);
-    printf("%-14s %-15s %4s %7s %6s %6s %8s %7s %8s %7s %8s %7s %8s %7s %6s %6s %6s\n", "model", "op", "E", "n", "in",
-           "out", "v1_ms", "v1_TF", "v2_ms", "v2_TF", "tma_ms", "tma_TF", "dense_ms", "dense_TF", "gain", "tma_x",
-           "ratio");
+    printf("# T = %d tokens, n = T*K rows; TF = 2*n*in*out / time (TFLOP/s); moe = the TMA grouped GEMM (fwd_g rows\n"
+           "# by cp.async); dense = one cuBLAS GEMM (or dense LoRA, R %d) over all n rows with expert 0's weights, or\n"
+           "# for lora_fused the unfused GEMM + moe_lora_fwd; ratio = dense_ms / moe_ms\n", T_TOKENS, LORA_R);
+    printf("%-14s %-15s %4s %7s %6s %6s %8s %7s %8s %7s %6s\n", "model", "op", "E", "n", "in", "out", "moe_ms", "moe_TF",
+           "dense_ms", "dense_TF", "ratio");
     for (size_t i = 0; i < sizeof MODELS / sizeof MODELS[0]; i++) {
         const moe_model *m = &MODELS[i];
         int32_t *offsets = ct_malloc((m->E + 1) * sizeof(int32_t));
@@ -390,13 +351,13 @@ int main(int argc, char **argv)
             hi = c > hi ? c : hi;
         }
         printf("# %s: rows per expert min %d, mean %d, max %d\n", m->model, lo, offsets[m->E] / m->E, hi);
-        bench_proj(be, &v, m, "gate_up", m->H, 2 * m->I, offsets, row_slot, chunk, reps, i == 0);
-        bench_proj(be, &v, m, "down", m->I, m->H, offsets, row_slot, chunk, reps, i == 0);
+        bench_proj(be, m, "gate_up", m->H, 2 * m->I, offsets, row_slot, chunk, reps, i == 0);
+        bench_proj(be, m, "down", m->I, m->H, offsets, row_slot, chunk, reps, i == 0);
         free(offsets);
         free(row_slot);
     }
     free(chunk);
-    for (int i = 0; i < N_VERSIONS; i++) v.be[i]->destroy(v.be[i]);
+    be->destroy(be);
     return 0;
 }
 

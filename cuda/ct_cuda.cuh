@@ -31,6 +31,16 @@ typedef __nv_bfloat16 bf16;
 
 struct gemm_plan;
 
+/* Blocks per multiprocessor of the persistent MoE kernels, measured when the
+ * backend is created (kernel_setup in moe_gemm.cuh): their grids are this times
+ * num_sms. Index r of the fused and LoRA kernels: padded rank 16, 32, 64. */
+struct moe_occupancy {
+    int tma_nt, tma_nn, tma_nt_gather; /* moe_gemm_tma.cu without the LoRA: forward, bwd_input, gathered forward */
+    int tma_fused[2][3];               /* moe_gemm_tma.cu with it: [RP 16, 32][forward, gathered forward, bwd_input] */
+    int cp_async_fused;                /* moe_gemm_lora.cu (RP 64) */
+    int lora_fwd[3], lora_bwd[3];      /* moe_lora.cu */
+};
+
 struct cuda_ctx {
     cudaStream_t stream;        /* the one compute stream every op is ordered on */
     cublasLtHandle_t lt;
@@ -43,6 +53,7 @@ struct cuda_ctx {
     double *partials;           /* (SUMSQ_BLOCKS) sum_squares partial sums, fixed size */
     int num_sms;
     ct_cuda_options options;    /* the kernels forced at creation (kernel_choice.cu reads them) */
+    moe_occupancy occupancy;
     /* activation offload (offload.cu): copies run here, ordered by events */
     cudaStream_t copy_stream;
     cudaEvent_t compute_mark;                  /* "everything queued on stream so far" */

@@ -5,9 +5,12 @@
  * picks are built; docs/ARCHITECTURE.md ("How kernels are chosen") names those
  * removed and the commit that last had them.
  *
- * Rules of fit rather than speed stay with their launchers: the cross-entropy
- * cluster kernel needs a vocabulary that fits (loss.cu), the RMSNorm register
- * kernel D <= 2048 (norm_rope.cu). */
+ * One kernel, no rule: the grouped GEMMs without the LoRA (moe_linear_fwd,
+ * through a gather or not, and moe_linear_bwd_input) always run moe_gemm_tma.cu's
+ * TMA kernel. Rules of fit rather than speed stay with their launchers: the
+ * fused expert LoRA needs a finite non-zero scale and modules on 256-column tiles
+ * (moe_gemm_lora.cu), the cross-entropy cluster kernel a vocabulary that fits
+ * (loss.cu), the RMSNorm register kernel D <= 2048 (norm_rope.cu). */
 #ifndef CT_KERNEL_CHOICE_CUH
 #define CT_KERNEL_CHOICE_CUH
 
@@ -32,5 +35,20 @@ enum attn_bwd_choice {
                       * 128-row tile; D = 128 */
 };
 attn_bwd_choice choose_attn_bwd(int D);
+
+/* moe_linear_lora_fwd: the grouped GEMM forward with the expert LoRA. */
+enum moe_lora_fwd_choice {
+    MOE_LORA_FWD_UNFUSED,  /* moe_linear_fwd, then moe_lora_fwd per module */
+    MOE_LORA_FWD_TMA,      /* moe_gemm_tma.cu with the LoRA fused (padded ranks 16, 32) */
+    MOE_LORA_FWD_CP_ASYNC, /* moe_gemm_lora.cu: cp.async + wgmma with the LoRA fused (padded rank 64) */
+};
+/* fusable: the call meets the fused kernels' conditions (moe_gemm_lora.cu); RP:
+ * its ranks padded to 16, 32 or 64. */
+moe_lora_fwd_choice choose_moe_lora_fwd(bool fusable, int RP);
+
+/* moe_linear_lora_bwd_input over `in` input columns at padded rank RP: whether the
+ * TMA GEMM computes the LoRA factor g = dy B beside dx (else moe_lora_g computes
+ * it first and the GEMM adds g A as one more k-step). */
+bool choose_g_in_gemm(int in, int RP);
 
 #endif

@@ -114,13 +114,14 @@ struct gemm_args {
 void moe_gemm_check(const char *op, const void *y, int ldy, const void *x, int ldx, const void *W, const void *bias,
                     int E, int in, int out);
 
-/* The TMA grouped GEMM (moe_gemm_tma.cu), CTUNE_MOE_GEMM=tma. moe_gemm_tma_init
- * raises its kernels' shared-memory limit and fetches the driver's tensor-map
- * encoder (once per process, before the first moe_gemm_tma). moe_gemm_tma runs
- * y (=|+=) x W_e^T + bias (nn false: the forward, p.gather allowed) or y (=|+=)
- * x W_e (nn true: bwd_input) with p checked by the caller (moe_gemm_check: 16-byte
+/* The TMA grouped GEMM (moe_gemm_tma.cu), every grouped GEMM's kernel.
+ * moe_gemm_tma_init raises its kernels' shared-memory limit, measures their
+ * occupancy into c->occupancy and fetches the driver's tensor-map encoder (once
+ * per backend, before the first moe_gemm_tma). moe_gemm_tma runs y (=|+=) x W_e^T
+ * + bias (nn false: the forward, p.gather allowed) or y (=|+=) x W_e (nn true:
+ * bwd_input) on c's stream, with p checked by the caller (moe_gemm_check: 16-byte
  * alignment, strides and sizes multiples of 8, which TMA needs too). */
-void moe_gemm_tma_init(void);
+void moe_gemm_tma_init(cuda_ctx *c);
 /* lora (nn only, or NULL): the LoRA input-gradient term as one more k-step, y[r] +=
  * g[r] (64 columns at stride ldg) @ A_e, A (E, 64, in) the modules' A stacked and
  * scaled (rows past their ranks zero). */
@@ -128,7 +129,7 @@ struct tma_lora {
     const bf16 *g, *A;
     int ldg;
 };
-void moe_gemm_tma(const gemm_args &p, bool nn, const tma_lora *lora, int num_sms, cudaStream_t st);
+void moe_gemm_tma(const cuda_ctx *c, const gemm_args &p, bool nn, const tma_lora *lora);
 
 /* The expert LoRA of n_mod modules fused into a grouped GEMM call (built by
  * moe_gemm_lora.cu for moe_linear_lora_fwd and by moe_gemm.cu for
@@ -151,17 +152,13 @@ struct fused_lora {
 /* The TMA kernel with the LoRA fused in: for RP where moe_gemm_tma_fuses says it
  * fits (16 and 32); nn false (forward, p.gather allowed) or true (bwd_input). */
 bool moe_gemm_tma_fuses(int RP);
-void moe_gemm_tma_lora(const gemm_args &p, bool nn, const fused_lora &l, int num_sms, cudaStream_t st);
+void moe_gemm_tma_lora(const cuda_ctx *c, const gemm_args &p, bool nn, const fused_lora &l);
 
 /* g = dy [B_1; B_2] of n_lora modules as one LoRA (moe_lora.cu: its backward's
  * first phase alone), into g (n, ldg >= 64): module q's in columns q R .. q R + R -
  * 1, zeros up to 64 (what moe_linear_lora_bwd_input's k-step reads). */
 void moe_lora_g(ct_backend *be, void *g, int ldg, const void *dy, int lddy, int out, const int32_t *offsets, int E,
                 int in, const ct_lora_cols *lora, int n_lora, int R);
-
-/* The version CTUNE_MOE_GEMM names (moe_gemm.cu): 3 tma (default), 2 new, 1 old;
- * anything else exits with an input error. */
-int moe_gemm_version(void);
 
 /* Raises the shared-memory limit of a kernel (more than 48 KB needs an opt-in) and
  * returns how many of its blocks one SM holds. */

@@ -8,8 +8,12 @@
  * hundreds of MB per layer at T = 16384, K = 8 (H200: ~1.3 ms per layer forward
  * for qwen3-30b-a3b, against ~5.2 ms for all the base GEMMs).
  *
- * Design: moe_gemm.cu's v2 kernel (moe_wgmma_kernel<false>, its loads, raster and
- * epilogue from moe_gemm_v2.cuh) with two additions per 128x256 tile.
+ * Kernels (kernel_choice.cu picks): moe_gemm_tma.cu's TMA kernel at padded ranks
+ * RP = 16 and 32, with the pieces of moe_gemm_lora.cuh; at RP = 64, which its
+ * ring cannot hold, this file's kernel. Else the unfused sequence.
+ *
+ * Design of this file's kernel: the cp.async + wgmma grouped GEMM (v2, its loads,
+ * raster and epilogue in moe_gemm_v2.cuh) with two additions per 128x256 tile.
  *  - k-loop: each stage also holds A_e's k-slice (RP rows x 64, 128-byte swizzle,
  *    the layout of W's rows), and each warpgroup issues one more wgmma per 16-deep
  *    step, m64nRPk16 (SS), on the x rows already in shared memory for the base
@@ -31,30 +35,20 @@
  * one gate_up module starts at 0), else it runs the unfused sequence. Columns past
  * a module's end inside its last tile read zero-filled B (they get no LoRA).
  *
- * Budgets (per block, 1 block per SM, 256 threads):
- *   RP  stages  stage (x, W, A_e)   B slice  dynamic smem  + 8.2 KB schedule
- *   16  4       16 + 32 + 2 KB      8 KB     209 KB        217 KB
- *   32  3       16 + 32 + 4 KB      16 KB    173 KB        181 KB
- *   64  3       16 + 32 + 8 KB      32 KB    201 KB        209 KB
- * (227 KB is the limit: RP = 32 and 64 do not fit 4 stages, so they prefetch one
- * k-step ahead instead of two.) Registers (ptxas, CUDA 13.0, sm_90a): 208 / 214 / 238
- * at RP = 16 / 32 / 64 (128 accumulators + RP / 2 for u), no spills, no wgmma
- * serialization warnings.
+ * Budget at RP = 64 (1 block per SM, 256 threads): 3 stages of 16 + 32 + 8 KB
+ * (x, W, A_e) and a 32 KB B slice, 201 KB dynamic + 8.2 KB schedule of the 227 KB
+ * (4 stages do not fit, so loads run one k-step ahead instead of two); 238
+ * registers (ptxas, CUDA 13.0, sm_90a: 128 accumulators + 32 for u), no spills,
+ * no wgmma serialization warnings. (It ran RP = 16 and 32 too, 4 and 3 stages,
+ * until the TMA kernel took them.)
  * Dropout is not supported: the caller uses the fused op only with dropout 0.
- * Not yet: straddling tiles (two modules' u per tile). Under CTUNE_MOE_GEMM=tma
- * (the default) ranks up to 32 run on moe_gemm_tma.cu's kernel instead, with the
- * same pieces (moe_gemm_lora.cuh), so this kernel runs rank 64 and the old/new
- * versions. Measurements: docs/kernels/moe_gemm.md. */
+ * Not yet: straddling tiles (two modules' u per tile). Measurements:
+ * docs/kernels/moe_gemm.md. */
+#include "kernel_choice.cuh"
 #include "moe_gemm_lora.cuh"
 
 #include <climits>
 #include <cmath>
-
-/* Blocks per SM of each instantiation (RP = 16, 32, 64), measured once by
- * cuda_fill_moe_gemm_lora_ops. */
-static struct {
-    int fused[3];
-} occupancy;
 
 // ---- kernels ----
 
@@ -111,8 +105,18 @@ __device__ __forceinline__ void lora_b_slice(uint32_t slb, const fused_args &f, 
     }
 }
 
-/* moe_wgmma_kernel<false> (moe_gemm.cu: the step stream, AHEAD = stages - 2, the
- * barrier argument for stage reuse) plus u's wgmma per step and lora_add before
+/* Persistent: block b takes tiles b, b + grid, ...; their k-steps form one stream
+ * (step s = k-step s % KT of the block's tile s / KT), loaded AH = stages - 2
+ * steps ahead, across tile boundaries, so the next tile's first loads fly during
+ * this tile's last steps and epilogue. Step s: wait for its stage, barrier, issue
+ * its wgmmas (async), queue the loads of step s + AH into the stage step s - 2
+ * used, then wait until at most one wgmma group (step s's) is in flight. The
+ * barrier of step s comes after every warpgroup waited on step s - 2's wgmmas,
+ * hence the stage is free. A warpgroup whose 64 rows are all past the tile's rows
+ * (an expert's last, partial tile) skips its wgmmas and stores. Tiles and k-steps
+ * are two nested loops, not one flat loop over steps: with the epilogue inside
+ * the step loop, ptxas inserts a wait for all wgmmas at every step (C7517), which
+ * serializes them. To v2's loop this adds u's wgmma per step and lora_add before
  * the epilogue. u's wgmma runs in every tile, also those of no module (whose A_e
  * slice is not copied: u is then garbage and unused): issued under `if (q >= 0)`,
  * ptxas serializes all the loop's wgmmas (C7520, WG.AR in a divergent path). */
@@ -133,7 +137,7 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_lora_kernel(fused_a
     const int mine = (int)blockIdx.x < total ? (total - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     const int steps = mine * KT;
 
-    wg_loads<false> ld;
+    wg_loads ld;
     const bf16 *la = NULL;
     int l_step = 0, l_kt = 0, l_tile = blockIdx.x;
     auto load_next = [&]() {
@@ -142,11 +146,11 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_lora_kernel(fused_a
                 int rt, ct;
                 tile_coords(l_tile, n_rt, n_ct, GROUP, rt, ct);
                 const row_tile t = sched_find(sch, p.E, BM, INT_MIN, INT_MAX, rt);
-                wg_loads_init<false>(ld, p, t, ct * BN);
+                wg_loads_init(ld, p, t, ct * BN);
                 la = lora_a_rows<RP>(f, lora_tile_module(f.l.col0, f.l.cols, f.l.n_mod, ct * BN), t.e);
             }
             const uint32_t s = smem0 + (l_step % ST) * SB;
-            wg_load_stage<false>(ld, p, s, l_kt);
+            wg_load_stage(ld, p, s, l_kt);
             if (la) lora_a_stage<RP>(la, p.K, s + STAGE_BYTES, l_kt);
             l_step++;
             if (++l_kt == KT) {
@@ -211,21 +215,21 @@ __global__ void __launch_bounds__(wg::NTHREADS, 1) moe_wgmma_lora_kernel(fused_a
 
 // ---- launchers ----
 
-static int rank_slot(int R) { return R <= 16 ? 0 : R <= 32 ? 1 : 2; }
+/* Ranks padded to 16, 32 or 64, as the expert LoRA pads them. */
+static int padded_rank(int R) { return R <= 16 ? 16 : R <= 32 ? 32 : 64; }
 
-template <int RP> static void fused_launch(cuda_ctx *c, const fused_args &f)
+/* This file's kernel, at RP = 64 (kernel_choice.cu). */
+static void fused_launch_cp_async(cuda_ctx *c, const fused_args &f)
 {
-    moe_wgmma_lora_kernel<RP><<<occupancy.fused[rank_slot(RP)] * c->num_sms, wg::NTHREADS, fl::smem_bytes(RP),
+    moe_wgmma_lora_kernel<64><<<c->occupancy.cp_async_fused * c->num_sms, wg::NTHREADS, fl::smem_bytes(64),
                                 c->stream>>>(f);
     LAUNCH_CHECK();
 }
 
-/* Fused when every module starts on a 256-column tile boundary (no tile straddles
- * two modules) and scale is a finite non-zero number (the epilogue divides by it);
- * otherwise the sequence the op stands for: moe_linear_fwd, then moe_lora_fwd per
- * module, which writes no u. TMA (CTUNE_MOE_GEMM=tma): the fused call runs on
- * moe_gemm_tma.cu's kernel where it takes the rank (RP <= 32), else here. */
-template <bool TMA>
+/* Fusable when every module starts on a 256-column tile boundary (no tile
+ * straddles two modules) and scale is a finite non-zero number (the epilogue
+ * divides by it); otherwise the sequence the op stands for: moe_linear_fwd, then
+ * moe_lora_fwd per module, which writes no u. */
 static bool cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx,
                                      const int32_t *gather, int K, const void *W, const void *bias,
                                      const int32_t *offsets, int E, int in, int out, int accumulate,
@@ -237,7 +241,7 @@ static bool cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const voi
     CT_ASSERT(n_lora >= 0 && n_lora <= fl::MAX_MODULES, "%s: %d LoRA modules (0..%d are supported)", op, n_lora,
               fl::MAX_MODULES);
     CT_ASSERT(n_lora == 0 || (R >= 1 && R <= 64), "%s: LoRA rank %d is not supported (1..64 are)", op, R);
-    bool fuse = n_lora > 0 && scale != 0.0f && std::isfinite(scale);
+    bool fusable = n_lora > 0 && scale != 0.0f && std::isfinite(scale);
     for (int q = 0; q < n_lora; q++) {
         const ct_lora_cols &m = lora[q];
         CT_ASSERT(m.col0 >= 0 && m.cols > 0 && m.col0 % 8 == 0 && m.cols % 8 == 0 && m.col0 + m.cols <= out,
@@ -245,9 +249,11 @@ static bool cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const voi
                   m.col0 + m.cols, out);
         CT_ASSERT(q == 0 || m.col0 >= lora[q - 1].col0 + lora[q - 1].cols,
                   "%s: LoRA modules must be in column order without overlap", op);
-        fuse &= m.col0 % wg::BN == 0;
+        fusable &= m.col0 % wg::BN == 0;
     }
-    if (!fuse) {
+    const int RP = padded_rank(R);
+    const moe_lora_fwd_choice kind = choose_moe_lora_fwd(fusable, RP);
+    if (kind == MOE_LORA_FWD_UNFUSED) {
         be->moe_linear_fwd(be, y, ldy, x, ldx, gather, K, W, bias, offsets, E, in, out, accumulate);
         for (int q = 0; q < n_lora; q++)
             be->moe_lora_fwd(be, (bf16 *)y + lora[q].col0, ldy, x, ldx, gather, K, lora[q].A, lora[q].B, offsets, E,
@@ -257,7 +263,6 @@ static bool cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const voi
     CT_ASSERT(!u || ldu >= n_lora * R, "%s: ldu %d < %d ranks", op, ldu, n_lora * R);
 
     cuda_ctx *c = ctx_of(be);
-    const int RP = 16 << rank_slot(R);
     size_t bytes = 0;
     for (int q = 0; q < n_lora; q++)
         bytes += scratch_round((size_t)E * RP * in * 2) + scratch_round((size_t)E * RP * lora[q].cols * 2);
@@ -284,18 +289,14 @@ static bool cuda_moe_linear_lora_fwd(ct_backend *be, void *y, int ldy, const voi
         f.l.col0[q] = lora[q].col0;
         f.l.cols[q] = lora[q].cols;
     }
-    if (TMA && moe_gemm_tma_fuses(RP)) moe_gemm_tma_lora(f.p, false, f.l, c->num_sms, c->stream);
-    else if (RP == 16) fused_launch<16>(c, f);
-    else if (RP == 32) fused_launch<32>(c, f);
-    else fused_launch<64>(c, f);
+    if (kind == MOE_LORA_FWD_TMA) moe_gemm_tma_lora(c, f.p, false, f.l);
+    else fused_launch_cp_async(c, f);
     return u != NULL;
 }
 
 void cuda_fill_moe_gemm_lora_ops(ct_backend *be)
 {
-    occupancy.fused[0] = kernel_setup((const void *)moe_wgmma_lora_kernel<16>, wg::NTHREADS, fl::smem_bytes(16));
-    occupancy.fused[1] = kernel_setup((const void *)moe_wgmma_lora_kernel<32>, wg::NTHREADS, fl::smem_bytes(32));
-    occupancy.fused[2] = kernel_setup((const void *)moe_wgmma_lora_kernel<64>, wg::NTHREADS, fl::smem_bytes(64));
-    be->moe_linear_lora_fwd =
-        moe_gemm_version() == 3 ? cuda_moe_linear_lora_fwd<true> : cuda_moe_linear_lora_fwd<false>;
+    ctx_of(be)->occupancy.cp_async_fused =
+        kernel_setup((const void *)moe_wgmma_lora_kernel<64>, wg::NTHREADS, fl::smem_bytes(64));
+    be->moe_linear_lora_fwd = cuda_moe_linear_lora_fwd;
 }

@@ -1,11 +1,12 @@
-/* moe_gemm_tma.cu — the grouped expert GEMM (moe_gemm.cu's ops; CTUNE_MOE_GEMM=tma,
- * the default) in the warp-specialized form of attention_fwd_sm90_2wg.cu: a
- * producer warpgroup loads every operand with TMA into an mbarrier-guarded ring,
- * two consumer warpgroups multiply. It covers moe_linear_fwd, moe_linear_bwd_input
- * and, with the expert LoRA fused in (moe_gemm_lora.cuh's u product and epilogue
- * term), moe_linear_lora_fwd and moe_linear_lora_bwd_input at padded ranks RP = 16
- * and 32 (moe_gemm_tma_fuses; RP = 64 runs moe_gemm_lora.cu's v2 kernel). Rows,
- * gather and tile schedule: moe_gemm.cuh. docs/kernels/moe_gemm.md has the design
+/* moe_gemm_tma.cu — the grouped expert GEMM of every call (moe_gemm.cu's ops, and
+ * moe_gemm_lora.cu's up to rank 32) in the warp-specialized form of
+ * attention_fwd_sm90_2wg.cu: a producer warpgroup loads every operand with TMA
+ * into an mbarrier-guarded ring, two consumer warpgroups multiply. It covers
+ * moe_linear_fwd, moe_linear_bwd_input and, with the expert LoRA fused in
+ * (moe_gemm_lora.cuh's u product and epilogue term), moe_linear_lora_fwd and
+ * moe_linear_lora_bwd_input at padded ranks RP = 16 and 32 (moe_gemm_tma_fuses;
+ * RP = 64 runs moe_gemm_lora.cu's cp.async kernel). Rows, gather and tile
+ * schedule: moe_gemm.cuh. docs/kernels/moe_gemm.md has the design
  * in detail (the fused LoRA's slices, rows and experts, the mbarrier phases, the
  * budgets) and the measurements.
  *
@@ -82,11 +83,6 @@ struct tma_params {
     fused_lora f;                             /* n_mod 0: no fused LoRA */
     int lora_steps;                           /* 1: bwd_input's LoRA k-step (tma_lora) */
 };
-
-/* Blocks per SM (1, checked by kernel_setup) of each instantiation. */
-static struct {
-    int nt, nn, nt_gather, fused[2][3]; /* fused[RP 16, 32][forward, gathered forward, bwd_input] */
-} occupancy;
 
 // ---- kernels ----
 
@@ -287,17 +283,18 @@ template <bool NN, int RP, bool GATHER> static int setup()
     return kernel_setup((const void *)moe_gemm_tma_kernel<NN, RP, GATHER>, tma::BLOCK, tma::smem_bytes<RP>());
 }
 
-void moe_gemm_tma_init(void)
+void moe_gemm_tma_init(cuda_ctx *c)
 {
-    occupancy.nt = setup<false, 0, false>();
-    occupancy.nn = setup<true, 0, false>();
-    occupancy.nt_gather = setup<false, 0, true>();
-    occupancy.fused[0][0] = setup<false, 16, false>();
-    occupancy.fused[0][1] = setup<false, 16, true>();
-    occupancy.fused[0][2] = setup<true, 16, false>();
-    occupancy.fused[1][0] = setup<false, 32, false>();
-    occupancy.fused[1][1] = setup<false, 32, true>();
-    occupancy.fused[1][2] = setup<true, 32, false>();
+    moe_occupancy &o = c->occupancy; /* 1 block per SM each, checked by kernel_setup */
+    o.tma_nt = setup<false, 0, false>();
+    o.tma_nn = setup<true, 0, false>();
+    o.tma_nt_gather = setup<false, 0, true>();
+    o.tma_fused[0][0] = setup<false, 16, false>();
+    o.tma_fused[0][1] = setup<false, 16, true>();
+    o.tma_fused[0][2] = setup<true, 16, false>();
+    o.tma_fused[1][0] = setup<false, 32, false>();
+    o.tma_fused[1][1] = setup<false, 32, true>();
+    o.tma_fused[1][2] = setup<true, 32, false>();
     (void)tensor_map_encoder(); /* a driver without one fails here, not mid-training */
 }
 
@@ -329,7 +326,7 @@ template <bool NN, int RP, bool GATHER> static void launch(const tma_params &P, 
     LAUNCH_CHECK();
 }
 
-void moe_gemm_tma(const gemm_args &p, bool nn, const tma_lora *lora, int num_sms, cudaStream_t st)
+void moe_gemm_tma(const cuda_ctx *c, const gemm_args &p, bool nn, const tma_lora *lora)
 {
     using namespace tma;
     CT_ASSERT(!nn || !p.gather, "moe_gemm_tma: bwd_input has no gather");
@@ -351,12 +348,13 @@ void moe_gemm_tma(const gemm_args &p, bool nn, const tma_lora *lora, int num_sms
         P.l = tensor_map_bf16(lora->A, 3, l_dim, l_stride, l_box);
         P.lora_steps = 1;
     }
-    if (nn) launch<true, 0, false>(P, occupancy.nn, num_sms, st);
-    else if (p.gather) launch<false, 0, true>(P, occupancy.nt_gather, num_sms, st);
-    else launch<false, 0, false>(P, occupancy.nt, num_sms, st);
+    const moe_occupancy &o = c->occupancy;
+    if (nn) launch<true, 0, false>(P, o.tma_nn, c->num_sms, c->stream);
+    else if (p.gather) launch<false, 0, true>(P, o.tma_nt_gather, c->num_sms, c->stream);
+    else launch<false, 0, false>(P, o.tma_nt, c->num_sms, c->stream);
 }
 
-void moe_gemm_tma_lora(const gemm_args &p, bool nn, const fused_lora &f, int num_sms, cudaStream_t st)
+void moe_gemm_tma_lora(const cuda_ctx *c, const gemm_args &p, bool nn, const fused_lora &f)
 {
     CT_ASSERT(moe_gemm_tma_fuses(f.RP) && f.n_mod >= 1 && f.n_mod <= FUSED_LORA_MODULES && !(nn && p.gather),
               "moe_gemm_tma_lora: %d modules at padded rank %d (nn %d, gather %d)", f.n_mod, f.RP, nn, !!p.gather);
@@ -376,11 +374,12 @@ void moe_gemm_tma_lora(const gemm_args &p, bool nn, const fused_lora &f, int num
         P.lb[q] = tensor_map_bf16(f.Bu[q], 3, b_dim, b_stride, box);
     }
     const int r = f.RP == 16 ? 0 : 1, kind = nn ? 2 : p.gather ? 1 : 0;
-    const int occ = occupancy.fused[r][kind];
-    if (f.RP == 16 && kind == 0) launch<false, 16, false>(P, occ, num_sms, st);
-    else if (f.RP == 16 && kind == 1) launch<false, 16, true>(P, occ, num_sms, st);
-    else if (f.RP == 16) launch<true, 16, false>(P, occ, num_sms, st);
-    else if (kind == 0) launch<false, 32, false>(P, occ, num_sms, st);
-    else if (kind == 1) launch<false, 32, true>(P, occ, num_sms, st);
-    else launch<true, 32, false>(P, occ, num_sms, st);
+    const int occ = c->occupancy.tma_fused[r][kind], sms = c->num_sms;
+    cudaStream_t st = c->stream;
+    if (f.RP == 16 && kind == 0) launch<false, 16, false>(P, occ, sms, st);
+    else if (f.RP == 16 && kind == 1) launch<false, 16, true>(P, occ, sms, st);
+    else if (f.RP == 16) launch<true, 16, false>(P, occ, sms, st);
+    else if (kind == 0) launch<false, 32, false>(P, occ, sms, st);
+    else if (kind == 1) launch<false, 32, true>(P, occ, sms, st);
+    else launch<true, 32, false>(P, occ, sms, st);
 }

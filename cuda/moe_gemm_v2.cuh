@@ -1,9 +1,19 @@
-/* moe_gemm_v2.cuh — the pieces of the grouped expert GEMM (moe_gemm.cu) that its
- * fused-LoRA variant (moe_gemm_lora.cu) and the TMA kernel (moe_gemm_tma.cu)
- * reuse: the row addressing through the gather, and the v2 (wgmma) tile
- * plumbing: the tile raster, the cp.async copies of one k-step into a
- * 128-byte-swizzled stage, and the epilogue (the TMA kernel shares the raster and
- * the epilogue). moe_gemm.cu's header comment describes the design. */
+/* moe_gemm_v2.cuh — the tile plumbing of the cp.async + wgmma grouped GEMM (v2),
+ * which moe_gemm_lora.cu's fused kernel runs on and whose raster, B descriptors
+ * and epilogue the TMA kernel (moe_gemm_tma.cu) shares: the row addressing
+ * through the gather, the tile raster, the cp.async copies of one k-step into a
+ * 128-byte-swizzled stage, and the epilogue.
+ *
+ * v2's design: block tile 128x256x64, two warpgroups of 64x256 (wgmma.m64n256k16,
+ * both operands from shared memory through descriptors, fp32 accumulators in 128
+ * registers per thread), 1 block per SM. Copies are cp.async (a tile's rows are
+ * scattered by the gather and cut by the expert, which TMA's boxes cannot
+ * express) into the layout the descriptors read: chunk c of row r at r*128 +
+ * ((c ^ r%8) * 16), 1024-byte-aligned stages. Row tiles are rastered in groups
+ * of 8 (the column tiles of 8 row tiles run together) so that the x rows and W_e
+ * stay in L2. The epilogue stores 16 bytes at a time after an in-quad transpose
+ * of the accumulators (wg_epilogue). v2's own grouped GEMM, replaced on every
+ * call by the TMA kernel, is described in docs/kernels/moe_gemm.md. */
 #ifndef CT_MOE_GEMM_V2_CUH
 #define CT_MOE_GEMM_V2_CUH
 
@@ -18,14 +28,14 @@ __device__ __forceinline__ const bf16 *gemm_row(const gemm_args &p, const row_ti
 }
 
 /* v2: block tile 128x256x64, two warpgroups (one per 64 rows, each the full 256
- * columns with m64n256k16), cp.async into 128-byte-swizzled stages. */
+ * columns with m64n256k16), cp.async into 128-byte-swizzled stages (the stage
+ * count is the kernel's). */
 namespace wg {
-constexpr int NTHREADS = 256, BM = 128, BN = 256, BK = 64, STAGES = 4, AHEAD = STAGES - 2, GROUP = 8;
+constexpr int NTHREADS = 256, BM = 128, BN = 256, BK = 64, GROUP = 8;
 constexpr int ROW_BYTES = BK * 2;                       /* one swizzled row: 128 bytes, 8 chunks */
 constexpr int A_BYTES = BM * ROW_BYTES, B_BYTES = BN * ROW_BYTES, STAGE_BYTES = A_BYTES + B_BYTES;
 constexpr int ACH = BM * BK / 8 / NTHREADS, BCH = BN * BK / 8 / NTHREADS; /* 16-byte chunks per thread */
 constexpr int NN_PANEL = BK * ROW_BYTES;                /* NN: B as 4 panels of 64 columns x BK rows */
-constexpr size_t smem_bytes() { return (size_t)STAGES * STAGE_BYTES + 1024; } /* + alignment slack */
 }
 
 /* B's descriptor for 16-deep step ks of a k-step staged at sb: NT, W's rows
@@ -37,7 +47,7 @@ template <bool NN> __device__ __forceinline__ uint64_t wg_b_desc(uint32_t sb, in
 }
 
 /* Row tile and column tile of a tile index: row tiles rastered in groups of GROUP
- * (the column tiles of GROUP row tiles run together), as the v1 kernel. */
+ * (the column tiles of GROUP row tiles run together). */
 __device__ __forceinline__ void tile_coords(int tile, int n_rt, int n_ct, int group_rows, int &rt, int &ct)
 {
     const int per_group = group_rows * n_ct, group = tile / per_group, first = group * group_rows;
@@ -46,17 +56,15 @@ __device__ __forceinline__ void tile_coords(int tile, int n_rt, int n_ct, int gr
     ct = local / rows_g;
 }
 
-/* What one thread loads for one tile: its input rows (NULL past the tile's rows),
- * and its W chunks. */
-template <bool NN> struct wg_loads {
+/* What one thread loads for one tile of the forward (NT: x rows and W_e rows both
+ * run along K): its input rows (NULL past the tile's rows), and its W chunks. */
+struct wg_loads {
     const bf16 *a[wg::ACH]; /* input row (tid/8 + 32 i) at column 8 (tid%8) */
-    const bf16 *b;          /* NT: W_e row n0 + tid/8 at column 8 (tid%8);
-                               NN: W_e row tid/32 at column n0 + 8 (tid%32) */
-    uint32_t b_ok;          /* NT: bit i = row n0 + tid/8 + 32 i < N; NN: bit 0 = the column < N */
+    const bf16 *b;          /* W_e row n0 + tid/8 at column 8 (tid%8) */
+    uint32_t b_ok;          /* bit i = row n0 + tid/8 + 32 i < N */
 };
 
-template <bool NN>
-__device__ __forceinline__ void wg_loads_init(wg_loads<NN> &l, const gemm_args &p, const row_tile &t, int n0)
+__device__ __forceinline__ void wg_loads_init(wg_loads &l, const gemm_args &p, const row_tile &t, int n0)
 {
     using namespace wg;
     const int tid = threadIdx.x;
@@ -66,21 +74,15 @@ __device__ __forceinline__ void wg_loads_init(wg_loads<NN> &l, const gemm_args &
         l.a[i] = r < t.rows ? gemm_row(p, t, r, (tid & 7) * 8) : NULL;
     }
     const bf16 *w = p.W + (size_t)t.e * p.N * p.K;
-    if (!NN) {
-        l.b = w + (size_t)(n0 + (tid >> 3)) * p.K + (tid & 7) * 8;
-        l.b_ok = 0;
+    l.b = w + (size_t)(n0 + (tid >> 3)) * p.K + (tid & 7) * 8;
+    l.b_ok = 0;
 #pragma unroll
-        for (int i = 0; i < BCH; i++) l.b_ok |= (uint32_t)(n0 + (tid >> 3) + 32 * i < p.N) << i;
-    } else {
-        l.b = w + (size_t)(tid >> 5) * p.N + n0 + (tid & 31) * 8;
-        l.b_ok = n0 + (tid & 31) * 8 < p.N;
-    }
+    for (int i = 0; i < BCH; i++) l.b_ok |= (uint32_t)(n0 + (tid >> 3) + 32 * i < p.N) << i;
 }
 
 /* Queues the cp.async copies of k-step kt of a tile into the stage at s (shared
  * address); chunks past the rows, N or K are zero-filled. */
-template <bool NN>
-__device__ __forceinline__ void wg_load_stage(const wg_loads<NN> &l, const gemm_args &p, uint32_t s, int kt)
+__device__ __forceinline__ void wg_load_stage(const wg_loads &l, const gemm_args &p, uint32_t s, int kt)
 {
     using namespace wg;
     const int tid = threadIdx.x, k0 = kt * BK, c = tid & 7;
@@ -90,20 +92,10 @@ __device__ __forceinline__ void wg_load_stage(const wg_loads<NN> &l, const gemm_
         cp_async16_s(s + swz((tid >> 3) + 32 * i, c), ok ? l.a[i] + k0 : p.x, ok);
     }
     const uint32_t sb = s + A_BYTES;
-    if (!NN) {
 #pragma unroll
-        for (int i = 0; i < BCH; i++) {
-            const bool ok = (l.b_ok >> i & 1) && k0 + c * 8 < p.K;
-            cp_async16_s(sb + swz((tid >> 3) + 32 * i, c), ok ? l.b + (size_t)32 * i * p.K + k0 : p.W, ok);
-        }
-    } else {
-        const int nc = tid & 31; /* chunk of the 256 columns: panel nc / 8, chunk nc % 8 */
-#pragma unroll
-        for (int i = 0; i < BCH; i++) {
-            const int kr = (tid >> 5) + 8 * i;
-            const bool ok = l.b_ok && k0 + kr < p.K;
-            cp_async16_s(sb + (nc >> 3) * NN_PANEL + swz(kr, nc & 7), ok ? l.b + (size_t)(k0 + 8 * i) * p.N : p.W, ok);
-        }
+    for (int i = 0; i < BCH; i++) {
+        const bool ok = (l.b_ok >> i & 1) && k0 + c * 8 < p.K;
+        cp_async16_s(sb + swz((tid >> 3) + 32 * i, c), ok ? l.b + (size_t)32 * i * p.K + k0 : p.W, ok);
     }
 }
 

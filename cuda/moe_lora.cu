@@ -31,13 +31,6 @@
 
 namespace cg = cooperative_groups;
 
-/* Blocks per SM of each kernel, measured once by cuda_fill_moe_lora_ops: the
- * persistent grid (and the cooperative one, which must all be resident) is this
- * times the SM count. Index 0..2: RP = 16, 32, 64. */
-static struct {
-    int lora_fwd[3], lora_bwd[3];
-} occupancy;
-
 // ---- kernels ----
 
 namespace lr {
@@ -637,7 +630,7 @@ static lora_args lora_prepare(ct_backend *be, const char *op, bool bwd, bool con
 
 template <int RP> static void lora_fwd_launch(cuda_ctx *c, const lora_args &a)
 {
-    moe_lora_fwd_kernel<RP><<<occupancy.lora_fwd[rank_slot(RP)] * c->num_sms, lr::NTHREADS,
+    moe_lora_fwd_kernel<RP><<<c->occupancy.lora_fwd[rank_slot(RP)] * c->num_sms, lr::NTHREADS,
                               lr::smem_bytes<RP>(), c->stream>>>(a);
     LAUNCH_CHECK();
 }
@@ -647,7 +640,7 @@ template <int RP> static void lora_bwd_launch(cuda_ctx *c, const lora_args &a)
     lora_args args = a;
     void *params[] = {&args};
     CUDA_CHECK(cudaLaunchCooperativeKernel((const void *)moe_lora_bwd_kernel<RP>,
-                                           dim3(occupancy.lora_bwd[rank_slot(RP)] * c->num_sms),
+                                           dim3(c->occupancy.lora_bwd[rank_slot(RP)] * c->num_sms),
                                            dim3(lr::NTHREADS), params, lr::smem_bytes<RP>(), c->stream));
 }
 
@@ -735,18 +728,21 @@ void moe_lora_g(ct_backend *be, void *g, int ldg, const void *dy, int lddy, int 
     lora_bwd_run(ctx_of(be), a, RP);
 }
 
-template <int RP> static void lora_setup()
+/* The kernels' blocks per SM: the persistent grid (and the cooperative one, which
+ * must all be resident) is this times the SM count. */
+template <int RP> static void lora_setup(moe_occupancy &o)
 {
     const int i = rank_slot(RP);
-    occupancy.lora_fwd[i] = kernel_setup((const void *)moe_lora_fwd_kernel<RP>, lr::NTHREADS, lr::smem_bytes<RP>());
-    occupancy.lora_bwd[i] = kernel_setup((const void *)moe_lora_bwd_kernel<RP>, lr::NTHREADS, lr::smem_bytes<RP>());
+    o.lora_fwd[i] = kernel_setup((const void *)moe_lora_fwd_kernel<RP>, lr::NTHREADS, lr::smem_bytes<RP>());
+    o.lora_bwd[i] = kernel_setup((const void *)moe_lora_bwd_kernel<RP>, lr::NTHREADS, lr::smem_bytes<RP>());
 }
 
 void cuda_fill_moe_lora_ops(ct_backend *be)
 {
-    lora_setup<16>();
-    lora_setup<32>();
-    lora_setup<64>();
+    moe_occupancy &o = ctx_of(be)->occupancy;
+    lora_setup<16>(o);
+    lora_setup<32>(o);
+    lora_setup<64>(o);
     be->moe_lora_fwd = cuda_moe_lora_fwd;
     be->moe_lora_bwd = cuda_moe_lora_bwd;
     be->moe_lora_bwd_cols = cuda_moe_lora_bwd_cols;

@@ -1,12 +1,14 @@
 /* test_cuda_moe_gemm.c — the CUDA grouped expert GEMMs and expert LoRA
  * (moe_linear_fwd, moe_linear_bwd_input, moe_lora_fwd, moe_lora_bwd) and the GEMM
  * forward with the LoRA fused in (moe_linear_lora_fwd) against the CPU reference,
- * which runs the dense ops once per expert. The GEMM tests run for every kernel
- * version (a backend created under CTUNE_MOE_GEMM=old, =new, then =tma; tma copies
- * gathered rows with its producer warpgroup's cp.async), the fused forward under
- * new (v2's fused kernel) and tma (its own at ranks 16 and 32, v2's at 64);
- * the input rows come either expert-ordered or through a gather (token rows read
- * as x[gather[r] / K], gather a permutation of slots as moe_permute makes).
+ * which runs the dense ops once per expert. Every grouped GEMM runs the TMA
+ * kernel (its producer warpgroup copies gathered rows with cp.async); the fused
+ * forward runs it at ranks 16 and 32 and the cp.async wgmma kernel at 64, and the
+ * LoRA input gradient computes g in the GEMM or before it by the input width:
+ * the cases' ranks and widths reach every one of those kernels
+ * (cuda/kernel_choice.cu). The input rows come either expert-ordered or through
+ * a gather (token rows read as x[gather[r] / K], gather a permutation of slots as
+ * moe_permute makes).
  *
  * As in test_backend_cuda.c: fresh random inputs rounded to bf16 (both backends
  * see identical values), comparisons normwise (max|gpu - cpu| / max|cpu|), NaN
@@ -23,7 +25,6 @@
 #include <math.h>
 #include <stdint.h>
 
-static const char *version = "new"; /* the CTUNE_MOE_GEMM gpu was created under */
 
 #define SPARE_ROWS 5 /* rows past offsets[E] in every row buffer: must stay untouched */
 
@@ -109,10 +110,9 @@ static void fwd_case(const gemm_case *k)
             gpu->moe_linear_fwd(gpu, py.g, k->ldy, px.g, k->ldx, gg, k->K, pW.g, bias ? pb.g : NULL, po.g, k->E,
                                 k->in, k->out, acc);
             double e = n > 0 ? act_err(py, n, k->out, k->ldy) : 0.0;
-            CHECK(e < 2e-2, "%s: y rel err %g (E %d, n %d, in %d, out %d, gather K %d, bias %d, accumulate %d)",
-                  version, e, k->E, n, k->in, k->out, k->K, bias, acc);
-            CHECK(rows_unchanged(py, y0, n, SPARE_ROWS, k->ldy, k->ldy), "%s: rows past offsets[E] were written",
-                  version);
+            CHECK(e < 2e-2, "y rel err %g (E %d, n %d, in %d, out %d, gather K %d, bias %d, accumulate %d)", e,
+                  k->E, n, k->in, k->out, k->K, bias, acc);
+            CHECK(rows_unchanged(py, y0, n, SPARE_ROWS, k->ldy, k->ldy), "rows past offsets[E] were written");
             drop(py);
         }
     drop(px); drop(pW); drop(pb); drop(po); drop(pg);
@@ -132,21 +132,20 @@ static void bwd_case(const gemm_case *k) /* ldx: dx's stride, ldy: dy's */
         cpu->moe_linear_bwd_input(cpu, pdx.c, k->ldx, pdy.c, k->ldy, pW.c, po.c, k->E, k->in, k->out, acc);
         gpu->moe_linear_bwd_input(gpu, pdx.g, k->ldx, pdy.g, k->ldy, pW.g, po.g, k->E, k->in, k->out, acc);
         double e = n > 0 ? act_err(pdx, n, k->in, k->ldx) : 0.0;
-        CHECK(e < 2e-2, "%s: dx rel err %g (E %d, n %d, in %d, out %d, accumulate %d)", version, e, k->E, n, k->in,
+        CHECK(e < 2e-2, "dx rel err %g (E %d, n %d, in %d, out %d, accumulate %d)", e, k->E, n, k->in,
               k->out, acc);
-        CHECK(rows_unchanged(pdx, dx0, n, SPARE_ROWS, k->ldx, k->ldx), "%s: rows past offsets[E] were written",
-              version);
+        CHECK(rows_unchanged(pdx, dx0, n, SPARE_ROWS, k->ldx, k->ldx), "rows past offsets[E] were written");
         drop(pdx);
     }
     drop(pdy); drop(pW); drop(po);
     free(off); free(dy); free(W); free(dx0);
 }
 
-/* Edge tiles everywhere: in = 72 (a partial k step of 32 (v1) and of 64 (v2, tma)),
- * out = 200 (a partial column tile of 128 and of 256), experts with 0, 1, 64
- * (exactly v2's half tile), 65, 127, 129 and 300 rows. For tma, whose row box ends
- * at the tile's last row, the first expert's short tiles read rows before row 0
- * (zero-filled) and every partial tile reads the previous expert's rows. */
+/* Edge tiles everywhere: in = 72 (a partial k step of 64), out = 200 (a partial
+ * column tile of 256), experts with 0, 1, 64 (exactly a consumer's half tile), 65,
+ * 127, 129 and 300 rows. The TMA kernel's row box ends at the tile's last row, so
+ * the first expert's short tiles read rows before row 0 (zero-filled) and every
+ * partial tile reads the previous expert's rows. */
 static const int COUNTS8[8] = {0, 1, 127, 129, 0, 300, 64, 17};
 static const int COUNTS_HALF[6] = {64, 65, 63, 192, 0, 1};
 
@@ -193,7 +192,7 @@ TEST(moe_linear_fwd_matches_cpu_over_a_long_reduction)
 }
 
 /* Several tiles per block of the persistent grid with one k-step each: the
- * loads run tiles ahead of the multiplies (v2 streams k-steps across tiles). */
+ * loads run tiles ahead of the multiplies (k-steps stream across tiles). */
 TEST(moe_linear_fwd_and_bwd_input_with_many_tiles_per_block_and_one_k_step)
 {
     NEED_GPU();
@@ -487,21 +486,20 @@ static void lora_dx_run(const lora_case *k, int n_mod, const int col0[2], const 
         gpu->moe_linear_lora_bwd_input(gpu, pdx.g, k->ldx, pdy.g, k->ldy, pW.g, po.g, k->E, k->in, k->out, acc, pgo.g, G,
                                        mg, n_mod, k->R, 2.0f);
         double ex = n > 0 ? act_err(pdx, n, k->in, k->ldx) : 0.0;
-        CHECK(ex < 2e-2, "%s: dx rel err %g (E %d, n %d, R %d, modules %d, accumulate %d)", version, ex, k->E, n, k->R,
+        CHECK(ex < 2e-2, "dx rel err %g (E %d, n %d, R %d, modules %d, accumulate %d)", ex, k->E, n, k->R,
               n_mod, acc);
-        CHECK(rows_unchanged(pdx, dx0, n, SPARE_ROWS, k->ldx, k->ldx), "%s: dx rows past offsets[E] were written",
-              version);
+        CHECK(rows_unchanged(pdx, dx0, n, SPARE_ROWS, k->ldx, k->ldx), "dx rows past offsets[E] were written");
         drop(pdx);
     }
     double eg = n > 0 ? act_err(pgo, n, n_mod * k->R, G) : 0.0;
-    CHECK(eg < 1e-2, "%s: g rel err %g (E %d, n %d, R %d, modules %d)", version, eg, k->E, n, k->R, n_mod);
+    CHECK(eg < 1e-2, "g rel err %g (E %d, n %d, R %d, modules %d)", eg, k->E, n, k->R, n_mod);
     const int ucols = moe_u_cols(n_mod, k->R);
     float *gh = ct_malloc((size_t)rows * G * sizeof(float));
     gpu->act_to_f32(gpu, gh, pgo.g, (size_t)rows * G);
     int bad = 0;
     for (int r = 0; r < n; r++)
         for (int c = n_mod * k->R; c < ucols; c++) bad += gh[(size_t)r * G + c] != 0.0f;
-    CHECK(bad == 0, "%s: %d elements of g past the ranks (up to column %d) are not zero", version, bad, ucols);
+    CHECK(bad == 0, "%d elements of g past the ranks (up to column %d) are not zero", bad, ucols);
     free(gh);
     cpu->moe_lora_bwd_cols(cpu, NULL, 0, pdy.c, k->ldy, k->out, px.c, k->ldx, gc, k->K, po.c, k->E, k->in, mc, n_mod,
                            k->R, 2.0f, pgo.c, G, use_u ? pu.c : NULL, G);
@@ -511,7 +509,7 @@ static void lora_dx_run(const lora_case *k, int n_mod, const int col0[2], const 
     free(u);
     for (int q = 0; q < n_mod; q++) {
         double ea = f32_err(pdA[q], nA), eb = f32_err(pdB[q], (size_t)k->E * cols[q] * k->R);
-        CHECK(ea < 1e-2 && eb < 1e-2, "%s: module %d dA / dB rel err %g / %g with g given", version, q, ea, eb);
+        CHECK(ea < 1e-2 && eb < 1e-2, "module %d dA / dB rel err %g / %g with g given", q, ea, eb);
     }
     for (int q = 0; q < n_mod; q++) {
         drop(pA[q]); drop(pB[q]); drop(pdA[q]); drop(pdB[q]);
@@ -524,10 +522,10 @@ static void lora_dx_run(const lora_case *k, int n_mod, const int col0[2], const 
 /* gate and up (two modules, a column gap, through a gather) and down (one module
  * on all columns, expert-ordered rows), edge tiles and 128 uneven experts; ranks
  * 16 x 2 and 32 x 2 (64 in all) and 24 alone (padded to 32, zeros to 64); with u
- * recomputed, then with u given (the forward's, as graph_moe.c passes it). Under
- * tma, g is computed inside the GEMM up to in = 2048 at 16 or 32 padded ranks (the
- * 72- and 264-column cases) and by the LoRA kernel with the GEMM's k-step
- * otherwise (64 ranks; the 2056-column case at 32). */
+ * recomputed, then with u given (the forward's, as graph_moe.c passes it). g is
+ * computed inside the GEMM up to in = 2048 at 16 or 32 padded ranks (the 72- and
+ * 264-column cases) and by the LoRA kernel with the GEMM's k-step otherwise (64
+ * ranks; the 2056-column case at 32). */
 TEST(moe_linear_lora_bwd_input_adds_the_lora_term_in_the_gemm)
 {
     NEED_GPU();
@@ -646,8 +644,9 @@ TEST(moe_linear_lora_fwd_matches_cpu_through_a_gather_with_gate_and_up)
     fused_run(&kg);
 }
 
-/* One or two k-steps per tile (in = 64, 128): the B slice's copy is not waited for
- * inside the k-loop, and the epilogue waits for it. */
+/* One or two k-steps per tile (in = 64, 128), on the TMA kernel (ranks 16, 32)
+ * and on the cp.async one (rank 64), where the B slice's copy is not waited for
+ * inside the k-loop and the epilogue waits for it. */
 TEST(moe_linear_lora_fwd_matches_cpu_with_one_or_two_k_steps)
 {
     NEED_GPU();
@@ -659,6 +658,10 @@ TEST(moe_linear_lora_fwd_matches_cpu_with_one_or_two_k_steps)
     fused_run(&k2);
     fused_case k2r = {128, 128, 512, 128, 512, counts, 2, 32, 2, {0, 256}, {256, 256}, 2.0f};
     fused_run(&k2r);
+    fused_case k1w = {128, 64, 776, 64, 776, counts, 0, 64, 1, {0}, {776}, 2.0f};
+    fused_run(&k1w);
+    fused_case k2w = {128, 128, 512, 128, 512, counts, 2, 64, 2, {0, 256}, {256, 256}, 2.0f};
+    fused_run(&k2w);
 }
 
 /* gpt_oss's I = 2880 would put up's first column inside a 256-column tile: the op
@@ -721,43 +724,32 @@ TEST(moe_lora_bwd_is_bit_reproducible)
 
 int main(void)
 {
-    static const char *const VERSIONS[] = {"old", "new", "tma"};
     ct_error err = {0};
     cpu = backend_cpu_new();
     ct_rng_seed(&rng, 20261207);
-    for (int v = 0; v < 3; v++) {
-        version = VERSIONS[v];
-        setenv("CTUNE_MOE_GEMM", version, 1);
-        gpu = backend_cuda_new(&err);
-        if (!gpu) printf("# CUDA backend unavailable: %s\n", err.msg);
-        printf("# grouped GEMM version: CTUNE_MOE_GEMM=%s\n", version);
-        RUN(moe_linear_fwd_matches_cpu_on_edge_tiles_with_bias_accumulate_and_strides);
-        RUN(moe_linear_fwd_one_expert_with_all_rows_and_a_single_row);
-        RUN(moe_linear_fwd_matches_cpu_with_128_uneven_experts);
-        RUN(moe_linear_fwd_matches_cpu_over_a_long_reduction);
-        RUN(moe_linear_fwd_through_a_gather_matches_cpu);
-        RUN(moe_linear_fwd_and_bwd_input_with_many_tiles_per_block_and_one_k_step);
-        RUN(moe_linear_bwd_input_matches_cpu_on_edge_tiles_overwrite_and_accumulate);
-        RUN(moe_linear_bwd_input_matches_cpu_with_uneven_experts);
-        RUN(moe_linear_lora_bwd_input_adds_the_lora_term_in_the_gemm);
-        if (v == 1) { /* LoRA has one version: once is enough */
-            RUN(moe_lora_fwd_bwd_match_cpu_without_dropout);
-            RUN(moe_lora_dropout_masks_match_cpu_per_expert);
-            RUN(moe_lora_matches_cpu_with_128_uneven_experts_and_rank_64);
-            RUN(moe_lora_bwd_matches_cpu_over_several_row_chunks);
-            RUN(moe_lora_through_a_gather_matches_cpu);
-            RUN(moe_lora_bwd_cols_of_two_modules_matches_cpu);
-            RUN(moe_lora_bwd_is_bit_reproducible);
-        }
-        if (v >= 1) { /* the fused forward: v2's kernel, and tma's at ranks <= 32 */
-            RUN(moe_linear_lora_fwd_matches_cpu_without_gather);
-            RUN(moe_linear_lora_fwd_matches_cpu_through_a_gather_with_gate_and_up);
-            RUN(moe_linear_lora_fwd_matches_cpu_with_one_or_two_k_steps);
-            RUN(moe_linear_lora_fwd_falls_back_when_a_module_straddles_a_tile);
-        }
-        if (gpu) gpu->destroy(gpu);
-    }
-    unsetenv("CTUNE_MOE_GEMM");
+    gpu = backend_cuda_new(&err);
+    if (!gpu) printf("# CUDA backend unavailable: %s\n", err.msg);
+    RUN(moe_linear_fwd_matches_cpu_on_edge_tiles_with_bias_accumulate_and_strides);
+    RUN(moe_linear_fwd_one_expert_with_all_rows_and_a_single_row);
+    RUN(moe_linear_fwd_matches_cpu_with_128_uneven_experts);
+    RUN(moe_linear_fwd_matches_cpu_over_a_long_reduction);
+    RUN(moe_linear_fwd_through_a_gather_matches_cpu);
+    RUN(moe_linear_fwd_and_bwd_input_with_many_tiles_per_block_and_one_k_step);
+    RUN(moe_linear_bwd_input_matches_cpu_on_edge_tiles_overwrite_and_accumulate);
+    RUN(moe_linear_bwd_input_matches_cpu_with_uneven_experts);
+    RUN(moe_linear_lora_bwd_input_adds_the_lora_term_in_the_gemm);
+    RUN(moe_lora_fwd_bwd_match_cpu_without_dropout);
+    RUN(moe_lora_dropout_masks_match_cpu_per_expert);
+    RUN(moe_lora_matches_cpu_with_128_uneven_experts_and_rank_64);
+    RUN(moe_lora_bwd_matches_cpu_over_several_row_chunks);
+    RUN(moe_lora_through_a_gather_matches_cpu);
+    RUN(moe_lora_bwd_cols_of_two_modules_matches_cpu);
+    RUN(moe_lora_bwd_is_bit_reproducible);
+    RUN(moe_linear_lora_fwd_matches_cpu_without_gather);
+    RUN(moe_linear_lora_fwd_matches_cpu_through_a_gather_with_gate_and_up);
+    RUN(moe_linear_lora_fwd_matches_cpu_with_one_or_two_k_steps);
+    RUN(moe_linear_lora_fwd_falls_back_when_a_module_straddles_a_tile);
+    if (gpu) gpu->destroy(gpu);
     cpu->destroy(cpu);
     return check_summary();
 }

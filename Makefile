@@ -123,7 +123,7 @@ FUZZ_CFLAGS  := -O1 -g -std=c11 -D_GNU_SOURCE -DCT_LIBFUZZER -Isrc -Ifuzz -fno-o
                 -fno-sanitize-recover=all -MMD -MP
 FUZZ_LIB     := src/common.c src/json.c src/config.c src/safetensors.c src/shard.c src/model_config.c \
                 src/tokenizer.c src/tokenizer_encode.c src/tokenizer_decode.c src/tokenizer_bpe.c src/tokenizer_text.c \
-                src/model.c src/lora.c src/adapter.c src/checkpoint.c
+                src/model.c src/lora.c src/adapter.c src/checkpoint.c $(wildcard src/chat_template*.c)
 FUZZ_OBJS    := $(FUZZ_LIB:src/%.c=build-fuzz/obj/%.o)
 FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
 

@@ -45,6 +45,7 @@ seed() {
     safetensors) files=(tests/fixtures/*/adapter/*.safetensors tests/fixtures/*/model/*.safetensors) ;;
     shard) files=(tests/fixtures/*/data/*.shard) ;;
     tokenizer) files=(tests/fixtures/tokenizer/fuzz_seeds/*) ;;
+    chat_template) files=(tests/fixtures/chat_templates/*.jinja tests/fixtures/chat_templates/fuzz_seeds/*) ;;
     *) files=() ;;
     esac
     local f

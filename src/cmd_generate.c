@@ -1,19 +1,28 @@
 /* cmd_generate.c — `ctune generate`: sample a completion from a model (plus an
- * optional adapter) to eyeball a run. Text prompts go through the byte-level
- * chat template of the tiny models; other models take token ids. The new
- * tokens stream to stdout as they are chosen; timing goes to stderr. */
+ * optional adapter) to eyeball a run. A text prompt (--prompt, --system) is
+ * rendered with the model's chat template and tokenized with its
+ * tokenizer.json (text_encoder.h, chat_template.h); the tiny models, which have
+ * no tokenizer.json, use their byte-level template. Token ids (--prompt-ids,
+ * --prompt-file) work with any model. The new tokens stream to stdout as they
+ * are chosen, as text or (--ids, or a prompt of ids) as ids; timing goes to
+ * stderr. Generation stops at the model's eos ids (config.json,
+ * generation_config.json) and its tokenizer's eos_token (the end of a turn). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
+
 #include "adapter.h"
+#include "chat_template.h"
 #include "commands.h"
 #include "generate.h"
 #include "json.h"
+#include "text_encoder.h"
 
 typedef struct gen_args {
-    const char *model, *adapter, *prompt, *prompt_ids, *prompt_file, *device;
+    const char *model, *adapter, *prompt, *system, *chat_template, *prompt_ids, *prompt_file, *device;
     long long max_new_tokens, seed;
     double temperature, top_p;
     bool print_ids;
@@ -48,7 +57,11 @@ static int parse_args(int argc, char **argv, gen_args *a, ct_error *err)
     const cli_opt opts[] = {
         {"--model", "DIR", "the model folder", .str = &a->model, .required = true},
         {"--adapter", "DIR", "a LoRA adapter folder to apply", .str = &a->adapter},
-        {"--prompt", "TEXT", "a user turn, for the byte-level tokenizer of the tiny models", .str = &a->prompt},
+        {"--prompt", "TEXT", "a user turn, rendered with the model's chat template and tokenizer.json (the tiny "
+                             "models: their byte-level template)", .str = &a->prompt},
+        {"--system", "TEXT", "a system turn before --prompt", .str = &a->system},
+        {"--chat-template", "NAME|FILE", "render --prompt with a built-in template or a Jinja file instead of the "
+                                         "model's", .str = &a->chat_template},
         {"--prompt-ids", "1,2,3", "the prompt as token ids", .str = &a->prompt_ids},
         {"--prompt-file", "FILE", "the prompt as token ids in a file (commas, spaces or newlines)",
          .str = &a->prompt_file},
@@ -59,8 +72,8 @@ static int parse_args(int argc, char **argv, gen_args *a, ct_error *err)
         {"--device", "cpu|cuda|auto", "where to run (default auto: the GPU when there is one)", .str = &a->device},
         {"--ids", NULL, "print token ids, also for the tiny models", .flag = &a->print_ids},
         {0}};
-    const cli_cmd cmd = {"generate", "generate --model DIR [--adapter DIR] (--prompt TEXT | --prompt-ids 1,2,3 | "
-                                     "--prompt-file FILE) [options]", opts};
+    const cli_cmd cmd = {"generate", "generate --model DIR [--adapter DIR] (--prompt TEXT [--system TEXT] | "
+                                     "--prompt-ids 1,2,3 | --prompt-file FILE) [options]", opts};
     int rc = cli_parse(&cmd, argc, argv, NULL, err);
     if (!rc && max_new) rc = parse_ll("--max-new-tokens", max_new, 1, 1 << 20, &a->max_new_tokens, err);
     if (!rc && seed) rc = parse_ll("--seed", seed, 0, INT64_MAX, &a->seed, err);
@@ -70,6 +83,8 @@ static int parse_args(int argc, char **argv, gen_args *a, ct_error *err)
     if (!!a->prompt + !!a->prompt_ids + !!a->prompt_file != 1)
         return CT_FAIL_INPUT(err, "usage: give exactly one of --prompt, --prompt-ids, --prompt-file "
                              "(see ctune generate --help)");
+    if ((a->system || a->chat_template) && !a->prompt)
+        return CT_FAIL_INPUT(err, "usage: --system and --chat-template go with --prompt (see ctune generate --help)");
     if (strcmp(a->device, "cpu") && strcmp(a->device, "cuda") && strcmp(a->device, "auto"))
         return CT_FAIL_INPUT(err, "--device '%s': expected cpu, cuda or auto", a->device);
     /* a FIFO among the inputs is refused here rather than block a reader */
@@ -133,25 +148,98 @@ static void add_eos_ids(const char *dir, const char *name, int32_t *ids, int *n,
     json_free(doc);
 }
 
+enum { STREAM_IDS, STREAM_BYTES, STREAM_TEXT };
+
 typedef struct stream_ctx {
-    bool bytes;   /* the byte tokenizer: write text */
+    int mode;                  /* STREAM_* */
     int count;
     const int32_t *stop_ids;
     int n_stop;
+    const ct_tokenizer *tok;   /* STREAM_TEXT */
+    uint32_t *ids;             /* the new tokens, less stop tokens */
+    size_t n, cap;
+    size_t base;               /* text is decode(ids[base..]): a window, so each step decodes a few tokens */
+    size_t printed;            /* bytes of that text already written */
 } stream_ctx;
+
+/* Writes what decode(ids[base..]) adds to what was written: text ending in an
+ * unfinished character (U+FFFD) waits for the next token, unless final. The
+ * window keeps one written token before the new ones, so a decoder that
+ * strips the first token's space (Metaspace) strips one already written. */
+static void text_flush(stream_ctx *s, bool final)
+{
+    char *text;
+    size_t len;
+    ct_error ignored = {0};
+    if (tokenizer_decode(s->tok, s->ids + s->base, s->n - s->base, true, &text, &len, &ignored)) return;
+    bool pending = !final && len >= 3 && !memcmp(text + len - 3, "\xEF\xBF\xBD", 3);
+    if (!pending && len > s->printed) {
+        fwrite(text + s->printed, 1, len - s->printed, stdout);
+        s->printed = len;
+        if (s->n - s->base > 8) {   /* slide the window to the last written token */
+            free(text);
+            s->base = s->n - 1;
+            if (tokenizer_decode(s->tok, s->ids + s->base, 1, true, &text, &len, &ignored)) return;
+            s->printed = len;
+        }
+    }
+    free(text);
+}
 
 static void on_token(int32_t t, void *p)
 {
     stream_ctx *s = p;
-    if (s->bytes) {
-        for (int i = 0; i < s->n_stop; i++)
-            if (t == s->stop_ids[i]) return; /* the end of the turn is not part of the answer */
-        byte_token_write(t, stdout);
+    bool stop = false;
+    for (int i = 0; i < s->n_stop; i++) stop |= t == s->stop_ids[i];
+    if (s->mode == STREAM_BYTES) {
+        if (!stop) byte_token_write(t, stdout);   /* the end of the turn is not part of the answer */
+    } else if (s->mode == STREAM_TEXT) {
+        if (!stop) {
+            if (s->n == s->cap) s->ids = ct_realloc(s->ids, (s->cap = s->cap ? 2 * s->cap : 64) * sizeof *s->ids);
+            s->ids[s->n++] = (uint32_t)t;
+            text_flush(s, false);
+        }
     } else {
         printf("%s%d", s->count ? " " : "", t);
     }
     s->count++;
     fflush(stdout);
+}
+
+/* The prompt of --prompt / --system through the chat template and tokenizer.json. */
+static int32_t *text_prompt(const gen_args *a, const ct_text_encoder *enc, int *n, ct_error *err)
+{
+    ct_chat_template *tmpl = chat_template_load(a->model, a->chat_template, err);
+    if (!tmpl) return NULL;
+    ct_chat_message msgs[2];
+    int k = 0;
+    if (a->system) msgs[k++] = (ct_chat_message){"system", a->system};
+    msgs[k++] = (ct_chat_message){"user", a->prompt};
+    char *text = NULL;
+    size_t len;
+    int32_t *prompt = NULL;
+    ct_ids ids = {0};
+    int rc = chat_template_render(tmpl, msgs, k, true, &text, &len, err);
+    if (!rc) rc = tokenizer_encode(enc->tok, text, len, true, &ids, err);
+    if (!rc && ids.len == 0) rc = CT_FAIL_INPUT(err, "--prompt: the chat template rendered an empty prompt");
+    if (!rc && ids.len > INT32_MAX / 2) rc = CT_FAIL_INPUT(err, "--prompt: %zu tokens is too long", ids.len);
+    if (!rc) {
+        prompt = ct_malloc(ids.len * sizeof *prompt);
+        for (size_t i = 0; i < ids.len; i++) prompt[i] = (int32_t)ids.data[i];
+        *n = (int)ids.len;
+    }
+    free(text);
+    ct_ids_free(&ids);
+    chat_template_free(tmpl);
+    return prompt;
+}
+
+static bool has_tokenizer(const char *model_dir)
+{
+    char path[CT_PATH_MAX + 32];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
+    return stat(path, &st) == 0;
 }
 
 /* cpu, cuda, or auto: the GPU when one is usable, else the CPU (with a note). */
@@ -179,6 +267,7 @@ int cmd_generate(int argc, char **argv, ct_error *err)
     ct_model m;
     ct_lora lo = {0};
     ct_generator *g = NULL;
+    ct_text_encoder enc = {0};
     int32_t *prompt = NULL, *out = NULL;
     int n_prompt = 0;
     rc = model_load(&m, be, a.model, err);
@@ -186,28 +275,33 @@ int cmd_generate(int argc, char **argv, ct_error *err)
         be->destroy(be);
         return rc;
     }
-    bool bytes = m.cfg.vocab_size == CT_BYTE_VOCAB;
-    if (a.prompt && !bytes) {
-        rc = CT_FAIL_INPUT(err, "--prompt needs the byte-level tokenizer of the tiny models (vocab_size %d); this "
-                           "model has vocab_size %d: tokenize the prompt and pass --prompt-ids or --prompt-file",
-                           CT_BYTE_VOCAB, m.cfg.vocab_size);
+    bool text = a.prompt && has_tokenizer(a.model);
+    bool bytes = !text && m.cfg.vocab_size == CT_BYTE_VOCAB;
+    if (text) {
+        if (!(rc = text_encoder_load(&enc, a.model, err)) && !(prompt = text_prompt(&a, &enc, &n_prompt, err)))
+            rc = err->code;
+    } else if (a.prompt && (!bytes || a.chat_template)) {
+        rc = CT_FAIL_INPUT(err, "--prompt%s needs %s/tokenizer.json (or the byte-level tokenizer of the tiny models, "
+                           "vocab_size %d; this model has %d): tokenize the prompt and pass --prompt-ids or "
+                           "--prompt-file", a.chat_template ? " with --chat-template" : "", a.model, CT_BYTE_VOCAB,
+                           m.cfg.vocab_size);
     } else if (a.prompt) {
-        prompt = byte_chat_prompt(a.prompt, &n_prompt);
+        prompt = byte_chat_messages(a.system, a.prompt, &n_prompt);
     } else if (a.prompt_ids) {
         if (!(prompt = parse_ids(a.prompt_ids, "--prompt-ids", &n_prompt, err))) rc = err->code;
     } else {
         size_t len;
-        char *text = ct_read_file_max(a.prompt_file, 64 << 20, &len, err);
-        if (!text) rc = err->code;
-        else if (!(prompt = parse_ids(text, a.prompt_file, &n_prompt, err))) rc = err->code;
-        free(text);
+        char *ids = ct_read_file_max(a.prompt_file, 64 << 20, &len, err);
+        if (!ids) rc = err->code;
+        else if (!(prompt = parse_ids(ids, a.prompt_file, &n_prompt, err))) rc = err->code;
+        free(ids);
     }
     if (!rc && a.adapter) rc = adapter_load(&lo, &m, a.adapter, err);
     int capacity = n_prompt + (int)a.max_new_tokens;
     if (!rc && !(g = generator_new(&m, a.adapter ? &lo : NULL, capacity, n_prompt < 256 ? n_prompt : 256, err)))
         rc = err->code;
     if (!rc) {
-        int32_t stop[16];
+        int32_t stop[17];
         int n_stop = 0;
         if (bytes) {
             stop[n_stop++] = CT_BYTE_IM_END;
@@ -215,16 +309,19 @@ int cmd_generate(int argc, char **argv, ct_error *err)
         } else {
             add_eos_ids(a.model, "config.json", stop, &n_stop, 8);
             add_eos_ids(a.model, "generation_config.json", stop, &n_stop, 16);
+            if (enc.has_eos_id) stop[n_stop++] = (int32_t)enc.eos_id;   /* the template's end of turn */
         }
         ct_sample_options o = {.max_new_tokens = (int)a.max_new_tokens, .temperature = (float)a.temperature,
                                .top_p = (float)a.top_p, .seed = (uint64_t)a.seed, .stop_ids = stop,
                                .n_stop = n_stop};
-        stream_ctx sc = {.bytes = bytes && !a.print_ids, .stop_ids = stop, .n_stop = n_stop};
+        stream_ctx sc = {.mode = a.print_ids ? STREAM_IDS : text ? STREAM_TEXT : bytes ? STREAM_BYTES : STREAM_IDS,
+                         .stop_ids = stop, .n_stop = n_stop, .tok = enc.tok};
         out = ct_malloc((size_t)a.max_new_tokens * sizeof *out);
         int n_out = 0;
         double t0 = ct_now();
         rc = generate(g, prompt, n_prompt, &o, out, &n_out, on_token, &sc, err);
         double dt = ct_now() - t0;
+        if (sc.mode == STREAM_TEXT) text_flush(&sc, true);
         printf("\n");
         fflush(stdout);
         if (!rc) {
@@ -234,10 +331,12 @@ int cmd_generate(int argc, char **argv, ct_error *err)
                     n_prompt, n_out, dt, dt > 0 ? n_out / dt : 0.0, be->name, a.adapter ? ", with adapter" : "",
                     stopped ? "stopped at an end token" : "stopped at --max-new-tokens");
         }
+        free(sc.ids);
     }
     free(out);
     free(prompt);
     generator_free(g);
+    text_encoder_free(&enc);
     if (lo.params) lora_free(&lo, be);
     model_free(&m);
     be->destroy(be);

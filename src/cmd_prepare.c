@@ -1,27 +1,16 @@
-/* cmd_prepare.c — `ctune prepare`: JSONL of token ids -> DIR/train.shard (and
- * DIR/eval.shard), no Python needed.
+/* cmd_prepare.c — `ctune prepare`: JSONL (or a JSON array) of text or of token
+ * ids -> DIR/train.shard (and DIR/eval.shard), no Python needed.
  *
- * Each non-blank line is one document: {"input_ids": [...]} with optionally a
- * loss mask in any of the forms HF and TRL write: "labels" (-100 = no loss,
- * else equal to input_ids), "loss_mask", "completion_mask" or "assistant_masks"
- * (1 = train on the token; 0/1 or booleans). Several of them must agree token by
- * token. Other keys are ignored, so rows straight from a tokenized HF or TRL
- * dataset work. The file is read twice: once to count documents, so the eval
- * split can be an exact, seeded choice before any document is stored; once to
- * parse. Every line is validated before anything is written, so a bad line
- * leaves DIR as it was.
- *
- * Memory: json_parse builds ~80 bytes of tree per array item (a 100 MB line of
- * ids took 1.9 to 4.5 GB), so lines are read here without a tree: one pass over
- * the bytes checks the grammar as json.c does (strings: escapes and UTF-8;
- * numbers: RFC 8259 and finite; depth <= 64) and keeps only where each field
- * we use lies; then its items go straight into the shard writer's token and
- * mask arrays (5 bytes a token, never copied again: shard_writer_reserve), so
- * the peak is the line plus its tokens. Unlike json.c, duplicate keys are
- * caught only among those fields. */
+ * Text (--tokenizer MODEL_DIR; the formats: prepare_text.h) is tokenized by
+ * the worker pool of prepare_pool.c; token ids (--format tokens, or records
+ * with input_ids: prepare_tokens.h) are parsed line by line straight into the
+ * shard writer. --format auto takes the format from the first record's keys.
+ * When there is an eval split the file is read twice: once to count the
+ * records, so the split can be an exact, seeded choice before any document is
+ * stored; once to parse. Every record is checked before anything is written,
+ * so a bad one leaves DIR as it was. */
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,21 +18,22 @@
 #include <unistd.h>
 
 #include "commands.h"
-#include "shard.h"
+#include "prepare_pool.h"
+#include "prepare_tokens.h"
 
-#define SCAN_MAX_DEPTH 64
 #define LINE_KEEP_BYTES ((size_t)16 << 20) /* a larger line buffer is freed before its document is stored */
 
 typedef struct prepare_opts {
-    const char *in, *out;
+    const char *in, *out, *tokenizer, *chat_template;
+    prepare_format format;
+    prepare_fields fields;
+    bool train_on_inputs, text_options;   /* text_options: a flag only text formats use was given */
+    size_t max_length;      /* 0: none */
+    int threads;
     uint32_t vocab_size;    /* 0: no check */
     double eval_fraction;   /* [0, 1) */
     uint64_t seed;
 } prepare_opts;
-
-typedef struct split_stats {
-    size_t docs, tokens, labels;
-} split_stats;
 
 static int parse_u64(const char *flag, const char *s, uint64_t max, uint64_t *out, ct_error *err)
 {
@@ -67,24 +57,58 @@ static int check_paths(const prepare_opts *o, ct_error *err)
     if (stat(o->out, &st) == 0 && !S_ISDIR(st.st_mode))
         return CT_FAIL_INPUT(err, "--out %s: exists and is not a folder (give a folder for train.shard and eval.shard)",
                              o->out);
+    if (o->tokenizer && stat(o->tokenizer, &st) == 0 && !S_ISDIR(st.st_mode))
+        return CT_FAIL_INPUT(err, "--tokenizer %s: not a folder (give the model folder that holds tokenizer.json)",
+                             o->tokenizer);
+    if (o->tokenizer) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tokenizer.json", o->tokenizer);
+        if ((rc = cli_check_file(path, err))) return rc;
+    }
     return CT_OK;
+}
+
+static int online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 256 ? 256 : (int)n;
 }
 
 static int parse_args(int argc, char **argv, prepare_opts *o, ct_error *err)
 {
-    *o = (prepare_opts){ .seed = 42 };
-    const char *vocab = NULL, *fraction = NULL, *seed = NULL;
+    *o = (prepare_opts){.seed = 42, .threads = online_cpus()};
+    const char *vocab = NULL, *fraction = NULL, *seed = NULL, *format = NULL, *max_length = NULL, *threads = NULL;
+    prepare_fields *f = &o->fields;
     const cli_opt opts[] = {
-        {"--in", "FILE.jsonl", "token-id JSONL: input_ids, and labels, loss_mask, completion_mask or "
-                               "assistant_masks", .str = &o->in, .required = true},
+        {"--in", "FILE", "the records: JSONL, or one JSON array (see --format)", .str = &o->in, .required = true},
         {"--out", "DIR", "the folder for train.shard and eval.shard", .str = &o->out, .required = true},
-        {"--vocab-size", "V", "refuse token ids >= V", .str = &vocab},
+        {"--tokenizer", "MODEL_DIR", "tokenize text with this model folder's tokenizer.json and chat template",
+         .str = &o->tokenizer},
+        {"--format", "F", "auto (default: from the first record's keys), messages, sharegpt, alpaca, "
+                          "prompt_completion, text or tokens", .str = &format},
+        {"--chat-template", "NAME|FILE", "render chats with a built-in template or a Jinja file instead of the "
+                                         "model's", .str = &o->chat_template},
+        {"--field-messages", "KEY", "the list of turns (default messages; sharegpt: conversations)",
+         .str = &f->messages},
+        {"--field-role", "KEY", "a turn's role (default role; sharegpt: from)", .str = &f->role},
+        {"--field-content", "KEY", "a turn's text (default content; sharegpt: value)", .str = &f->content},
+        {"--field-text", "KEY", "the text of a text record (default text)", .str = &f->text},
+        {"--field-prompt", "KEY", "the prompt of a prompt_completion record (default prompt)", .str = &f->prompt},
+        {"--field-completion", "KEY", "its completion (default completion)", .str = &f->completion},
+        {"--train-on-inputs", NULL, "loss on every token (default: assistant turns, completions)",
+         .flag = &o->train_on_inputs},
+        {"--max-length", "N", "cut longer documents to N tokens (a document left without a label is dropped)",
+         .str = &max_length},
+        {"--threads", "N", "tokenize on N threads (default: the online CPUs)", .str = &threads},
+        {"--vocab-size", "V", "refuse token ids >= V (default with --tokenizer: config.json's vocab_size)",
+         .str = &vocab},
         {"--eval-fraction", "F", "this fraction of the documents goes to eval.shard, in [0, 1) (default 0)",
          .str = &fraction},
         {"--seed", "S", "seed of the train/eval split (default 42)", .str = &seed},
         {0}};
-    const cli_cmd cmd = {"prepare", "prepare --in FILE.jsonl --out DIR [--vocab-size V] [--eval-fraction F] "
-                                    "[--seed S]", opts};
+    const cli_cmd cmd = {"prepare", "prepare --in FILE --out DIR [--tokenizer MODEL_DIR] [--format F] [options]\n"
+                                    "  text (messages, sharegpt, alpaca, prompt_completion, text) needs --tokenizer; "
+                                    "token ids (input_ids) do not", opts};
     int rc = cli_parse(&cmd, argc, argv, NULL, err);
     if (rc) return rc;
     uint64_t u;
@@ -100,6 +124,19 @@ static int parse_args(int argc, char **argv, prepare_opts *o, ct_error *err)
         if (end == fraction || *end || !(o->eval_fraction >= 0.0 && o->eval_fraction < 1.0))
             return CT_FAIL_INPUT(err, "--eval-fraction must be a number in [0, 1), got '%s'", fraction);
     }
+    if (format && (rc = prepare_format_parse(format, &o->format, err))) return rc;
+    if (max_length) {
+        if ((rc = parse_u64("--max-length", max_length, UINT32_MAX, &u, err))) return rc;
+        if (u < 2) return CT_FAIL_INPUT(err, "--max-length must be at least 2, got '%s'", max_length);
+        o->max_length = (size_t)u;
+    }
+    if (threads) {
+        if ((rc = parse_u64("--threads", threads, 256, &u, err))) return rc;
+        if (u == 0) return CT_FAIL_INPUT(err, "--threads must be at least 1, got '%s'", threads);
+        o->threads = (int)u;
+    }
+    o->text_options = o->chat_template || f->messages || f->role || f->content || f->text || f->prompt ||
+                      f->completion || o->train_on_inputs || max_length;
     return check_paths(o, err);
 }
 
@@ -108,380 +145,6 @@ static bool is_blank(const char *s, size_t n)
     for (size_t i = 0; i < n; i++)
         if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n') return false;
     return true;
-}
-
-// ---- scanning one line ----
-
-enum { F_INPUT_IDS, F_LABELS, F_LOSS_MASK, F_COMPLETION_MASK, F_ASSISTANT_MASKS, N_FIELDS };
-static const char *const field_names[N_FIELDS] = {"input_ids", "labels", "loss_mask", "completion_mask",
-                                                  "assistant_masks"};
-
-typedef struct field {
-    bool present;
-    size_t start, end;  /* the value's bytes */
-    size_t count;       /* items, when it is an array */
-} field;
-
-typedef struct scanner {
-    const char *s;
-    size_t len, pos;
-    const char *src;    /* FILE:LINE */
-    ct_error *err;
-} scanner;
-
-static int scan_fail(scanner *p, size_t off, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int scan_fail(scanner *p, size_t off, const char *fmt, ...)
-{
-    char what[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    return CT_FAIL_INPUT(p->err, "%s: offset %zu: %s", p->src, off, what);
-}
-
-/* The byte at pos, for "expected X, found Y" messages. */
-static const char *found(const scanner *p, char *buf, size_t n)
-{
-    if (p->pos >= p->len) return "the end of the input";
-    unsigned char c = (unsigned char)p->s[p->pos];
-    if (c >= 0x20 && c < 0x7f) snprintf(buf, n, "'%c'", c);
-    else snprintf(buf, n, "byte 0x%02x", c);
-    return buf;
-}
-
-static bool at(const scanner *p, char c) { return p->pos < p->len && p->s[p->pos] == c; }
-static bool digit_at(const scanner *p, size_t i) { return i < p->len && p->s[i] >= '0' && p->s[i] <= '9'; }
-
-static void scan_ws(scanner *p)
-{
-    while (at(p, ' ') || at(p, '\t') || at(p, '\r') || at(p, '\n')) p->pos++;
-}
-
-static int hex4(const char *s, unsigned *out)
-{
-    unsigned v = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = s[i];
-        unsigned d;
-        if (c >= '0' && c <= '9') d = (unsigned)(c - '0');
-        else if (c >= 'a' && c <= 'f') d = (unsigned)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F') d = (unsigned)(c - 'A' + 10);
-        else return -1;
-        v = v * 16 + d;
-    }
-    *out = v;
-    return 0;
-}
-
-/* Length of the well-formed UTF-8 sequence at s[0..n), or 0 (json.c's rules:
- * no overlong forms, surrogates or code points past U+10FFFF). */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0], lo = 0x80, hi = 0xbf; /* allowed range of the second byte */
-    size_t len;
-    if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) len = 2;
-    else if (c >= 0xe0 && c <= 0xef) { len = 3; if (c == 0xe0) lo = 0xa0; if (c == 0xed) hi = 0x9f; }
-    else if (c >= 0xf0 && c <= 0xf4) { len = 4; if (c == 0xf0) lo = 0x90; if (c == 0xf4) hi = 0x8f; }
-    else return 0;
-    if (n < len || s[1] < lo || s[1] > hi) return 0;
-    for (size_t i = 2; i < len; i++)
-        if (s[i] < 0x80 || s[i] > 0xbf) return 0;
-    return len;
-}
-
-static int scan_string(scanner *p)
-{
-    size_t open = p->pos++;
-    while (p->pos < p->len) {
-        unsigned char c = (unsigned char)p->s[p->pos];
-        if (c == '"') {
-            p->pos++;
-            return CT_OK;
-        }
-        if (c < 0x20) return scan_fail(p, p->pos, "control character 0x%02x inside a string (it must be escaped)", c);
-        if (c != '\\') {
-            size_t n = utf8_len((const unsigned char *)p->s + p->pos, p->len - p->pos);
-            if (!n) return scan_fail(p, p->pos, "invalid UTF-8 byte 0x%02x in a string", c);
-            p->pos += n;
-            continue;
-        }
-        if (p->pos + 1 >= p->len) break;
-        char e = p->s[p->pos + 1];
-        if (e && strchr("\"\\/bfnrt", e)) {
-            p->pos += 2;
-            continue;
-        }
-        if (e != 'u') return scan_fail(p, p->pos, "invalid escape '\\%c' in a string", e >= 0x20 && e < 0x7f ? e : '?');
-        unsigned cp, lo;
-        if (p->len - p->pos < 6 || hex4(p->s + p->pos + 2, &cp) != 0)
-            return scan_fail(p, p->pos, "expected 4 hex digits after '\\u'");
-        if (cp >= 0xdc00 && cp <= 0xdfff) return scan_fail(p, p->pos, "unpaired low surrogate \\u%04x", cp);
-        if (cp >= 0xd800 && cp <= 0xdbff) {
-            const char *q = p->s + p->pos + 6;
-            if (p->len - p->pos < 12 || q[0] != '\\' || q[1] != 'u' || hex4(q + 2, &lo) != 0 || lo < 0xdc00 ||
-                lo > 0xdfff)
-                return scan_fail(p, p->pos, "high surrogate \\u%04x is not followed by a low surrogate", cp);
-            p->pos += 6;
-        }
-        p->pos += 6;
-    }
-    return scan_fail(p, open, "unterminated string (no closing '\"' before the end of the input)");
-}
-
-/* strtod of s[0..n), which need not be NUL-terminated. */
-static double number_at(const char *s, size_t n)
-{
-    char buf[64], *b = n < sizeof buf ? buf : ct_malloc(n + 1);
-    memcpy(b, s, n);
-    b[n] = '\0';
-    double v = strtod(b, NULL);
-    if (b != buf) free(b);
-    return v;
-}
-
-static int scan_number(scanner *p)
-{
-    size_t start = p->pos, i = p->pos;
-    bool exponent = false;
-    if (at(p, '-')) i++;
-    if (!digit_at(p, i)) return scan_fail(p, i, "expected a digit in a number");
-    if (p->s[i] == '0') {
-        if (digit_at(p, ++i)) return scan_fail(p, start, "leading zeros are not allowed in numbers");
-    } else {
-        while (digit_at(p, i)) i++;
-    }
-    if (i < p->len && p->s[i] == '.') {
-        if (!digit_at(p, ++i)) return scan_fail(p, i, "expected a digit after '.'");
-        while (digit_at(p, i)) i++;
-    }
-    if (i < p->len && (p->s[i] == 'e' || p->s[i] == 'E')) {
-        exponent = true;
-        i++;
-        if (i < p->len && (p->s[i] == '+' || p->s[i] == '-')) i++;
-        if (!digit_at(p, i)) return scan_fail(p, i, "expected a digit in the exponent");
-        while (digit_at(p, i)) i++;
-    }
-    /* only an exponent or some 300 digits can leave the range of a double */
-    if ((exponent || i - start > 300) && !isfinite(number_at(p->s + start, i - start)))
-        return scan_fail(p, start, "number %.*s is out of range", (int)(i - start < 40 ? i - start : 40), p->s + start);
-    p->pos = i;
-    return CT_OK;
-}
-
-static int scan_literal(scanner *p, const char *word)
-{
-    size_t n = strlen(word);
-    char b[16];
-    if (p->len - p->pos < n || memcmp(p->s + p->pos, word, n) != 0)
-        return scan_fail(p, p->pos, "expected a value, found %s", found(p, b, sizeof b));
-    p->pos += n;
-    return CT_OK;
-}
-
-static int scan_container(scanner *p, int depth, field *fields, size_t *count);
-
-/* Any value at pos; an array's item count goes to *count. */
-static int scan_value(scanner *p, int depth, size_t *count)
-{
-    char b[16], c = p->pos < p->len ? p->s[p->pos] : 0;
-    switch (c) {
-    case '{': return scan_container(p, depth + 1, NULL, count);
-    case '[': return scan_container(p, depth + 1, NULL, count);
-    case '"': return scan_string(p);
-    case 't': return scan_literal(p, "true");
-    case 'f': return scan_literal(p, "false");
-    case 'n': return scan_literal(p, "null");
-    default:
-        if (c == '-' || (c >= '0' && c <= '9')) return scan_number(p);
-        return scan_fail(p, p->pos, "expected a value, found %s", found(p, b, sizeof b));
-    }
-}
-
-static int field_of(const char *key, size_t n)
-{
-    for (int k = 0; k < N_FIELDS; k++)
-        if (strlen(field_names[k]) == n && !memcmp(field_names[k], key, n)) return k;
-    return -1;
-}
-
-/* An object or array at pos. In the top-level object (fields not NULL) the
- * fields we use are recorded. */
-static int scan_container(scanner *p, int depth, field *fields, size_t *count)
-{
-    bool object = at(p, '{');
-    char close = object ? '}' : ']', b[16];
-    size_t open = p->pos++, n = 0;
-    if (depth > SCAN_MAX_DEPTH) return scan_fail(p, open, "nesting deeper than %d levels", SCAN_MAX_DEPTH);
-    scan_ws(p);
-    if (at(p, close)) {
-        p->pos++;
-        if (count) *count = 0;
-        return CT_OK;
-    }
-    for (;;) {
-        int rc, f = -1;
-        size_t key = p->pos, items = 0;
-        if (object) {
-            if (!at(p, '"')) return scan_fail(p, p->pos, "expected a string key, found %s", found(p, b, sizeof b));
-            if ((rc = scan_string(p))) return rc;
-            f = fields ? field_of(p->s + key + 1, p->pos - key - 2) : -1;
-            if (f >= 0 && fields[f].present)
-                return scan_fail(p, key, "duplicate key '%s' in an object", field_names[f]);
-            scan_ws(p);
-            if (!at(p, ':')) return scan_fail(p, p->pos, "expected ':' after an object key, found %s", found(p, b, sizeof b));
-            p->pos++;
-            scan_ws(p);
-        }
-        size_t start = p->pos;
-        if ((rc = scan_value(p, depth, &items))) return rc;
-        if (f >= 0) fields[f] = (field){true, start, p->pos, items};
-        n++;
-        scan_ws(p);
-        if (at(p, close)) break;
-        if (!at(p, ',')) return scan_fail(p, p->pos, "expected ',' or '%c', found %s", close, found(p, b, sizeof b));
-        p->pos++;
-        scan_ws(p);
-    }
-    p->pos++; /* the close */
-    if (count) *count = n;
-    return CT_OK;
-}
-
-/* What a (scanned) value is, for "expected X, found Y" messages. */
-static const char *describe(const char *s, size_t n, char *buf, size_t cap)
-{
-    switch (s[0]) {
-    case 'n': return "null";
-    case 't': case 'f': return "a boolean";
-    case '"': return "a string";
-    case '[': return "an array";
-    case '{': return "an object";
-    }
-    snprintf(buf, cap, "%.17g", number_at(s, n));
-    return buf;
-}
-
-/* Checks the whole line; fields receive where the fields we use lie. */
-static int scan_line(scanner *p, field fields[N_FIELDS])
-{
-    memset(fields, 0, N_FIELDS * sizeof *fields);
-    scan_ws(p);
-    size_t start = p->pos, ignored;
-    int rc = at(p, '{') ? scan_container(p, 1, fields, &ignored) : scan_value(p, 0, &ignored);
-    if (rc) return rc;
-    size_t end = p->pos;
-    char b[32];
-    scan_ws(p);
-    if (p->pos < p->len)
-        return scan_fail(p, p->pos, "expected the end of the input after the JSON value, found %s", found(p, b, sizeof b));
-    if (p->s[start] != '{')
-        return CT_FAIL_INPUT(p->err, "%s: expected a JSON object, found %s", p->src,
-                             describe(p->s + start, end - start, b, sizeof b));
-    return CT_OK;
-}
-
-/* Steps through the items of a scanned array (p->pos starts just after its
- * '['): *item and *n get the next item's bytes; false at its ']'. */
-static bool next_item(scanner *p, const char **item, size_t *n)
-{
-    scan_ws(p);
-    if (at(p, ']')) return false;
-    size_t start = p->pos, ignored;
-    int rc = scan_value(p, 1, &ignored);
-    CT_ASSERT(rc == CT_OK, "prepare: an item of a scanned array does not scan again");
-    *item = p->s + start;
-    *n = p->pos - start;
-    scan_ws(p);
-    if (at(p, ',')) p->pos++;
-    return true;
-}
-
-/* An integer literal (no fraction or exponent) into *out. Literals of more than
- * 18 digits, beyond every range used here, count as not integers. */
-static bool item_integer(const char *s, size_t n, long long *out)
-{
-    size_t neg = s[0] == '-';
-    if (n == neg || n - neg > 18) return false;
-    long long v = 0;
-    for (size_t i = neg; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9') return false;
-        v = v * 10 + (s[i] - '0');
-    }
-    *out = neg ? -v : v;
-    return true;
-}
-
-/* Mask item i of field k: 1 = train on token i, 0 = not, -1 = not a valid item. */
-static int item_mask(int k, const char *s, size_t n, uint32_t token)
-{
-    long long v;
-    if (k == F_LABELS) return item_integer(s, n, &v) && (v == -100 || v == token) ? v != -100 : -1;
-    if (n == 4 && !memcmp(s, "true", 4)) return 1;
-    if (n == 5 && !memcmp(s, "false", 5)) return 0;
-    return item_integer(s, n, &v) && (v == 0 || v == 1) ? (int)v : -1;
-}
-
-/* Parses one line into room reserved in w (committed by the caller); *mask and
- * *len receive its loss mask and length. */
-static int parse_doc(const char *line, size_t line_len, const char *src, uint32_t vocab_size, shard_writer *w,
-                     const uint8_t **mask_out, size_t *len, ct_error *err)
-{
-    scanner p = {.s = line, .len = line_len, .src = src, .err = err};
-    field f[N_FIELDS];
-    int rc = scan_line(&p, f);
-    if (rc) return rc;
-    char b[32];
-    for (int k = 0; k < N_FIELDS; k++) {
-        if (f[k].present && line[f[k].start] == 'n') f[k].present = false; /* null is absent */
-        if (f[k].present && line[f[k].start] != '[')
-            return CT_FAIL_INPUT(err, "%s: %s must be an array, found %s", src, field_names[k],
-                                 describe(line + f[k].start, f[k].end - f[k].start, b, sizeof b));
-    }
-    if (!f[F_INPUT_IDS].present) return CT_FAIL_INPUT(err, "%s: input_ids is missing", src);
-    size_t n = f[F_INPUT_IDS].count, i, item_len;
-    if (n == 0) return CT_FAIL_INPUT(err, "%s: input_ids is empty", src);
-    for (int k = 1; k < N_FIELDS; k++)
-        if (f[k].present && f[k].count != n)
-            return CT_FAIL_INPUT(err, "%s: %s has %zu entries but input_ids has %zu", src, field_names[k],
-                                 f[k].count, n);
-    uint32_t *tokens;
-    uint8_t *mask;
-    shard_writer_reserve(w, n, &tokens, &mask);
-    const char *item;
-    for (i = 0, p.pos = f[F_INPUT_IDS].start + 1; next_item(&p, &item, &item_len); i++) {
-        long long id;
-        if (!item_integer(item, item_len, &id) || id < 0 || id > UINT32_MAX)
-            return CT_FAIL_INPUT(err, "%s: input_ids[%zu] must be an integer token id in [0, 4294967295], found %s",
-                                 src, i, describe(item, item_len, b, sizeof b));
-        if (vocab_size && id >= vocab_size)
-            return CT_FAIL_INPUT(err, "%s: input_ids[%zu] = %lld >= vocab size %u", src, i, id, vocab_size);
-        tokens[i] = (uint32_t)id;
-        mask[i] = 1;
-    }
-    int first = -1; /* the first mask field given; any other must agree with it */
-    for (int k = 1; k < N_FIELDS; k++) {
-        if (!f[k].present) continue;
-        for (i = 0, p.pos = f[k].start + 1; next_item(&p, &item, &item_len); i++) {
-            int m = item_mask(k, item, item_len, tokens[i]);
-            if (m < 0 && k == F_LABELS)
-                return CT_FAIL_INPUT(err, "%s: labels[%zu] must be -100 or input_ids[%zu] = %u (labels are "
-                                     "unshifted), found %s", src, i, i, tokens[i], describe(item, item_len, b, sizeof b));
-            if (m < 0)
-                return CT_FAIL_INPUT(err, "%s: %s[%zu] must be 0 or 1, found %s", src, field_names[k], i,
-                                     describe(item, item_len, b, sizeof b));
-            if (first >= 0 && mask[i] != m)
-                return CT_FAIL_INPUT(err, "%s: %s and %s disagree at token %zu (one trains on it, the other does "
-                                     "not); give one mask field, or fields that agree", src, field_names[first],
-                                     field_names[k], i);
-            mask[i] = (uint8_t)m;
-        }
-        if (first < 0) first = k;
-    }
-    *mask_out = mask;
-    *len = n;
-    return CT_OK;
 }
 
 /* Reads the next line into *line (getline's buffer); strips the newline.
@@ -515,7 +178,7 @@ static uint8_t *choose_eval(size_t n, size_t n_eval, uint64_t seed)
     return is_eval;
 }
 
-static void format_split(char *buf, size_t n, const char *path, const split_stats *s)
+static void format_split(char *buf, size_t n, const char *path, const prepare_split *s)
 {
     snprintf(buf, n, "%s (%zu docs, %zu tokens, %.1f%% labels)", path, s->docs, s->tokens,
              s->tokens ? 100.0 * (double)s->labels / (double)s->tokens : 0.0);
@@ -523,7 +186,7 @@ static void format_split(char *buf, size_t n, const char *path, const split_stat
 
 /* Second pass: parses every document of f into its split's writer. */
 static int read_docs(FILE *f, const prepare_opts *o, const uint8_t *is_eval, size_t n_docs,
-                     shard_writer *w[2], split_stats st[2], size_t *no_labels, ct_error *err)
+                     shard_writer *w[2], prepare_split st[2], size_t *no_labels, ct_error *err)
 {
     if (fseek(f, 0, SEEK_SET) != 0)
         return CT_FAIL_INPUT(err, "%s: cannot be read twice (%s); give a regular file", o->in, strerror(errno));
@@ -539,7 +202,7 @@ static int read_docs(FILE *f, const prepare_opts *o, const uint8_t *is_eval, siz
         shard_writer *split = w[is_eval[d]];
         const uint8_t *mask;
         size_t n = 0;
-        rc = parse_doc(line, len, src, o->vocab_size, split, &mask, &n, err);
+        rc = prepare_tokens_doc(line, len, src, o->vocab_size, split, &mask, &n, err);
         if (rc) break;
         if (line_cap > LINE_KEEP_BYTES) { /* not kept while the writer grows for the next line */
             free(line);
@@ -549,7 +212,7 @@ static int read_docs(FILE *f, const prepare_opts *o, const uint8_t *is_eval, siz
         size_t labels = 0;
         for (size_t j = 0; j < n; j++) labels += mask[j];
         *no_labels += labels == 0;
-        split_stats *s = &st[is_eval[d]];
+        prepare_split *s = &st[is_eval[d]];
         s->docs++;
         s->tokens += n;
         s->labels += labels;
@@ -565,14 +228,15 @@ static int read_docs(FILE *f, const prepare_opts *o, const uint8_t *is_eval, siz
 }
 
 /* Writes DIR/train.shard and, when it has documents, DIR/eval.shard; prints the summary. */
-static int write_outputs(const prepare_opts *o, shard_writer *w[2], const split_stats st[2],
+static int write_outputs(const prepare_opts *o, shard_writer *w[2], const prepare_split st[2],
                          size_t no_labels, ct_error *err)
 {
     size_t out_len = strlen(o->out) + 16;
     char *train_path = ct_malloc(out_len), *eval_path = ct_malloc(out_len);
     snprintf(train_path, out_len, "%s/train.shard", o->out);
     snprintf(eval_path, out_len, "%s/eval.shard", o->out);
-    int rc = ct_mkdirs(o->out, err);
+    int rc = st[0].docs ? CT_OK : CT_FAIL_INPUT(err, "%s: no documents are left for train.shard", o->in);
+    if (rc == CT_OK) rc = ct_mkdirs(o->out, err);
     if (rc == CT_OK) rc = shard_writer_save(w[0], train_path, err);
     if (rc == CT_OK && st[1].docs) rc = shard_writer_save(w[1], eval_path, err);
     /* A stale eval.shard from an earlier run would be read as this split's eval set. */
@@ -591,42 +255,163 @@ static int write_outputs(const prepare_opts *o, shard_writer *w[2], const split_
     return rc;
 }
 
-int cmd_prepare(int argc, char **argv, ct_error *err)
+/* The eval split of n records, or an error when it leaves no training documents. */
+static int eval_count(const prepare_opts *o, size_t n, size_t *n_eval, ct_error *err)
 {
-    prepare_opts o;
-    int rc = parse_args(argc, argv, &o, err);
-    if (rc) return rc;
+    *n_eval = 0;
+    if (n == 0) return CT_FAIL_INPUT(err, "%s: no documents (the file is empty or blank)", o->in);
+    if (o->eval_fraction <= 0) return CT_OK;
+    size_t want = (size_t)llround(o->eval_fraction * (double)n);
+    *n_eval = want < 1 ? 1 : want;
+    if (*n_eval >= n)
+        return CT_FAIL_INPUT(err, "--eval-fraction %g leaves no training documents (%s has %zu)", o->eval_fraction,
+                             o->in, n);
+    return CT_OK;
+}
 
-    FILE *f = fopen(o.in, "rb");
-    if (!f) return CT_FAIL_INPUT(err, "%s: cannot open (%s)", o.in, strerror(errno));
+static int prepare_tokens(const prepare_opts *o, ct_error *err)
+{
+    FILE *f = fopen(o->in, "rb");
+    if (!f) return CT_FAIL_INPUT(err, "%s: cannot open (%s)", o->in, strerror(errno));
     char *line = NULL;
     size_t line_cap = 0, len, n_docs = 0, n_eval = 0;
     while (next_line(f, &line, &line_cap, &len))
         if (!is_blank(line, len)) n_docs++;
     free(line);
-    if (ferror(f)) rc = CT_FAIL_RUNTIME(err, "%s: read error", o.in);
-    else if (n_docs == 0) rc = CT_FAIL_INPUT(err, "%s: no documents (the file is empty or blank)", o.in);
-    else if (o.eval_fraction > 0) {
-        size_t want = (size_t)llround(o.eval_fraction * (double)n_docs);
-        n_eval = want < 1 ? 1 : want;
-        if (n_eval >= n_docs)
-            rc = CT_FAIL_INPUT(err, "--eval-fraction %g leaves no training documents (%s has %zu)",
-                               o.eval_fraction, o.in, n_docs);
-    }
+    int rc = ferror(f) ? CT_FAIL_RUNTIME(err, "%s: read error", o->in) : eval_count(o, n_docs, &n_eval, err);
     if (rc) {
         fclose(f);
         return rc;
     }
-
-    uint8_t *is_eval = choose_eval(n_docs, n_eval, o.seed);
+    uint8_t *is_eval = choose_eval(n_docs, n_eval, o->seed);
     shard_writer *w[2] = {shard_writer_new(), shard_writer_new()}; /* train, eval */
-    split_stats st[2] = {{0}};
+    prepare_split st[2] = {{0}};
     size_t no_labels = 0;
-    rc = read_docs(f, &o, is_eval, n_docs, w, st, &no_labels, err);
+    rc = read_docs(f, o, is_eval, n_docs, w, st, &no_labels, err);
     fclose(f);
     free(is_eval);
-    if (rc == CT_OK) rc = write_outputs(&o, w, st, no_labels, err);
+    if (rc == CT_OK) rc = write_outputs(o, w, st, no_labels, err);
     shard_writer_free(w[0]);
     shard_writer_free(w[1]);
     return rc;
+}
+
+/* Records in the input (a first pass, for the eval split). */
+static int count_records(const char *path, size_t *n, ct_error *err)
+{
+    prepare_input *in = prepare_input_open(path, err);
+    if (!in) return err->code;
+    const char *rec;
+    size_t len, line;
+    int rc;
+    *n = 0;
+    while ((rc = prepare_input_next(in, &rec, &len, &line, err)) == CT_OK && rec) (*n)++;
+    prepare_input_close(in);
+    return rc;
+}
+
+static void print_summary(const prepare_opts *o, const prepare_text_cfg *c, const prepare_stats *st)
+{
+    size_t tokens = st->split[0].tokens + st->split[1].tokens, labels = st->split[0].labels + st->split[1].labels;
+    printf("prepare: %zu %s records, %zu tokens, %.1f%% labels", st->records, prepare_format_names[c->format], tokens,
+           tokens ? 100.0 * (double)labels / (double)tokens : 0.0);
+    if (o->max_length)
+        printf(", %zu truncated to %zu tokens, %zu skipped (no label left)", st->truncated, o->max_length, st->dropped);
+    if (st->mismatched)
+        printf(", %zu whose prompt tokens are not a prefix of prompt + completion's (masked by count, as TRL)",
+               st->mismatched);
+    printf("; %.2f s, %.0f tokens/s, %d threads\n", st->seconds, st->seconds > 0 ? (double)tokens / st->seconds : 0.0,
+           o->threads);
+}
+
+static int prepare_text(const prepare_opts *o, prepare_format format, size_t detected_line, ct_error *err)
+{
+    ct_text_encoder enc;
+    int rc = text_encoder_load(&enc, o->tokenizer, err);
+    if (rc) return rc;
+    prepare_text_cfg c = {.format = format, .detected_line = detected_line, .fields = o->fields, .enc = &enc,
+                          .train_on_inputs = o->train_on_inputs, .max_length = o->max_length,
+                          .vocab_size = o->vocab_size ? o->vocab_size : enc.model_vocab_size};
+    ct_chat_template *tmpl = NULL;
+    ct_error tmpl_err = {0};
+    if (prepare_format_is_chat(format) || format == PREPARE_FORMAT_PROMPT_COMPLETION) {
+        tmpl = chat_template_load(o->tokenizer, o->chat_template, &tmpl_err);
+        if (!tmpl && (prepare_format_is_chat(format) || o->chat_template)) {
+            *err = tmpl_err;
+            rc = tmpl_err.code;
+        }
+        c.tmpl = tmpl;
+        c.tmpl_error = tmpl ? NULL : tmpl_err.msg;
+    }
+    size_t n = 0, n_eval = 0;
+    if (rc == CT_OK && o->eval_fraction > 0 && (rc = count_records(o->in, &n, err)) == CT_OK)
+        rc = eval_count(o, n, &n_eval, err);
+    uint8_t *is_eval = n_eval ? choose_eval(n, n_eval, o->seed) : NULL;
+    shard_writer *w[2] = {shard_writer_new(), shard_writer_new()};
+    prepare_stats st;
+    if (rc == CT_OK) rc = prepare_run_text(o->in, &c, o->threads, is_eval, n_eval ? n : 0, w, &st, err);
+    if (rc == CT_OK && st.records == 0) rc = CT_FAIL_INPUT(err, "%s: no documents (the file is empty or blank)", o->in);
+    if (rc == CT_OK) {
+        print_summary(o, &c, &st);
+        rc = write_outputs(o, w, st.split, st.no_labels, err);
+    }
+    free(is_eval);
+    shard_writer_free(w[0]);
+    shard_writer_free(w[1]);
+    chat_template_free(tmpl);
+    text_encoder_free(&enc);
+    return rc;
+}
+
+/* The format of --format auto: the first record's keys. */
+static int detect(const prepare_opts *o, prepare_format *format, size_t *line, bool *array, ct_error *err)
+{
+    prepare_input *in = prepare_input_open(o->in, err);
+    if (!in) return err->code;
+    const char *rec;
+    size_t len;
+    *array = prepare_input_is_array(in);
+    int rc = prepare_input_next(in, &rec, &len, line, err);
+    if (rc == CT_OK && !rec) rc = CT_FAIL_INPUT(err, "%s: no documents (the file is empty or blank)", o->in);
+    if (rc == CT_OK) {
+        size_t src_len = strlen(o->in) + 32;
+        char *src = ct_malloc(src_len);
+        snprintf(src, src_len, "%s:%zu", o->in, *line);
+        rc = prepare_detect_format(rec, len, src, &o->fields, format, err);
+        free(src);
+    }
+    prepare_input_close(in);
+    return rc;
+}
+
+int cmd_prepare(int argc, char **argv, ct_error *err)
+{
+    prepare_opts o;
+    int rc = parse_args(argc, argv, &o, err);
+    if (rc) return rc;
+    prepare_format format = o.format;
+    size_t line = 0;
+    bool array = false;
+    if (format == PREPARE_FORMAT_AUTO && (rc = detect(&o, &format, &line, &array, err))) return rc;
+    if (format == PREPARE_FORMAT_TOKENS) {
+        if (array)
+            return CT_FAIL_INPUT(err, "%s: a JSON array of token-id records: write them one a line (JSONL)", o.in);
+        if (o.text_options)
+            return CT_FAIL_INPUT(err, "--chat-template, --field-*, --train-on-inputs and --max-length apply to text; "
+                                 "%s holds token ids (input_ids)", o.in);
+        if (o.tokenizer && !o.vocab_size) {   /* the model's size bounds the ids */
+            ct_text_encoder enc;
+            if ((rc = text_encoder_load(&enc, o.tokenizer, err))) return rc;
+            o.vocab_size = enc.model_vocab_size;
+            text_encoder_free(&enc);
+        }
+        return prepare_tokens(&o, err);
+    }
+    if (!o.tokenizer && line)
+        return CT_FAIL_INPUT(err, "%s:%zu: a %s record: text needs --tokenizer MODEL_DIR (a model folder with "
+                             "tokenizer.json)", o.in, line, prepare_format_names[format]);
+    if (!o.tokenizer)
+        return CT_FAIL_INPUT(err, "usage: --format %s needs --tokenizer MODEL_DIR (a model folder with tokenizer.json)",
+                             prepare_format_names[format]);
+    return prepare_text(&o, format, line, err);
 }

@@ -305,3 +305,21 @@ int ct_mkdirs(const char *path, ct_error *err)
         return CT_FAIL_RUNTIME(err, "%s: not a folder", path);
     return CT_OK;
 }
+
+size_t ct_utf8_encode(char *out, uint32_t cp)
+{
+    unsigned char *o = (unsigned char *)out;
+    if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
+    if (cp < 0x800) { o[0] = (unsigned char)(0xC0 | cp >> 6); o[1] = (unsigned char)(0x80 | (cp & 0x3F)); return 2; }
+    if (cp < 0x10000) {
+        o[0] = (unsigned char)(0xE0 | cp >> 12);
+        o[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+        o[2] = (unsigned char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    o[0] = (unsigned char)(0xF0 | cp >> 18);
+    o[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
+    o[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
+    o[3] = (unsigned char)(0x80 | (cp & 0x3F));
+    return 4;
+}

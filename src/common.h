@@ -89,6 +89,9 @@ int ct_write_file_atomic(const char *path, const void *data, size_t len, ct_erro
 typedef struct ct_piece { const void *data; size_t len; } ct_piece;
 int ct_write_pieces_atomic(const char *path, const ct_piece *pieces, int n, ct_error *err);
 
+/* cp as 1-4 bytes of UTF-8 at out; returns the count. */
+size_t ct_utf8_encode(char *out, uint32_t cp);
+
 /* mkdir -p. */
 int ct_mkdirs(const char *path, ct_error *err);
 

@@ -299,22 +299,31 @@ int generate(ct_generator *g, const int32_t *prompt, int n_prompt, const ct_samp
 
 // ---- the byte tokenizer ----
 
-int32_t *byte_chat_prompt(const char *text, int *n)
+static int put_turn(int32_t *ids, int k, const char *role, const char *text)
 {
-    size_t len = strlen(text);
-    int32_t *ids = ct_malloc((len + 32) * sizeof *ids);
-    int k = 0;
-    const char *user = "user\n", *assistant = "assistant\n";
     ids[k++] = CT_BYTE_IM_START;
-    for (const char *p = user; *p; p++) ids[k++] = (unsigned char)*p;
-    for (size_t i = 0; i < len; i++) ids[k++] = (unsigned char)text[i];
+    for (const char *p = role; *p; p++) ids[k++] = (unsigned char)*p;
+    ids[k++] = '\n';
+    for (const char *p = text; *p; p++) ids[k++] = (unsigned char)*p;
     ids[k++] = CT_BYTE_IM_END;
     ids[k++] = '\n';
+    return k;
+}
+
+int32_t *byte_chat_messages(const char *system, const char *text, int *n)
+{
+    size_t len = strlen(text) + (system ? strlen(system) : 0);
+    int32_t *ids = ct_malloc((len + 48) * sizeof *ids);
+    int k = 0;
+    if (system) k = put_turn(ids, k, "system", system);
+    k = put_turn(ids, k, "user", text);
     ids[k++] = CT_BYTE_IM_START;
-    for (const char *p = assistant; *p; p++) ids[k++] = (unsigned char)*p;
+    for (const char *p = "assistant\n"; *p; p++) ids[k++] = (unsigned char)*p;
     *n = k;
     return ids;
 }
+
+int32_t *byte_chat_prompt(const char *text, int *n) { return byte_chat_messages(NULL, text, n); }
 
 void byte_token_write(int32_t token, FILE *out)
 {

@@ -61,6 +61,8 @@ enum { CT_BYTE_VOCAB = 384, CT_BYTE_ENDOFTEXT = 256, CT_BYTE_IM_START = 257, CT_
  * encodes them: <|im_start|>user\nTEXT<|im_end|>\n<|im_start|>assistant\n.
  * Returns a malloc'd array (caller frees) and its length in *n. */
 int32_t *byte_chat_prompt(const char *text, int *n);
+/* The same after a system turn <|im_start|>system\nSYSTEM<|im_end|>\n (system NULL: none). */
+int32_t *byte_chat_messages(const char *system, const char *text, int *n);
 /* Writes the text of one token: the byte itself, or a special token's name. */
 void byte_token_write(int32_t token, FILE *out);
 

@@ -147,7 +147,7 @@ static int pre_bytelevel(tk_ctx *c, size_t k, const tk_pretokenizer *p, size_t o
         const unsigned char *src = (const unsigned char *)c->buf.data + pc->off;
         char *dst = c->buf.data + c->buf.len;
         size_t n = 0;
-        for (size_t j = 0; j < pc->len; j++) n += tk_utf8_encode(dst + n, tk_byte_to_cp(src[j]));
+        for (size_t j = 0; j < pc->len; j++) n += ct_utf8_encode(dst + n, tk_byte_to_cp(src[j]));
         pc->off = c->buf.len;
         pc->len = n;
         c->buf.len += n;

@@ -34,7 +34,6 @@ static inline size_t tk_utf8_len(unsigned char c)
 }
 /* Decodes the code point at s (valid UTF-8) and stores its length in *n. */
 uint32_t tk_utf8_decode(const char *s, size_t *n);
-size_t tk_utf8_encode(char *out, uint32_t cp);
 /* Appends s[0..n) to b with every maximal ill-formed subpart replaced by
  * U+FFFD (the rule of Python's 'replace' and Rust's from_utf8_lossy). */
 void tk_utf8_sanitize(tk_buf *b, const char *s, size_t n);

@@ -66,24 +66,6 @@ uint32_t tk_utf8_decode(const char *s, size_t *n)
     return (uint32_t)(u[0] & 0x07) << 18 | (uint32_t)(u[1] & 0x3F) << 12 | (uint32_t)(u[2] & 0x3F) << 6 | (u[3] & 0x3F);
 }
 
-size_t tk_utf8_encode(char *out, uint32_t cp)
-{
-    unsigned char *o = (unsigned char *)out;
-    if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (unsigned char)(0xC0 | cp >> 6); o[1] = (unsigned char)(0x80 | (cp & 0x3F)); return 2; }
-    if (cp < 0x10000) {
-        o[0] = (unsigned char)(0xE0 | cp >> 12);
-        o[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
-        o[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (unsigned char)(0xF0 | cp >> 18);
-    o[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
-    o[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
-    o[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* How many bytes of a well-formed sequence start at s[0..n): its length when
  * complete, else minus the length of its maximal ill-formed subpart (>= 1).
  * The second byte's range depends on the first (Unicode Table 3-7), which

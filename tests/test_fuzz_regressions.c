@@ -12,6 +12,7 @@
 
 #include "check.h"
 #include "../fuzz/fuzz_adapter.c"
+#include "../fuzz/fuzz_chat_template.c"
 #include "../fuzz/fuzz_checkpoint.c"
 #include "../fuzz/fuzz_config.c"
 #include "../fuzz/fuzz_json.c"
@@ -110,6 +111,12 @@ TEST(adapter_reader_survives_every_saved_input)
     CHECK(n > 0, "nothing replayed");
 }
 
+TEST(chat_template_engine_survives_every_saved_input)
+{
+    CHECK(replay("chat_template", "tests/fixtures/chat_templates/{*.jinja,fuzz_seeds/*}", fuzz_chat_template) > 0,
+          "nothing replayed");
+}
+
 TEST(checkpoint_reader_survives_every_saved_input)
 {
     static const char *const names[] = {"trainer_state.safetensors", "adapter_model.safetensors", "manifest.json",
@@ -152,6 +159,7 @@ TEST(tokenizer_survives_every_saved_input)
 int main(void)
 {
     RUN(adapter_reader_survives_every_saved_input);
+    RUN(chat_template_engine_survives_every_saved_input);
     RUN(checkpoint_reader_survives_every_saved_input);
     RUN(config_reader_survives_every_saved_input);
     RUN(json_reader_survives_every_saved_input);

@@ -256,16 +256,6 @@ static int config_template(const json_value *root, const char *path, const char 
                          "HINT: pick one with --chat-template FILE", path, names);
 }
 
-static json_doc *read_json(const char *path, ct_error *err)
-{
-    size_t len;
-    char *text = ct_read_file_max(path, CT_JSON_MAX_BYTES, &len, err);
-    if (!text) return NULL;
-    json_doc *d = json_parse(text, len, path, err);
-    free(text);
-    return d;
-}
-
 static ct_chat_template *load_file(const char *path, const char *name, const char *source, const char *bos,
                                    const char *eos, ct_error *err)
 {
@@ -286,7 +276,7 @@ ct_chat_template *chat_template_load(const char *model_dir, const char *override
         snprintf(config_path, sizeof config_path, "%s/tokenizer_config.json", model_dir);
         snprintf(jinja_path, sizeof jinja_path, "%s/chat_template.jinja", model_dir);
         if (file_exists(config_path)) {
-            if (!(config = read_json(config_path, err))) return NULL;
+            if (!(config = json_parse_file(config_path, err))) return NULL;
             root = json_root(config);
         }
     }

@@ -609,3 +609,13 @@ void json_write_number(json_writer *w, double v)
     }
     json_write_raw(w, buf);
 }
+
+json_doc *json_parse_file(const char *path, ct_error *err)
+{
+    size_t len;
+    char *text = ct_read_file_max(path, CT_JSON_MAX_BYTES, &len, err);
+    if (!text) return NULL;
+    json_doc *d = json_parse(text, len, path, err);
+    free(text);
+    return d;
+}

@@ -35,6 +35,8 @@ typedef struct json_doc json_doc;
 
 /* Parses text[0..len) (need not be NUL-terminated). source names it in errors. */
 json_doc *json_parse(const char *text, size_t len, const char *source, ct_error *err);
+/* json_parse of the file at path (at most CT_JSON_MAX_BYTES), path naming it in errors. */
+json_doc *json_parse_file(const char *path, ct_error *err);
 const json_value *json_root(const json_doc *doc);
 void json_free(json_doc *doc);
 

@@ -30,6 +30,17 @@ static int token_id(pp_loader *L, const char *field, const char *tok, uint32_t *
 }
 
 /* TemplateProcessing's single template: SpecialTokens before and after {"Sequence": {"id": "A"}}. */
+/* A post-processor's trim_offsets / add_prefix_space (ByteLevel, Roberta). */
+static int load_offset_flags(pp_loader *L, const json_value *pp)
+{
+    bool trim = false, aps = false;
+    int rc = json_get_bool(pp, "trim_offsets", false, &trim, L->src, L->err);
+    if (!rc) rc = json_get_bool(pp, "add_prefix_space", false, &aps, L->src, L->err);
+    L->e->trim_offsets |= trim;
+    L->add_prefix_space |= trim && aps;
+    return rc;
+}
+
 static int load_template(pp_loader *L, const json_value *pp, const char *field)
 {
     const json_value *single = json_get_type(pp, "single", JSON_ARRAY);
@@ -78,12 +89,7 @@ static int load_cls_sep(pp_loader *L, const json_value *pp, const char *field)
         if (k == 0) push_id(&L->e->prefix, &L->e->n_prefix, id);
         else push_id(&L->e->suffix, &L->e->n_suffix, id);
     }
-    bool trim = false, aps = false;
-    int rc = json_get_bool(pp, "trim_offsets", false, &trim, L->src, L->err);
-    if (!rc) rc = json_get_bool(pp, "add_prefix_space", false, &aps, L->src, L->err);
-    L->e->trim_offsets |= trim;
-    L->add_prefix_space |= trim && aps;
-    return rc;
+    return load_offset_flags(L, pp);
 }
 
 static int load_post_processor(pp_loader *L, const json_value *pp, const char *field, int depth)
@@ -94,14 +100,7 @@ static int load_post_processor(pp_loader *L, const json_value *pp, const char *f
     const char *t = type->string;
     if (!strcmp(t, "TemplateProcessing")) return load_template(L, pp, field);
     if (!strcmp(t, "BertProcessing") || !strcmp(t, "RobertaProcessing")) return load_cls_sep(L, pp, field);
-    if (!strcmp(t, "ByteLevel")) {
-        bool trim = false, aps = false;
-        int rc = json_get_bool(pp, "trim_offsets", false, &trim, L->src, L->err);
-        if (!rc) rc = json_get_bool(pp, "add_prefix_space", false, &aps, L->src, L->err);
-        L->e->trim_offsets |= trim;
-        L->add_prefix_space |= trim && aps;
-        return rc;
-    }
+    if (!strcmp(t, "ByteLevel")) return load_offset_flags(L, pp);
     if (!strcmp(t, "Sequence")) {
         const json_value *items = json_get_type(pp, "processors", JSON_ARRAY);
         if (!items) return CT_FAIL_INPUT(L->err, "%s: %s.processors: expected an array", L->src, field);
@@ -120,12 +119,7 @@ static int load_post_processor(pp_loader *L, const json_value *pp, const char *f
 static json_doc *read_json(const char *dir, const char *name, char *path, size_t cap, ct_error *err)
 {
     snprintf(path, cap, "%s/%s", dir, name);
-    size_t len;
-    char *text = ct_read_file_max(path, CT_JSON_MAX_BYTES, &len, err);
-    if (!text) return NULL;
-    json_doc *d = json_parse(text, len, path, err);
-    free(text);
-    return d;
+    return json_parse_file(path, err);
 }
 
 /* tokenizer_config.json's KEY: a string, or an added-token object's "content". */

@@ -13,15 +13,19 @@
 # CUDA=0 forces a CPU-only build.
 
 BUILD   ?= build
+# Sources live in one folder per concern (src/*/, cuda/*/; docs/ARCHITECTURE.md);
+# every folder is on the include path, so an #include names only the file.
+SRC_INC := $(patsubst %/,-I%,$(sort $(wildcard src/*/)))
+CU_INC  := $(patsubst %/,-I%,$(sort $(wildcard cuda/*/)))
 CC      ?= gcc
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-CUDA    ?= $(if $(NVCC),$(if $(wildcard cuda/*.cu),1,0),0)
+CUDA    ?= $(if $(NVCC),$(if $(wildcard cuda/*/*.cu),1,0),0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 LIBDIR  := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib))
 STATIC  ?= $(if $(wildcard $(LIBDIR)/libyaml.a),1,0)
 
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -fopenmp -Isrc -MMD -MP
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -fopenmp $(SRC_INC) -MMD -MP
 LDLIBS  := -lm -lpthread -fopenmp
 # PCRE2 and utf8proc (the tokenizer): static too where their .a files exist.
 static_or_dynamic = $(if $(and $(filter 1,$(STATIC)),$(wildcard $(LIBDIR)/lib$(1).a)),$(LIBDIR)/lib$(1).a,-l$(1))
@@ -32,7 +36,7 @@ else
 endif
 LDLIBS += $(call static_or_dynamic,pcre2-8) $(call static_or_dynamic,utf8proc)
 
-C_SRCS   := $(filter-out src/main.c,$(wildcard src/*.c))
+C_SRCS   := $(filter-out src/cli/main.c,$(wildcard src/*/*.c))
 C_OBJS   := $(C_SRCS:%.c=$(BUILD)/obj/%.o)
 TEST_SRCS := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
@@ -40,10 +44,10 @@ BENCH_SRCS := $(wildcard bench/*.c)
 BENCH_BINS := $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 
 ifeq ($(CUDA),1)
-  CU_SRCS  := $(wildcard cuda/*.cu)
+  CU_SRCS  := $(wildcard cuda/*/*.cu)
   CU_OBJS  := $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
   NVFLAGS  ?= -O3 -g -lineinfo
-  NVFLAGS  += -std=c++17 -Isrc -Icuda -gencode arch=compute_90a,code=sm_90a \
+  NVFLAGS  += -std=c++17 $(SRC_INC) $(CU_INC) -gencode arch=compute_90a,code=sm_90a \
               -gencode arch=compute_90a,code=compute_90a -Xcompiler -fPIC -MMD -MP
   CFLAGS   += -DCT_HAVE_CUDA=1 -I$(CUDA_HOME)/include
   LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas \
@@ -75,7 +79,7 @@ $(BUILD)/libctune.a: $(ALL_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/ctune: $(BUILD)/obj/src/main.o $(BUILD)/libctune.a
+$(BUILD)/ctune: $(BUILD)/obj/src/cli/main.o $(BUILD)/libctune.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libctune.a tests/check.h
@@ -119,11 +123,11 @@ test-asan:
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
 FUZZ_SAN     := address,undefined,float-cast-overflow
-FUZZ_CFLAGS  := -O1 -g -std=c11 -D_GNU_SOURCE -DCT_LIBFUZZER -Isrc -Ifuzz -fno-omit-frame-pointer \
+FUZZ_CFLAGS  := -O1 -g -std=c11 -D_GNU_SOURCE -DCT_LIBFUZZER $(SRC_INC) -Ifuzz -fno-omit-frame-pointer \
                 -fno-sanitize-recover=all -MMD -MP
-FUZZ_LIB     := src/common.c src/json.c src/config.c src/safetensors.c src/shard.c src/model_config.c \
-                src/tokenizer.c src/tokenizer_encode.c src/tokenizer_decode.c src/tokenizer_bpe.c src/tokenizer_text.c \
-                src/model.c src/lora.c src/adapter.c src/checkpoint.c $(wildcard src/chat_template*.c)
+FUZZ_LIB     := src/common/common.c src/common/json.c src/formats/config.c src/formats/safetensors.c src/formats/shard.c src/formats/model_config.c \
+                src/text/tokenizer.c src/text/tokenizer_encode.c src/text/tokenizer_decode.c src/text/tokenizer_bpe.c src/text/tokenizer_text.c \
+                src/model/model.c src/model/lora.c src/formats/adapter.c src/formats/checkpoint.c $(wildcard src/text/chat_template*.c)
 FUZZ_OBJS    := $(FUZZ_LIB:src/%.c=build-fuzz/obj/%.o)
 FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
 

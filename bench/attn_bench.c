@@ -6,7 +6,7 @@
  *
  * reps: calls per timed trial (default 20). The second argument forces the
  * head_dim 64 forward (ct_cuda_options.attn_fwd: one warpgroup or TMA, the two
- * kernels kept there) to re-measure the rule cuda/kernel_choice.cu picks by;
+ * kernels kept there) to re-measure the rule cuda/common/kernel_choice.cu picks by;
  * auto, the default, times what training runs.
  *
  * Shapes: 32 query heads over 8 kv heads (GQA 4), head_dim 64 and 128, 32768

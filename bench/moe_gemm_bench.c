@@ -58,7 +58,7 @@ static const moe_model MODELS[] = {
 #ifdef CT_HAVE_CUDA
 
 /* The backend's compute stream: the first member of its context (cuda_ctx in
- * cuda/ct_cuda.cuh), so that the events bracket exactly the queued ops. */
+ * cuda/common/ct_cuda.cuh), so that the events bracket exactly the queued ops. */
 static cudaStream_t stream_of(ct_backend *be) { return *(cudaStream_t *)be->ctx; }
 
 static void check_cuda(cudaError_t e, const char *what)

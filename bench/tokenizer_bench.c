@@ -1,4 +1,4 @@
-/* tokenizer_bench.c — single-threaded encode throughput of src/tokenizer.h:
+/* tokenizer_bench.c — single-threaded encode throughput of src/text/tokenizer.h:
  * every document of a corpus encoded in turn (parse_special true), the whole
  * corpus repeated until at least MIN_SECONDS have passed, after one warm-up pass.
  * Time is the process's CPU time, so a machine shared with other jobs slows

@@ -1,4 +1,4 @@
-/* fuzz_chat_template.c — the chat-template engine (src/chat_template.h) on
+/* fuzz_chat_template.c — the chat-template engine (src/text/chat_template.h) on
  * arbitrary bytes, two ways:
  *   - an input that starts with '{' is a tokenizer_config.json, loaded from a
  *     model folder (chat_template_load: the chat_template string or list, the

@@ -1,4 +1,4 @@
-/* fuzz_tokenizer.c — the tokenizer (src/tokenizer.h) on arbitrary bytes, two ways:
+/* fuzz_tokenizer.c — the tokenizer (src/text/tokenizer.h) on arbitrary bytes, two ways:
  *   - an input that starts with '{' is a tokenizer.json: tokenizer_load_json on
  *     it; one that loads then encodes a few probe strings and the input itself;
  *   - any other input is text, encoded by the fixture tokenizers of

@@ -20,7 +20,7 @@ Writes, under --out (default tests/fixtures/prepare_text):
                           "offsets": {TOKENIZER: [{"text", "ids", "spans"}]},
                           "generate": {NAME: [{"system", "prompt", "ids"}]}}
 
-What the answers are (the rules `ctune prepare` follows, see src/prepare_text.h):
+What the answers are (the rules `ctune prepare` follows, see src/text/prepare_text.h):
   * chat formats (messages, sharegpt, alpaca): prepare_data.py's fallback mask,
     its own code (HFTokenizer._chat_fallback): the conversation rendered by
     apply_chat_template, tokenized once with offsets, mask 1 on tokens that

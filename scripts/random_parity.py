@@ -32,7 +32,7 @@ most three times as far from fp32 as HF in bf16 is (HF_ERROR_FACTOR says why). T
 is kept under OUT/failed/NAME with repro.sh (the tester command).
 
 Dropout: ctune draws its mask from a counter hash of (step seed, layer,
-projection, row, column) (src/backend_cpu.c dropout_mult); test_hf_parity's
+projection, row, column) (src/backend/backend_cpu.c dropout_mult); test_hf_parity's
 step uses seed 0, and a row is a document's token when the documents run one
 by one. So where PEFT applies the dropout itself (LoRA on nn.Linear) this
 script swaps PEFT's dropout for that mask and compares the unpacked step in
@@ -236,7 +236,7 @@ def gen_lora(rng, c, small):
         if rng.random() < 0.3:
             targets = list(PROJ)
         # transformers v5 fuses gate and up of the experts: PEFT 0.21 needs both or neither,
-        # and (qwen3_moe, mixtral) down_proj with them (see adapter_check_peft in src/adapter.h)
+        # and (qwen3_moe, mixtral) down_proj with them (see adapter_check_peft in src/formats/adapter.h)
         if sparse and ("gate_proj" in targets) != ("up_proj" in targets):
             continue
         if sparse and fam != "gpt_oss" and "gate_proj" in targets and "down_proj" not in targets:
@@ -305,8 +305,8 @@ def gen_case(rng, device, family=None, small=False):
 def refusal(case):
     """The error ctune must give for this case (exit 2), or None: configs where
     transformers' model code reads the file otherwise than it says, which ctune
-    refuses rather than train a model HF does not run (src/model_config.c,
-    src/train.c check_positions)."""
+    refuses rather than train a model HF does not run (src/formats/model_config.c,
+    src/train/train.c check_positions)."""
     c = case["config"]
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
     longest = max(len(d["input_ids"]) for d in case["docs"])
@@ -379,7 +379,7 @@ def make_ctune_side(case, d, ctune):
 # ---------------------------------------------------------------- HF side
 
 def hash64(seed, index):
-    """ct_hash64 (src/common.c) over numpy uint64 arrays."""
+    """ct_hash64 (src/common/common.c) over numpy uint64 arrays."""
     import numpy as np
     with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as in C
         x = np.uint64(seed) ^ (index * np.uint64(0xD1B54A32D192ED03))

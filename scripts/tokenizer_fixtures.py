@@ -178,7 +178,7 @@ STRESS = [
 def training_text():
     """The repo's own prose and code, plus the multilingual block and the corpus."""
     parts = []
-    for pattern in ["README.md", "docs/*.md", "src/*.c", "src/*.h", "scripts/*.py"]:
+    for pattern in ["README.md", "docs/*.md", "src/*/*.c", "src/*/*.h", "scripts/*.py"]:
         for path in sorted(glob.glob(os.path.join(ROOT, pattern))):
             with open(path, encoding="utf-8", errors="replace") as f:
                 parts.append(f.read()[:40000])

@@ -79,8 +79,8 @@ set_is_repeatable_and_applies_after_the_config_wherever_it_stands() {
 
 version_prints_the_version() {
     local want
-    want=$(sed -n 's/^#define CT_VERSION "\(.*\)"$/\1/p' "$ROOT/src/cli.h")
-    [ -n "$want" ] || { echo "no CT_VERSION in src/cli.h"; return 1; }
+    want=$(sed -n 's/^#define CT_VERSION "\(.*\)"$/\1/p' "$ROOT/src/cli/cli.h")
+    [ -n "$want" ] || { echo "no CT_VERSION in src/cli/cli.h"; return 1; }
     expect_exit 0 "$CTUNE" --version || return 1
     [ "$(cat out.txt)" = "ctune $want" ] || { echo "got: $(cat out.txt)"; return 1; }
     expect_exit 0 "$CTUNE" version || return 1

@@ -1,4 +1,4 @@
-/* test_chat_template.c — the chat-template engine (src/chat_template.h) against
+/* test_chat_template.c — the chat-template engine (src/text/chat_template.h) against
  * transformers' apply_chat_template: every template of tests/fixtures/chat_templates
  * x every conversation x add_generation_prompt, byte for byte (the expected
  * strings and errors were written by scripts/chat_template_fixtures.py with

@@ -6,7 +6,7 @@
  * forward runs it at ranks 16 and 32 and the cp.async wgmma kernel at 64, and the
  * LoRA input gradient computes g in the GEMM or before it by the input width:
  * the cases' ranks and widths reach every one of those kernels
- * (cuda/kernel_choice.cu). The input rows come either expert-ordered or through
+ * (cuda/common/kernel_choice.cu). The input rows come either expert-ordered or through
  * a gather (token rows read as x[gather[r] / K], gather a permutation of slots as
  * moe_permute makes).
  *

@@ -1,5 +1,5 @@
 /* test_cuda_moe_route.c — the CUDA backend's mixture-of-experts routing ops
- * (cuda/moe_route.cu, cuda/moe_rows.cu) against the CPU reference (backend_cpu_moe.c).
+ * (cuda/moe/moe_route.cu, cuda/moe/moe_rows.cu) against the CPU reference (backend_cpu_moe.c).
  *
  * The method of test_backend_cuda.c: fresh random inputs rounded to bf16 (both
  * backends see identical values), the op on both, then a comparison that NaN

@@ -1,4 +1,4 @@
-/* test_json.c — the strict JSON reader and the writer (src/json.h). */
+/* test_json.c — the strict JSON reader and the writer (src/common/json.h). */
 #include <stdint.h>
 #include <stdlib.h>
 

@@ -1,5 +1,5 @@
 /* test_model_config.c — config.json parsing, RoPE frequencies, HF tensor specs,
- * parameter counts and checkpoint checking (src/model_config.h). */
+ * parameter counts and checkpoint checking (src/formats/model_config.h). */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-/* test_safetensors.c — the safetensors reader and writer (src/safetensors.h).
+/* test_safetensors.c — the safetensors reader and writer (src/formats/safetensors.h).
  * Malformed files are built byte by byte, each test in its own fresh folder. */
 #include <ftw.h>
 #include <stdint.h>

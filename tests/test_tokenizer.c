@@ -1,4 +1,4 @@
-/* test_tokenizer.c — the tokenizer (src/tokenizer.h) against Hugging Face
+/* test_tokenizer.c — the tokenizer (src/text/tokenizer.h) against Hugging Face
  * `tokenizers`: every fixture tokenizer x every corpus string of
  * tests/fixtures/tokenizer (scripts/tokenizer_fixtures.py wrote HF's answers
  * there), then the behaviours one at a time. CTUNE_TOKENIZER_FIXTURES points

@@ -1,5 +1,5 @@
 /* moe_gemm.cuh — what the grouped expert GEMMs (moe_gemm.cu) and the expert LoRA
- * (moe_lora.cu) share: the row layout, the expert tile schedule read on the device
+ * (moe_expert_lora.cu) share: the row layout, the expert tile schedule read on the device
  * from offsets, and the setup of their persistent launches.
  *
  * Layouts. Rows are in expert order: expert e owns rows [offsets[e], offsets[e+1])
@@ -132,7 +132,7 @@ struct tma_lora {
 void moe_gemm_tma(const cuda_ctx *c, const gemm_args &p, bool nn, const tma_lora *lora);
 
 /* The expert LoRA of n_mod modules fused into a grouped GEMM call (built by
- * moe_gemm_lora.cu for moe_linear_lora_fwd and by moe_gemm.cu for
+ * moe_gemm_fused_lora.cu for moe_linear_lora_fwd and by moe_gemm.cu for
  * moe_linear_lora_bwd_input): per row, u = x_r Au_q,e^T (x_r the call's input row,
  * reduced over its K), and y[r] (=|+=) x_r W_e (+ bias) + scale * bf16(u) Bu_q,e on
  * module q's columns (each module starting on a 256-column tile); u (bf16, as it
@@ -154,7 +154,7 @@ struct fused_lora {
 bool moe_gemm_tma_fuses(int RP);
 void moe_gemm_tma_lora(const cuda_ctx *c, const gemm_args &p, bool nn, const fused_lora &l);
 
-/* g = dy [B_1; B_2] of n_lora modules as one LoRA (moe_lora.cu: its backward's
+/* g = dy [B_1; B_2] of n_lora modules as one LoRA (moe_expert_lora.cu: its backward's
  * first phase alone), into g (n, ldg >= 64): module q's in columns q R .. q R + R -
  * 1, zeros up to 64 (what moe_linear_lora_bwd_input's k-step reads). */
 void moe_lora_g(ct_backend *be, void *g, int ldg, const void *dy, int lddy, int out, const int32_t *offsets, int E,

@@ -14,7 +14,7 @@
  * Gather, scatter and the scatter backward move whole rows with 16-byte
  * accesses (8 bf16 per lane, coalesced along the row), so H and the strides must
  * be multiples of 8 and the pointers 16-byte aligned: the launchers assert it, as
- * norm_rope.cu does (cuda_check_model refuses other hidden sizes at load).
+ * the dense memory-bound ops do (cuda_check_model refuses other hidden sizes at load).
  * Scatter sums a token's K rows in fp32, k ascending, and rounds once; the
  * scatter backward writes dye and the dot product dw in one pass per slot.
  *
@@ -24,13 +24,6 @@
 
 #define MOE_WARPS 8 /* warps per block in the warp-per-row kernels */
 #define FULL_MASK 0xffffffffu
-
-static void moe_check_vec8(const char *op, const void *p, int ld, int width)
-{
-    CT_ASSERT(aligned16(p) && ld % 8 == 0 && width % 8 == 0,
-              "%s: width %d and stride %d must be multiples of 8 and the pointer 16-byte aligned",
-              op, width, ld);
-}
 
 // ---- kernels ----
 
@@ -201,7 +194,7 @@ static __global__ void moe_clamped_swiglu_bwd_kernel(bf16 *__restrict__ dgu, con
     store8(dst + 8, db);
 }
 
-/* One warp per row: dgu as swiglu_bwd_kernel (norm_rope.cu) or the clamped
+/* One warp per row: dgu as swiglu_bwd_kernel (elementwise.cu) or the clamped
  * kernel above compute it, and dw[row_slot[r]] += (dh . h) / w with h recomputed
  * in fp32 from the same gu values (the forward's formulas). */
 template <bool CLAMPED>
@@ -257,8 +250,8 @@ static __global__ void moe_act_bwd_kernel(bf16 *__restrict__ dgu, float *__restr
 static void cuda_moe_gather(ct_backend *be, void *xe, const void *x, int ldx, const int32_t *row_slot,
                             int T, int K, int H)
 {
-    moe_check_vec8("moe_gather", xe, H, H);
-    moe_check_vec8("moe_gather", x, ldx, H);
+    check_vec8("moe_gather", xe, H, H);
+    check_vec8("moe_gather", x, ldx, H);
     size_t n = (size_t)T * K;
     if (n == 0) return;
     moe_gather_kernel<<<grid_for(n, MOE_WARPS), MOE_WARPS * 32, 0, ctx_of(be)->stream>>>(
@@ -269,9 +262,9 @@ static void cuda_moe_gather(ct_backend *be, void *xe, const void *x, int ldx, co
 static void cuda_moe_scatter(ct_backend *be, void *y, int ldy, const void *ye, const int32_t *slot_row,
                              const float *w, int T, int K, int H, const void *res, int ldres)
 {
-    moe_check_vec8("moe_scatter", y, ldy, H);
-    moe_check_vec8("moe_scatter", ye, H, H);
-    if (res) moe_check_vec8("moe_scatter", res, ldres, H);
+    check_vec8("moe_scatter", y, ldy, H);
+    check_vec8("moe_scatter", ye, H, H);
+    if (res) check_vec8("moe_scatter", res, ldres, H);
     if (T <= 0) return;
     moe_scatter_kernel<<<grid_for(T, MOE_WARPS), MOE_WARPS * 32, 0, ctx_of(be)->stream>>>(
         (bf16 *)y, ldy, (const bf16 *)ye, slot_row, w, T, K, H, (const bf16 *)res, ldres);
@@ -284,10 +277,10 @@ static void cuda_moe_scatter_bwd(ct_backend *be, void *dye, float *dw, const voi
                                  const int32_t *slot_row, const float *w, int T, int K, int H)
 {
     (void)row_slot;
-    moe_check_vec8("moe_scatter_bwd", dye, H, H);
-    moe_check_vec8("moe_scatter_bwd", dy, lddy, H);
-    if (ye) moe_check_vec8("moe_scatter_bwd", ye, H, H);
-    else if (bias) moe_check_vec8("moe_scatter_bwd", bias, H, H);
+    check_vec8("moe_scatter_bwd", dye, H, H);
+    check_vec8("moe_scatter_bwd", dy, lddy, H);
+    if (ye) check_vec8("moe_scatter_bwd", ye, H, H);
+    else if (bias) check_vec8("moe_scatter_bwd", bias, H, H);
     size_t n = (size_t)T * K;
     if (n == 0) return;
     moe_scatter_bwd_kernel<<<grid_for(n, MOE_WARPS), MOE_WARPS * 32, 0, ctx_of(be)->stream>>>(
@@ -299,8 +292,8 @@ static void cuda_moe_scatter_bwd(ct_backend *be, void *dye, float *dw, const voi
 static void cuda_moe_weight_grad(ct_backend *be, float *dw, const void *dh, const void *h, const float *w,
                                  const int32_t *row_slot, int n, int I)
 {
-    moe_check_vec8("moe_weight_grad", dh, I, I);
-    moe_check_vec8("moe_weight_grad", h, I, I);
+    check_vec8("moe_weight_grad", dh, I, I);
+    check_vec8("moe_weight_grad", h, I, I);
     if (n <= 0) return;
     moe_weight_grad_kernel<<<grid_for((size_t)n, MOE_WARPS), MOE_WARPS * 32, 0, ctx_of(be)->stream>>>(
         dw, (const bf16 *)dh, (const bf16 *)h, w, row_slot, n, I);
@@ -310,8 +303,8 @@ static void cuda_moe_weight_grad(ct_backend *be, float *dw, const void *dh, cons
 static void cuda_moe_clamped_swiglu_fwd(ct_backend *be, void *h, const void *gu, int n, int I,
                                         float alpha, float limit)
 {
-    moe_check_vec8("moe_clamped_swiglu_fwd", h, I, I);
-    moe_check_vec8("moe_clamped_swiglu_fwd", gu, 2 * I, 2 * I);
+    check_vec8("moe_clamped_swiglu_fwd", h, I, I);
+    check_vec8("moe_clamped_swiglu_fwd", gu, 2 * I, 2 * I);
     size_t n8 = (size_t)n * I / 8;
     if (n8 == 0) return;
     moe_clamped_swiglu_fwd_kernel<<<grid_for(n8, 256), 256, 0, ctx_of(be)->stream>>>(
@@ -322,9 +315,9 @@ static void cuda_moe_clamped_swiglu_fwd(ct_backend *be, void *h, const void *gu,
 static void cuda_moe_clamped_swiglu_bwd(ct_backend *be, void *dgu, const void *dh, const void *gu, int n,
                                         int I, float alpha, float limit)
 {
-    moe_check_vec8("moe_clamped_swiglu_bwd", dgu, 2 * I, 2 * I);
-    moe_check_vec8("moe_clamped_swiglu_bwd", dh, I, I);
-    moe_check_vec8("moe_clamped_swiglu_bwd", gu, 2 * I, 2 * I);
+    check_vec8("moe_clamped_swiglu_bwd", dgu, 2 * I, 2 * I);
+    check_vec8("moe_clamped_swiglu_bwd", dh, I, I);
+    check_vec8("moe_clamped_swiglu_bwd", gu, 2 * I, 2 * I);
     size_t n8 = (size_t)n * I / 8;
     if (n8 == 0) return;
     moe_clamped_swiglu_bwd_kernel<<<grid_for(n8, 256), 256, 0, ctx_of(be)->stream>>>(
@@ -335,9 +328,9 @@ static void cuda_moe_clamped_swiglu_bwd(ct_backend *be, void *dgu, const void *d
 static void cuda_moe_act_bwd(ct_backend *be, void *dgu, float *dw, const void *dh, const void *gu, const float *w,
                              const int32_t *row_slot, int n, int I, int clamped, float alpha, float limit)
 {
-    moe_check_vec8("moe_act_bwd", dgu, 2 * I, 2 * I);
-    moe_check_vec8("moe_act_bwd", dh, I, I);
-    moe_check_vec8("moe_act_bwd", gu, 2 * I, 2 * I);
+    check_vec8("moe_act_bwd", dgu, 2 * I, 2 * I);
+    check_vec8("moe_act_bwd", dh, I, I);
+    check_vec8("moe_act_bwd", gu, 2 * I, 2 * I);
     if (n <= 0) return;
     const dim3 grid(grid_for((size_t)n, MOE_WARPS)), block(MOE_WARPS * 32);
     if (clamped)

@@ -55,7 +55,7 @@ static size_t cpu_workspace(const ct_model *m, const ct_lora *lo, size_t T)
  * micro-batch (T tokens, at most T documents and T targets); the largest one is
  * what the scratch must hold, since scratch lives for one op (the CPU's: see
  * cpu_workspace):
- *   lora.cu       bf16 A and B, u and g (T,R), drop(x) (T,in) with dropout; modules
+ *   linear_lora.cu       bf16 A and B, u and g (T,R), drop(x) (T,in) with dropout; modules
  *                 that share an input as one LoRA (lora_fwd_cols): its stacked A,
  *                 block-diagonal B^T, u and g (T,RP) and fp32 dA (RP,in)
  *   loss.cu       per-row losses, a (chunk,V) fp32 + bf16 logits chunk sized by
@@ -63,8 +63,8 @@ static size_t cpu_workspace(const ct_model *m, const ct_lora *lo, size_t T)
  *                 64) or 65472 (a small vocabulary would otherwise ask for
  *                 millions of rows), (chunk,H) gathers
  *   attention     2 (T,nq) fp32 rows in backward + the tile list (24 B/token)
- *   moe_lora.cu   as lora.cu over T*K expert rows, plus the padded bf16 masters
- *   (moe_gemm_lora.cu) of every expert and one backward chunk's u and g */
+ *   moe_expert_lora.cu   as linear_lora.cu over T*K expert rows, plus the padded bf16 masters
+ *   (moe_gemm_fused_lora.cu) of every expert and one backward chunk's u and g */
 size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
 {
     if (!strcmp(m->be->name, "cpu")) return cpu_workspace(m, lo, (size_t)capacity);

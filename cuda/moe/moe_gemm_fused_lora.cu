@@ -1,4 +1,4 @@
-/* moe_gemm_lora.cu — the grouped expert GEMM forward with the expert LoRA fused in
+/* moe_gemm_fused_lora.cu — the grouped expert GEMM forward with the expert LoRA fused in
  * (backend.h, moe_linear_lora_fwd): one launch computes
  *   y[r] (=|+=) x_r @ W_e^T + bias_e + scale * (x_r A_q,e^T) B_q,e^T
  * where q is the LoRA module that owns y's column (at most two modules, each on a
@@ -9,21 +9,21 @@
  * for qwen3-30b-a3b, against ~5.2 ms for all the base GEMMs).
  *
  * Kernels (kernel_choice.cu picks): moe_gemm_tma.cu's TMA kernel at padded ranks
- * RP = 16 and 32, with the pieces of moe_gemm_lora.cuh; at RP = 64, which its
+ * RP = 16 and 32, with the pieces of moe_gemm_fused_lora.cuh; at RP = 64, which its
  * ring cannot hold, this file's kernel. Else the unfused sequence.
  *
  * Design of this file's kernel: the cp.async + wgmma grouped GEMM (v2, its loads,
- * raster and epilogue in moe_gemm_v2.cuh) with two additions per 128x256 tile.
+ * raster and epilogue in moe_gemm_tiles.cuh) with two additions per 128x256 tile.
  *  - k-loop: each stage also holds A_e's k-slice (RP rows x 64, 128-byte swizzle,
  *    the layout of W's rows), and each warpgroup issues one more wgmma per 16-deep
  *    step, m64nRPk16 (SS), on the x rows already in shared memory for the base
  *    product: u (64 x RP fp32, RP / 2 registers) = x_r A_e^T. Each column tile
  *    recomputes its rows' u: RP / 256 more MMA work (16 / 256 = 6% at R = 16).
- *  - epilogue: u is rounded to bf16 (as moe_lora.cu and lora.cu round it) and fed
+ *  - epilogue: u is rounded to bf16 (as moe_expert_lora.cu and linear_lora.cu round it) and fed
  *    from registers as wgmma's A operand (RS, the way attention_fwd_sm90.cu feeds
  *    P), with B_e^T's 256-column slice (RP x 256, MN-major, 4 panels of 64 columns)
  *    from shared memory: acc = scale * (acc / scale + u B^T), so the LoRA term is
- *    scaled exactly as moe_lora.cu scales it (up to fp32 rounding), then the
+ *    scaled exactly as moe_expert_lora.cu scales it (up to fp32 rounding), then the
  *    unchanged v2 epilogue (bias, accumulate, one rounding to bf16).
  * The B slice has one buffer: it is copied at the tile's first k-step (after that
  * step's barrier, which every warpgroup reaches only after the previous tile's
@@ -45,7 +45,7 @@
  * Not yet: straddling tiles (two modules' u per tile). Measurements:
  * docs/kernels/moe_gemm.md. */
 #include "kernel_choice.cuh"
-#include "moe_gemm_lora.cuh"
+#include "moe_gemm_fused_lora.cuh"
 
 #include <climits>
 #include <cmath>

@@ -1,5 +1,5 @@
 /* lora_convert.cu — LoRA's fp32 masters rounded to the padded bf16 copies the
- * tensor-core kernels read (lora.cu, moe_lora.cu, moe_gemm.cu, moe_gemm_lora.cu):
+ * tensor-core kernels read (linear_lora.cu, moe_expert_lora.cu, moe_gemm.cu, moe_gemm_fused_lora.cu):
  * lora_convert_kernel, one module on all of its output columns, as A (E,RP,in) and
  * its transpose and B in either orientation; lora_convert_cols, up to
  * CT_LORA_COLS_MAX modules on column ranges as one LoRA of rank n_mod R. Ranks

@@ -1,15 +1,15 @@
-/* moe_lora.cu — the expert LoRA of mixture-of-experts layers (backend.h, "mixture
+/* moe_expert_lora.cu — the expert LoRA of mixture-of-experts layers (backend.h, "mixture
  * of experts"): one launch serves every expert. The row layout, the gather and the
  * tile schedule it shares with the grouped GEMMs (moe_gemm.cu) are described in
  * moe_gemm.cuh.
- *   moe_lora_fwd / _bwd   lora_fwd / lora_bwd (lora.cu) over each expert's rows, with
+ *   moe_lora_fwd / _bwd   lora_fwd / lora_bwd (linear_lora.cu) over each expert's rows, with
  *                         A (E,R,in), B (E,out,R) fp32 and the seed ct_hash64(seed, e)
  * The input rows x_r of both ops are x[r], or with gather x[gather[r] / K].
  *
  * With n unknown, no (n, .) tensor may live in scratch, so u = drop(x) A^T and
  * g = dy B exist per 128-row tile only: each warp computes 16 rows x R (R padded
  * to RP = 16, 32 or 64) with mma over a cp.async pipeline, rounds them to bf16 as
- * lora.cu does, and feeds its accumulators back as mma A operands: y += scale u B^T
+ * linear_lora.cu does, and feeds its accumulators back as mma A operands: y += scale u B^T
  * (forward), dx += scale drop'(g A) (backward), reading B and A^T fragments
  * straight from L1/L2. Dropout masks x in shared memory between the copy and the
  * ldmatrix (p > 0 only), with the index (row within the expert) * in + column.

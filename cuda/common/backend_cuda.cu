@@ -267,7 +267,7 @@ extern "C" ct_backend *backend_cuda_new_with(const ct_cuda_options *opt, ct_erro
     be->destroy = cuda_destroy;
     be->memory_used = cuda_memory_used;
     be->check_model = cuda_check_model;
-    be->max_expert_lora_rank = 64; /* moe_lora.cu pads R to 16, 32 or 64 */
+    be->max_expert_lora_rank = 64; /* moe_expert_lora.cu pads R to 16, 32 or 64 */
     cuda_fill_offload_ops(be);
     be->embedding = cuda_embedding;
     be->rmsnorm_fwd = cuda_rmsnorm_fwd;

@@ -1,11 +1,11 @@
 /* moe_gemm_tma.cu — the grouped expert GEMM of every call (moe_gemm.cu's ops, and
- * moe_gemm_lora.cu's up to rank 32) in the warp-specialized form of
+ * moe_gemm_fused_lora.cu's up to rank 32) in the warp-specialized form of
  * attention_fwd_sm90_2wg.cu: a producer warpgroup loads every operand with TMA
  * into an mbarrier-guarded ring, two consumer warpgroups multiply. It covers
  * moe_linear_fwd, moe_linear_bwd_input and, with the expert LoRA fused in
- * (moe_gemm_lora.cuh's u product and epilogue term), moe_linear_lora_fwd and
+ * (moe_gemm_fused_lora.cuh's u product and epilogue term), moe_linear_lora_fwd and
  * moe_linear_lora_bwd_input at padded ranks RP = 16 and 32 (moe_gemm_tma_fuses;
- * RP = 64 runs moe_gemm_lora.cu's cp.async kernel). Rows, gather and tile
+ * RP = 64 runs moe_gemm_fused_lora.cu's cp.async kernel). Rows, gather and tile
  * schedule: moe_gemm.cuh. docs/kernels/moe_gemm.md has the design
  * in detail (the fused LoRA's slices, rows and experts, the mbarrier phases, the
  * budgets) and the measurements.
@@ -31,7 +31,7 @@
  * stored. W's 3-D maps (in, out, E) zero-fill a box past an expert's edge.
  * Resources (ptxas, CUDA 13, sm_90a): 168 registers, no spills, no serialized
  * wgmma; 193 / 217 / 189 KB of shared memory at RP = 0 / 16 / 32. */
-#include "moe_gemm_lora.cuh"
+#include "moe_gemm_fused_lora.cuh"
 #include "hopper_sync.cuh"
 
 #include <climits>

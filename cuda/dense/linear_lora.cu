@@ -1,4 +1,4 @@
-/* lora.cu — the frozen linear layers and their LoRA adapters (PEFT semantics).
+/* linear_lora.cu — the frozen linear layers and their LoRA adapters (PEFT semantics).
  *
  * linear:   y (T,out) (=|+=) x (T,in) @ W^T + bias      one cuBLASLt call, bias in the epilogue
  * LoRA fwd: u = drop(x) @ A^T (T,R) ; y += scale * u @ B^T

@@ -1,4 +1,4 @@
-/* decode.cu — attention of a few new tokens over a KV cache (attention_decode in
+/* attention_decode.cu — attention of a few new tokens over a KV cache (attention_decode in
  * backend.h), for `ctune generate`.
  *
  * Layouts: q (Tq, nq, D) and out (Tq, nq, D) bf16; k and v (n_past+Tq, nkv, D)

@@ -1,6 +1,6 @@
 /* moe_gemm.cu — the grouped expert GEMMs of mixture-of-experts layers (backend.h,
  * "mixture of experts"): one launch serves every expert. The expert LoRA over the
- * same rows is moe_lora.cu; the row layout, the gather and the tile schedule all
+ * same rows is moe_expert_lora.cu; the row layout, the gather and the tile schedule all
  * of them share are described in moe_gemm.cuh.
  *   moe_linear_fwd             y[r] (=|+=) x_r @ W_e^T + bias_e   W (E,out,in), bias (E,out)
  *   moe_linear_bwd_input       dx[r] (=|+=) dy[r] @ W_e
@@ -12,8 +12,8 @@
  * and for the LoRA input gradient lets kernel_choice.cu decide where g = dy B is
  * computed. The earlier generations (v1 on mma.sync, v2 on cp.async + wgmma) were
  * removed once v3 was faster on every call; their design and figures are in
- * docs/kernels/moe_gemm.md, v2's plumbing lives on in moe_gemm_v2.cuh for
- * moe_gemm_lora.cu's rank-64 fused kernel. */
+ * docs/kernels/moe_gemm.md, v2's plumbing lives on in moe_gemm_tiles.cuh for
+ * moe_gemm_fused_lora.cu's rank-64 fused kernel. */
 #include "kernel_choice.cuh"
 #include "moe_gemm.cuh"
 

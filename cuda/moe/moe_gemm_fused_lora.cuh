@@ -1,15 +1,15 @@
-/* moe_gemm_lora.cuh — the expert-LoRA pieces of a grouped GEMM forward tile that
- * both fused kernels share: moe_gemm_lora.cu's (cp.async, v2) and moe_gemm_tma.cu's
+/* moe_gemm_fused_lora.cuh — the expert-LoRA pieces of a grouped GEMM forward tile that
+ * both fused kernels share: moe_gemm_fused_lora.cu's (cp.async, v2) and moe_gemm_tma.cu's
  * (TMA producer warpgroup). Per warpgroup of 64 rows: u = x A_e^T accumulated
  * beside the base product in the k-loop (one m64nRPk16 per 16-deep step on the x
  * rows already in shared memory), then before the epilogue acc = scale * (acc /
  * scale + bf16(u) B^T) from a B^T slice (RP ranks x 256 columns, 4 MN-major panels
- * of 64 columns, 128-byte swizzle) in shared memory. moe_gemm_lora.cu's header has
+ * of 64 columns, 128-byte swizzle) in shared memory. moe_gemm_fused_lora.cu's header has
  * the design; docs/kernels/moe_gemm.md the measurements. */
 #ifndef CT_MOE_GEMM_LORA_CUH
 #define CT_MOE_GEMM_LORA_CUH
 
-#include "moe_gemm_v2.cuh"
+#include "moe_gemm_tiles.cuh"
 
 /* One B^T panel: 64 columns x RP ranks, 128 bytes a rank. */
 template <int RP> __host__ __device__ constexpr int lora_b_panel() { return RP * wg::ROW_BYTES; }

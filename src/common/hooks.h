@@ -6,13 +6,13 @@
  *   variable                 effect                                          used by
  *   CTUNE_TRACE=DIR          train writes the adapter before step 1 to       scripts/cpu_parity.sh,
  *                            DIR/initial_adapter and each step's documents    scripts/gpu_check.sh,
- *                            to DIR/batches.jsonl (src/train.c), for the HF   scripts/bench_moe.sh
+ *                            to DIR/batches.jsonl (src/train/train.c), for the HF   scripts/bench_moe.sh
  *                            replay of scripts/hf_parity.py
  *   CTUNE_INJECT_NAN_STEP=K  a NaN is written into the first LoRA gradient   tests/faults.test.sh,
- *   (or K-M)                 after the backward of steps K..M (src/optim.c);  scripts/gpu_check.sh
+ *   (or K-M)                 after the backward of steps K..M (src/train/optim.c);  scripts/gpu_check.sh
  *                            a malformed value is an input error
  *   CTUNE_INJECT_PIN_FAIL=1  host_alloc reports pinned memory as refused     tests/memory.test.sh
- *                            (src/backend_cpu.c, cuda/offload.cu), so the
+ *                            (src/backend/backend_cpu.c, cuda/common/offload.cu), so the
  *                            pageable fallback and its warning run
  *
  * Read by test scripts only, never by ctune: CTUNE_SANITIZED (tests run under the

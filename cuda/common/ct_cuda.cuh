@@ -37,8 +37,8 @@ struct gemm_plan;
 struct moe_occupancy {
     int tma_nt, tma_nn, tma_nt_gather; /* moe_gemm_tma.cu without the LoRA: forward, bwd_input, gathered forward */
     int tma_fused[2][3];               /* moe_gemm_tma.cu with it: [RP 16, 32][forward, gathered forward, bwd_input] */
-    int cp_async_fused;                /* moe_gemm_lora.cu (RP 64) */
-    int lora_fwd[3], lora_bwd[3];      /* moe_lora.cu */
+    int cp_async_fused;                /* moe_gemm_fused_lora.cu (RP 64) */
+    int lora_fwd[3], lora_bwd[3];      /* moe_expert_lora.cu */
 };
 
 struct cuda_ctx {
@@ -133,11 +133,21 @@ __device__ __forceinline__ void store8(bf16 *p, const float f[8])
 
 static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 static inline unsigned grid_for(size_t n, unsigned block) { return (unsigned)((n + block - 1) / block); }
+/* The memory-bound kernels move 16 bytes (8 bf16) per thread: a row width and
+ * stride that are multiples of 8 and a 16-byte-aligned pointer, or a fatal error. */
+static inline void check_vec8(const char *op, const void *p, int ld, int width)
+{
+    CT_ASSERT(aligned16(p) && ld % 8 == 0 && width % 8 == 0,
+              "%s: width %d and stride %d must be multiples of 8 and the pointer 16-byte aligned",
+              op, width, ld);
+}
 
 /* ---- table functions, by file ---- */
 
-/* norm_rope.cu */
+/* embedding.cu */
 void cuda_embedding(ct_backend *be, void *out, const int32_t *ids, const void *table, int T, int H);
+
+/* rmsnorm_rope.cu */
 void cuda_rmsnorm_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
                       const void *w, int T, int nh, int D, float eps);
 void cuda_rmsnorm_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x,
@@ -152,12 +162,14 @@ void cuda_rmsnorm_rope_bwd(ct_backend *be, void *dx, int lddx, const void *dy, i
                            int T, int nh, int D, int rot_dim, float attn_scaling);
 void cuda_rope(ct_backend *be, void *x, int ldx, const int32_t *pos, const float *inv_freq,
                int T, int nh, int D, int rot_dim, float attn_scaling, int inverse);
+
+/* elementwise.cu */
 void cuda_swiglu_fwd(ct_backend *be, void *h, const void *gu, int T, int I);
 void cuda_swiglu_bwd(ct_backend *be, void *dgu, const void *dh, const void *gu, int T, int I);
 void cuda_add(ct_backend *be, void *y, const void *x, size_t n);
 void cuda_copy_2d(ct_backend *be, void *dst, int lddst, const void *src, int ldsrc, int rows, int cols);
 
-/* lora.cu (+ the plain linear layers, which are one gemm each) */
+/* linear_lora.cu (+ the plain linear layers, which are one gemm each) */
 void cuda_linear_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const void *W,
                      const void *bias, int T, int in, int out, int accumulate);
 void cuda_linear_fwd_residual(ct_backend *be, void *y, int ldy, const void *res, const void *x, int ldx,
@@ -195,7 +207,7 @@ void cuda_attention_bwd(ct_backend *be, void *dq, int lddq, void *dk, int lddk, 
                         const int32_t *cu_seqlens, int n_docs, int max_seqlen, int T, int nq,
                         int nkv, int D, float scale, int window, const float *sinks);
 
-/* decode.cu */
+/* attention_decode.cu */
 void cuda_attention_decode(ct_backend *be, void *out, int ldo, const void *q, int ldq, const void *k,
                            int ldk, const void *v, int ldv, int Tq, int n_past, int nq, int nkv, int D,
                            float scale, int window, const float *sinks);
@@ -230,9 +242,9 @@ void cuda_fill_moe_route_ops(ct_backend *be);
 void cuda_fill_moe_rows_ops(ct_backend *be);
 /* moe_gemm.cu: the grouped expert GEMMs (be->moe_linear_fwd, moe_linear_bwd_input). */
 void cuda_fill_moe_gemm_ops(ct_backend *be);
-/* moe_lora.cu: the expert LoRA (be->moe_lora_fwd, moe_lora_bwd). */
+/* moe_expert_lora.cu: the expert LoRA (be->moe_lora_fwd, moe_lora_bwd). */
 void cuda_fill_moe_lora_ops(ct_backend *be);
-/* moe_gemm_lora.cu: the grouped GEMM forward with the expert LoRA fused in
+/* moe_gemm_fused_lora.cu: the grouped GEMM forward with the expert LoRA fused in
  * (be->moe_linear_lora_fwd). */
 void cuda_fill_moe_gemm_lora_ops(ct_backend *be);
 

@@ -10,9 +10,9 @@
  * TMA kernel (1.3-1.5x the cp.async wgmma kernel on expert-ordered rows; gathered
  * gate_up 1.56 against 1.82 ms). Rules of fit rather than speed stay with their
  * launchers: the fused expert LoRA needs a finite non-zero scale and modules on
- * 256-column tiles (moe_gemm_lora.cu), the cross-entropy cluster kernel a
+ * 256-column tiles (moe_gemm_fused_lora.cu), the cross-entropy cluster kernel a
  * vocabulary that fits (loss.cu), the RMSNorm register kernel D <= 2048
- * (norm_rope.cu). */
+ * (rmsnorm_rope.cu). */
 #ifndef CT_KERNEL_CHOICE_CUH
 #define CT_KERNEL_CHOICE_CUH
 
@@ -42,9 +42,9 @@ attn_bwd_choice choose_attn_bwd(int D);
 enum moe_lora_fwd_choice {
     MOE_LORA_FWD_UNFUSED,  /* moe_linear_fwd, then moe_lora_fwd per module */
     MOE_LORA_FWD_TMA,      /* moe_gemm_tma.cu with the LoRA fused (padded ranks 16, 32) */
-    MOE_LORA_FWD_CP_ASYNC, /* moe_gemm_lora.cu: cp.async + wgmma with the LoRA fused (padded rank 64) */
+    MOE_LORA_FWD_CP_ASYNC, /* moe_gemm_fused_lora.cu: cp.async + wgmma with the LoRA fused (padded rank 64) */
 };
-/* fusable: the call meets the fused kernels' conditions (moe_gemm_lora.cu); RP:
+/* fusable: the call meets the fused kernels' conditions (moe_gemm_fused_lora.cu); RP:
  * its ranks padded to 16, 32 or 64. */
 moe_lora_fwd_choice choose_moe_lora_fwd(bool fusable, int RP);
 

@@ -1,5 +1,5 @@
-/* moe_gemm_v2.cuh — the tile plumbing of the cp.async + wgmma grouped GEMM (v2),
- * which moe_gemm_lora.cu's fused kernel runs on and whose raster, B descriptors
+/* moe_gemm_tiles.cuh — the tile plumbing of the cp.async + wgmma grouped GEMM (v2),
+ * which moe_gemm_fused_lora.cu's fused kernel runs on and whose raster, B descriptors
  * and epilogue the TMA kernel (moe_gemm_tma.cu) shares: the row addressing
  * through the gather, the tile raster, the cp.async copies of one k-step into a
  * 128-byte-swizzled stage, and the epilogue.

@@ -1,6 +1,6 @@
 /* wgmma.cuh — Hopper (sm_90a) warpgroup MMA and the shared-memory plumbing it
  * needs, shared by the kernels that use it (moe_gemm.cu's v2 GEMM,
- * moe_gemm_lora.cu's fused-LoRA variant and moe_gemm_tma.cu's TMA kernel,
+ * moe_gemm_fused_lora.cu's fused-LoRA variant and moe_gemm_tma.cu's TMA kernel,
  * attention_fwd_sm90.cu's and attention_fwd_sm90_2wg.cu's forwards,
  * attention_bwd_sm90.cu's, attention_bwd_dq_2wg.cu's and
  * attention_bwd_dkdv_2wg.cu's backward kernels).
@@ -125,7 +125,7 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t da, 
 
 /* d (64 x 16 fp32) (=|+=) A (64 x 16) @ B (16 x 16), both from shared memory, as
  * the m64n64k16 form above (the rank-16 LoRA down-projection u = x A^T of
- * moe_gemm_lora.cu). */
+ * moe_gemm_fused_lora.cu). */
 template <bool TRANS_B>
 __device__ __forceinline__ void wgmma_m64n16k16_ss(float (&d)[8], uint64_t da, uint64_t db, int scale_d)
 {
@@ -171,7 +171,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32
 
 /* d (64 x 256 fp32, this warpgroup's accumulators) (=|+=) A (64 x 16) @ B (16 x 256),
  * both from shared memory, as the m64n64k16 form above (the grouped expert GEMMs
- * of moe_gemm.cu and moe_gemm_lora.cu). */
+ * of moe_gemm.cu and moe_gemm_fused_lora.cu). */
 template <bool TRANS_B>
 __device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t da, uint64_t db, int scale_d)
 {
@@ -209,7 +209,7 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t da
 }
 
 /* d (64 x 256 fp32) (=|+=) A (64 x 16, registers) @ B (16 x 256) from shared memory
- * (moe_gemm_lora.cu's epilogue: the LoRA up-projection u B^T added to the GEMM's
+ * (moe_gemm_fused_lora.cu's epilogue: the LoRA up-projection u B^T added to the GEMM's
  * accumulators). */
 template <bool TRANS_B>
 __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db, int scale_d)

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -80,6 +81,17 @@ int cli_parse(const cli_cmd *c, int argc, char **argv, int *n_args, ct_error *er
         if (o->required && !seen[o - c->opts])
             return CT_FAIL_INPUT(err, "usage: %s is required (see ctune %s --help)", o->name, cmd);
     if (n_args) *n_args = n;
+    return CT_OK;
+}
+
+int cli_parse_ll(const char *opt, const char *s, long long lo, long long hi, long long *out, ct_error *err)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return CT_FAIL_INPUT(err, "%s '%s': expected an integer in %lld..%lld", opt, s, lo, hi);
+    *out = v;
     return CT_OK;
 }
 

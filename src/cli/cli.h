@@ -43,6 +43,10 @@ typedef struct cli_cmd {
  * ("usage: unexpected argument 'x'"). Returns CT_OK, CLI_HELP or CT_ERR_INPUT. */
 int cli_parse(const cli_cmd *c, int argc, char **argv, int *n_args, ct_error *err);
 
+/* opt's value s as an integer in lo..hi into *out; CT_ERR_INPUT ("--opt 'x':
+ * expected an integer in lo..hi") otherwise. */
+int cli_parse_ll(const char *opt, const char *s, long long lo, long long hi, long long *out, ct_error *err);
+
 /* CT_ERR_INPUT ("PATH: a FIFO, not a regular file") when PATH exists and is not
  * a regular file, so that no reader blocks on a FIFO or reads a device; CT_OK
  * otherwise (a missing file is left for the reader to report). */

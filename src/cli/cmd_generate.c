@@ -12,13 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <sys/stat.h>
-
 #include "adapter.h"
 #include "chat_template.h"
+#include "cli_generate.h"
 #include "commands.h"
 #include "generate.h"
-#include "json.h"
 #include "text_encoder.h"
 
 typedef struct gen_args {
@@ -27,17 +25,6 @@ typedef struct gen_args {
     double temperature, top_p;
     bool print_ids;
 } gen_args;
-
-static int parse_ll(const char *opt, const char *s, long long lo, long long hi, long long *out, ct_error *err)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return CT_FAIL_INPUT(err, "%s '%s': expected an integer in %lld..%lld", opt, s, lo, hi);
-    *out = v;
-    return CT_OK;
-}
 
 static int parse_double(const char *opt, const char *s, double lo, double hi, double *out, ct_error *err)
 {
@@ -75,8 +62,8 @@ static int parse_args(int argc, char **argv, gen_args *a, ct_error *err)
     const cli_cmd cmd = {"generate", "generate --model DIR [--adapter DIR] (--prompt TEXT [--system TEXT] | "
                                      "--prompt-ids 1,2,3 | --prompt-file FILE) [options]", opts};
     int rc = cli_parse(&cmd, argc, argv, NULL, err);
-    if (!rc && max_new) rc = parse_ll("--max-new-tokens", max_new, 1, 1 << 20, &a->max_new_tokens, err);
-    if (!rc && seed) rc = parse_ll("--seed", seed, 0, INT64_MAX, &a->seed, err);
+    if (!rc && max_new) rc = cli_parse_ll("--max-new-tokens", max_new, 1, 1 << 20, &a->max_new_tokens, err);
+    if (!rc && seed) rc = cli_parse_ll("--seed", seed, 0, INT64_MAX, &a->seed, err);
     if (!rc && temperature) rc = parse_double("--temperature", temperature, 0, 100, &a->temperature, err);
     if (!rc && top_p) rc = parse_double("--top-p", top_p, 1e-6, 1, &a->top_p, err);
     if (rc) return rc;
@@ -123,29 +110,6 @@ static int32_t *parse_ids(const char *text, const char *source, int *n, ct_error
         return NULL;
     }
     return ids;
-}
-
-/* eos_token_id (an id or a list) of DIR/NAME, appended to ids; absent files or
- * keys add nothing. */
-static void add_eos_ids(const char *dir, const char *name, int32_t *ids, int *n, int cap)
-{
-    char path[CT_PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    ct_error ignored = {0};
-    size_t len;
-    char *text = ct_read_file_max(path, 1 << 20, &len, &ignored);
-    if (!text) return;
-    json_doc *doc = json_parse(text, len, path, &ignored);
-    free(text);
-    if (!doc) return;
-    const json_value *e = json_get(json_root(doc), "eos_token_id");
-    size_t count = e ? (e->type == JSON_ARRAY ? e->count : 1) : 0;
-    for (size_t i = 0; i < count && *n < cap; i++) {
-        const json_value *v = e->type == JSON_ARRAY ? e->items[i] : e;
-        if (v->type == JSON_NUMBER && v->is_integer && v->integer >= 0 && v->integer <= INT32_MAX)
-            ids[(*n)++] = (int32_t)v->integer;
-    }
-    json_free(doc);
 }
 
 enum { STREAM_IDS, STREAM_BYTES, STREAM_TEXT };
@@ -234,35 +198,12 @@ static int32_t *text_prompt(const gen_args *a, const ct_text_encoder *enc, int *
     return prompt;
 }
 
-static bool has_tokenizer(const char *model_dir)
-{
-    char path[CT_PATH_MAX + 32];
-    struct stat st;
-    snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
-    return stat(path, &st) == 0;
-}
-
-/* cpu, cuda, or auto: the GPU when one is usable, else the CPU (with a note). */
-static ct_backend *open_backend(const char *device, ct_error *err)
-{
-    if (!strcmp(device, "cpu")) return backend_cpu_new();
-    ct_error why = {0};
-    ct_backend *be = backend_cuda_new(&why);
-    if (be) return be;
-    if (!strcmp(device, "cuda")) {
-        CT_FAIL_RUNTIME(err, "--device cuda: no GPU is usable: %s", why.msg);
-        return NULL;
-    }
-    fprintf(stderr, "note: no GPU (%s); generating on the CPU\n", why.msg);
-    return backend_cpu_new();
-}
-
 int cmd_generate(int argc, char **argv, ct_error *err)
 {
     gen_args a;
     int rc = parse_args(argc, argv, &a, err);
     if (rc) return rc;
-    ct_backend *be = open_backend(a.device, err);
+    ct_backend *be = cli_open_backend(a.device, err);
     if (!be) return err->code;
     ct_model m;
     ct_lora lo = {0};
@@ -275,7 +216,7 @@ int cmd_generate(int argc, char **argv, ct_error *err)
         be->destroy(be);
         return rc;
     }
-    bool text = a.prompt && has_tokenizer(a.model);
+    bool text = a.prompt && cli_has_tokenizer(a.model);
     bool bytes = !text && m.cfg.vocab_size == CT_BYTE_VOCAB;
     if (text) {
         if (!(rc = text_encoder_load(&enc, a.model, err)) && !(prompt = text_prompt(&a, &enc, &n_prompt, err)))
@@ -301,16 +242,8 @@ int cmd_generate(int argc, char **argv, ct_error *err)
     if (!rc && !(g = generator_new(&m, a.adapter ? &lo : NULL, capacity, n_prompt < 256 ? n_prompt : 256, err)))
         rc = err->code;
     if (!rc) {
-        int32_t stop[17];
-        int n_stop = 0;
-        if (bytes) {
-            stop[n_stop++] = CT_BYTE_IM_END;
-            stop[n_stop++] = CT_BYTE_ENDOFTEXT;
-        } else {
-            add_eos_ids(a.model, "config.json", stop, &n_stop, 8);
-            add_eos_ids(a.model, "generation_config.json", stop, &n_stop, 16);
-            if (enc.has_eos_id) stop[n_stop++] = (int32_t)enc.eos_id;   /* the template's end of turn */
-        }
+        int32_t stop[CLI_MAX_STOP_IDS];
+        int n_stop = cli_stop_ids(a.model, bytes, &enc, stop);
         ct_sample_options o = {.max_new_tokens = (int)a.max_new_tokens, .temperature = (float)a.temperature,
                                .top_p = (float)a.top_p, .seed = (uint64_t)a.seed, .stop_ids = stop,
                                .n_stop = n_stop};

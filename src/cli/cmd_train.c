@@ -1,12 +1,14 @@
 /* cmd_train.c — `ctune train` and `ctune eval`: read the config, apply --set
  * overrides, validate, then run. `ctune eval` also takes --model/--data
- * directly, without a config file. */
+ * directly, without a config file, and with --generate FILE scores
+ * generations instead (cmd_eval_generate.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "commands.h"
 #include "config.h"
+#include "eval_generate.h"
 #include "train.h"
 
 /* What the command line says, before any of it is applied to a config. */
@@ -18,6 +20,7 @@ typedef struct train_args {
     const char *model, *device, *max_length, *tokens_per_micro_batch; /* eval without a config */
     const char **data;      /* eval --data shards (room for argc) */
     int n_data;
+    eval_generate_args gen; /* eval --generate */
 } train_args;
 
 static int add_set(void *ctx, const char *value, ct_error *err)
@@ -84,6 +87,7 @@ static int parse(int argc, char **argv, bool eval, ct_config *cfg, train_args *a
     memset(a, 0, sizeof *a);
     a->sets = ct_calloc((size_t)argc, sizeof *a->sets);
     a->data = ct_calloc((size_t)argc, sizeof *a->data);
+    eval_generate_args *g = &a->gen;
     const cli_opt train_opts[] = {
         {"--set", "key=value", "override a config key (repeatable; applied after the file)", .call = add_set, .ctx = a},
         {"--print-config", NULL, "print the resolved config and exit", .flag = &a->print_config},
@@ -100,15 +104,54 @@ static int parse(int argc, char **argv, bool eval, ct_config *cfg, train_args *a
         {"--max-length", "N", "without CONFIG: data.max_length", .str = &a->max_length},
         {"--tokens-per-micro-batch", "N", "without CONFIG: data.tokens_per_micro_batch",
          .str = &a->tokens_per_micro_batch},
+        {"--generate", "FILE", "score greedy generations against references instead: the records of FILE (JSONL "
+                               "or a JSON array; the formats of prepare --tokenizer), with --model", .str = &g->file},
+        {"--metric", "exact|contains", "--generate: the trimmed generation equals the trimmed reference (exact, "
+                                       "default) or contains it", .str = &g->metric},
+        {"--max-new-tokens", "N", "--generate: most tokens to generate per record (default 128)",
+         .str = &g->max_new_tokens},
+        {"--chat-template", "NAME|FILE", "--generate: render prompts with a built-in template or a Jinja file "
+                                         "instead of the model's", .str = &g->chat_template},
+        {"--system", "TEXT", "--generate: a system turn before each conversation that has none", .str = &g->system},
+        {"--format", "F", "--generate: auto (default: from the first record's keys), messages, sharegpt, alpaca or "
+                          "prompt_completion", .str = &g->format},
+        {"--field-messages", "KEY", "--generate: the list of turns (default messages; sharegpt: conversations)",
+         .str = &g->fields.messages},
+        {"--field-role", "KEY", "--generate: a turn's role (default role; sharegpt: from)", .str = &g->fields.role},
+        {"--field-content", "KEY", "--generate: a turn's text (default content; sharegpt: value)",
+         .str = &g->fields.content},
+        {"--field-prompt", "KEY", "--generate: the prompt of a prompt_completion record (default prompt)",
+         .str = &g->fields.prompt},
+        {"--field-completion", "KEY", "--generate: its completion, the reference (default completion)",
+         .str = &g->fields.completion},
+        {"--limit", "N", "--generate: the first N records only", .str = &g->limit},
+        {"--out", "FILE", "--generate: one JSON object a line per record (index, line, prompt, reference, "
+                          "generation, match)", .str = &g->out},
         {0}};
     const cli_cmd cmd = eval ? (cli_cmd){"eval", "eval CONFIG.yaml [--set key=value]... [--adapter DIR]\n"
-                                                 "   or: ctune eval --model DIR --data SHARD... [--adapter DIR] [options]",
+                                                 "   or: ctune eval --model DIR --data SHARD... [--adapter DIR] [options]\n"
+                                                 "   or: ctune eval --model DIR --generate FILE.jsonl [--adapter DIR] "
+                                                 "[--metric exact|contains] [options]",
                                          eval_opts}
                              : (cli_cmd){"train", "train CONFIG.yaml [--set key=value]... [--print-config] [--dry-run]",
                                          train_opts};
     int n_args = 0;
     int rc = cli_parse(&cmd, argc, argv, &n_args, err);
     if (rc) return rc;
+    if (g->file) {
+        if (n_args || a->n_sets || a->n_data || a->max_length || a->tokens_per_micro_batch || a->print_config)
+            return CT_FAIL_INPUT(err, "usage: --generate takes --model DIR and its own options, not a config file, "
+                                 "--set, --data, --max-length, --tokens-per-micro-batch or --print-config (see ctune "
+                                 "eval --help)");
+        if (!a->model) return CT_FAIL_INPUT(err, "usage: ctune eval --model DIR --generate FILE (--model missing)");
+        g->model = a->model;
+        g->adapter = a->adapter;
+        g->device = a->device;
+        return CT_OK;
+    }
+    if (eval && eval_generate_options_given(g))
+        return CT_FAIL_INPUT(err, "usage: --metric, --max-new-tokens, --chat-template, --system, --format, --field-*, "
+                             "--limit and --out go with --generate FILE (see ctune eval --help)");
     bool direct = a->model || a->n_data || a->device || a->max_length || a->tokens_per_micro_batch;
     if (n_args > 1)
         return CT_FAIL_INPUT(err, "usage: one config file expected, got '%s' and '%s'", argv[1], argv[2]);
@@ -154,6 +197,7 @@ int cmd_eval(int argc, char **argv, ct_error *err)
     int rc = parse(argc, argv, true, &cfg, &a, err);
     args_free(&a);
     if (rc) return rc;
+    if (a.gen.file) return eval_generate(&a.gen, err);
     if (a.print_config) {
         config_print(&cfg, stdout);
         return CT_OK;

@@ -569,15 +569,17 @@ void json_write_rawf(json_writer *w, const char *fmt, ...)
     w->len += (size_t)n;
 }
 
-void json_write_string(json_writer *w, const char *s)
+void json_write_string(json_writer *w, const char *s) { json_write_string_n(w, s, strlen(s)); }
+
+void json_write_string_n(json_writer *w, const char *s, size_t n)
 {
     append(w, "\"", 1);
-    for (const char *run = s;; s++) {
+    const char *run = s, *end = s + n;
+    for (; s < end; s++) {
         unsigned char c = (unsigned char)*s;
         if (c >= 0x20 && c != '"' && c != '\\') continue;
         append(w, run, (size_t)(s - run));
         run = s + 1;
-        if (c == '\0') break;
         char esc[8];
         switch (c) {
         case '"': append(w, "\\\"", 2); break;
@@ -592,6 +594,7 @@ void json_write_string(json_writer *w, const char *s)
             append(w, esc, 6);
         }
     }
+    append(w, run, (size_t)(end - run));
     append(w, "\"", 1);
 }
 

@@ -63,6 +63,8 @@ void json_writer_free(json_writer *w);
 void json_write_raw(json_writer *w, const char *s);
 void json_write_rawf(json_writer *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void json_write_string(json_writer *w, const char *s);   /* quoted and escaped */
+/* s[0..n), which may hold NUL bytes (written as \u0000). */
+void json_write_string_n(json_writer *w, const char *s, size_t n);
 /* Shortest text that reads back as v; integral values without ".0"; NaN and
  * infinities (which JSON cannot express) are written as null. */
 void json_write_number(json_writer *w, double v);

@@ -16,6 +16,7 @@
 
 #include "arena.h"
 #include "graph_moe.h"
+#include "tokenizer.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -310,17 +311,23 @@ static int put_turn(int32_t *ids, int k, const char *role, const char *text)
     return k;
 }
 
-int32_t *byte_chat_messages(const char *system, const char *text, int *n)
+int32_t *byte_chat_render(const ct_chat_message *msgs, int n_msgs, int *n)
 {
-    size_t len = strlen(text) + (system ? strlen(system) : 0);
-    int32_t *ids = ct_malloc((len + 48) * sizeof *ids);
+    size_t len = 16;
+    for (int i = 0; i < n_msgs; i++) len += strlen(msgs[i].role) + strlen(msgs[i].content) + 4;
+    int32_t *ids = ct_malloc(len * sizeof *ids);
     int k = 0;
-    if (system) k = put_turn(ids, k, "system", system);
-    k = put_turn(ids, k, "user", text);
+    for (int i = 0; i < n_msgs; i++) k = put_turn(ids, k, msgs[i].role, msgs[i].content);
     ids[k++] = CT_BYTE_IM_START;
     for (const char *p = "assistant\n"; *p; p++) ids[k++] = (unsigned char)*p;
     *n = k;
     return ids;
+}
+
+int32_t *byte_chat_messages(const char *system, const char *text, int *n)
+{
+    ct_chat_message msgs[2] = {{"system", system}, {"user", text}};
+    return system ? byte_chat_render(msgs, 2, n) : byte_chat_render(msgs + 1, 1, n);
 }
 
 int32_t *byte_chat_prompt(const char *text, int *n) { return byte_chat_messages(NULL, text, n); }
@@ -333,4 +340,16 @@ void byte_token_write(int32_t token, FILE *out)
     else if (token == CT_BYTE_IM_END) fputs("<|im_end|>", out);
     else if (token == 259) fputs("<|pad|>", out);
     else fprintf(out, "<|unused_%d|>", token);
+}
+
+void byte_tokens_text(const int32_t *ids, int n, char **text, size_t *len)
+{
+    char *raw = NULL;
+    size_t raw_len = 0;
+    FILE *f = open_memstream(&raw, &raw_len);
+    CT_ASSERT(f, "open_memstream failed");
+    for (int i = 0; i < n; i++) byte_token_write(ids[i], f);
+    fclose(f);
+    tokenizer_utf8_lossy(raw, raw_len, text, len);
+    free(raw);
 }

@@ -12,6 +12,7 @@
 #ifndef CT_GENERATE_H
 #define CT_GENERATE_H
 
+#include "chat_template.h"
 #include "lora.h"
 
 typedef struct ct_generator ct_generator;
@@ -63,7 +64,13 @@ enum { CT_BYTE_VOCAB = 384, CT_BYTE_ENDOFTEXT = 256, CT_BYTE_IM_START = 257, CT_
 int32_t *byte_chat_prompt(const char *text, int *n);
 /* The same after a system turn <|im_start|>system\nSYSTEM<|im_end|>\n (system NULL: none). */
 int32_t *byte_chat_messages(const char *system, const char *text, int *n);
+/* Any conversation msgs[0..n_msgs) in that template, each turn
+ * <|im_start|>ROLE\nCONTENT<|im_end|>\n, then the opening of the assistant turn. */
+int32_t *byte_chat_render(const ct_chat_message *msgs, int n_msgs, int *n);
 /* Writes the text of one token: the byte itself, or a special token's name. */
 void byte_token_write(int32_t token, FILE *out);
+/* The text byte_token_write writes for ids[0..n), made well-formed UTF-8
+ * (tokenizer_utf8_lossy): *text malloc'd and NUL-terminated, *len its length. */
+void byte_tokens_text(const int32_t *ids, int n, char **text, size_t *len);
 
 #endif

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "text_match.h"
+
 const char *const prepare_format_names[] = {"auto", "messages", "sharegpt", "alpaca", "prompt_completion",
                                             "text", "tokens", NULL};
 
@@ -39,6 +41,7 @@ struct prepare_worker {
     size_t turns_cap;
     char *buf;               /* a user turn or prompt + completion, built here */
     size_t buf_cap;
+    json_doc *eval_doc;      /* the record prepare_eval_record points into */
 };
 
 prepare_worker *prepare_worker_new(void) { return ct_calloc(1, sizeof(prepare_worker)); }
@@ -53,6 +56,7 @@ void prepare_worker_free(prepare_worker *w)
     free(w->msgs);
     free(w->turns);
     free(w->buf);
+    json_free(w->eval_doc);
     free(w);
 }
 
@@ -307,28 +311,6 @@ static int render(const prepare_text_cfg *c, const prepare_worker *w, int n, boo
     return CT_OK;
 }
 
-/* Python's str.isspace, which rstrip strips. */
-static bool py_space(uint32_t cp)
-{
-    return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 || cp == 0x1680 ||
-           (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f || cp == 0x205f ||
-           cp == 0x3000;
-}
-
-static size_t py_rstrip(const char *s, size_t n)
-{
-    while (n > 0) {
-        size_t k = n - 1;
-        while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80) k--;
-        const unsigned char *u = (const unsigned char *)s + k;
-        uint32_t cp = u[0] < 0x80 ? u[0] : u[0] < 0xE0 ? (u[0] & 0x1Fu) << 6 | (u[1] & 0x3F)
-                    : u[0] < 0xF0 ? (u[0] & 0x0Fu) << 12 | (u[1] & 0x3Fu) << 6 | (u[2] & 0x3F) : 0x110000;
-        if (!py_space(cp)) break;
-        n = k;
-    }
-    return n;
-}
-
 /* The assistant turns of w->msgs[0..n) in full[0..flen): w->turns, *n_turns. */
 static int find_turns(const prepare_text_cfg *c, prepare_worker *w, int n, const char *full, size_t flen,
                       const char *src, size_t *n_turns, ct_error *err)
@@ -348,7 +330,7 @@ static int find_turns(const prepare_text_cfg *c, prepare_worker *w, int n, const
             rc = CT_FAIL_INPUT(err, "%s: the chat template renders the prompt before assistant message %d differently "
                                "with and without the reply, so the reply cannot be told from it", src, i);
         if (!rc) {
-            size_t tlen = py_rstrip(upto + plen, ulen - plen);
+            size_t tlen = text_rstrip(upto + plen, ulen - plen);
             const char *hit = tlen == 0 ? full + cursor : memmem(full + cursor, flen - cursor, upto + plen, tlen);
             if (!hit)
                 rc = CT_FAIL_INPUT(err, "%s: the chat template renders assistant message %d differently once later "
@@ -558,4 +540,110 @@ int prepare_text_record(const prepare_text_cfg *c, prepare_worker *w, const char
     doc->mask = w->mask;
     doc->len = n_ids;
     return CT_OK;
+}
+
+// ---- records of eval --generate ----
+
+/* The last assistant message of w->msgs[first..n), or -1. */
+static int last_assistant(const prepare_worker *w, int first, int n)
+{
+    for (int i = n - 1; i >= first; i--)
+        if (!strcmp(w->msgs[i].role, "assistant")) return i;
+    return -1;
+}
+
+/* The prompt is w->msgs[0..i) and the reference message i (of the list at key, from its index offset). */
+static int eval_chat(prepare_worker *w, int i, int offset, const char *key, const char *content_key,
+                     const char *src, prepare_eval_item *item, ct_error *err)
+{
+    if (i < 0)
+        return CT_FAIL_INPUT(err, "%s: %s: no assistant message, so no reference (the last assistant message is the "
+                             "reference)", src, key);
+    if (i == 0)
+        return CT_FAIL_INPUT(err, "%s: %s[0]: the assistant message to score has no prompt before it", src, key);
+    item->msgs = w->msgs;
+    item->n_msgs = i;
+    item->reference = w->msgs[i].content;
+    item->reference_len = strlen(item->reference);
+    size_t s, e;
+    text_strip(item->reference, item->reference_len, &s, &e);
+    if (s == e)
+        return CT_FAIL_INPUT(err, "%s: %s[%d].%s: the reference is empty (or only white space)", src, key,
+                             i - offset, content_key);
+    return CT_OK;
+}
+
+static int eval_fields(const prepare_text_cfg *c, prepare_worker *w, const json_value *r, const char *src,
+                       prepare_eval_item *item, ct_error *err)
+{
+    int n = 0, rc = CT_OK;
+    const json_value *ref = NULL;
+    const char *ref_field = NULL;
+    switch (c->format) {
+    case PREPARE_FORMAT_MESSAGES:
+    case PREPARE_FORMAT_SHAREGPT: {
+        const char *key = key_messages(&c->fields, c->format);
+        rc = add_messages(c, w, json_get(r, key), key, c->format, src, &n, err);
+        return rc ? rc : eval_chat(w, last_assistant(w, 0, n), 0, key, key_content(&c->fields, c->format), src,
+                                   item, err);
+    }
+    case PREPARE_FORMAT_ALPACA: {
+        const json_value *ins, *in;
+        rc = get_string(r, "instruction", "instruction", src, true, &ins, err);
+        if (!rc) rc = get_string(r, "input", "input", src, false, &in, err);
+        if (!rc) rc = get_string(r, "output", "output", src, true, &ref, err);
+        if (rc) return rc;
+        bool with_input = in && in->string_len;
+        w->msgs = grow(w->msgs, &w->msgs_cap, 1, sizeof *w->msgs);
+        w->msgs[0] = (ct_chat_message){"user", build(w, ins->string, ins->string_len, with_input ? "\n\n" : NULL,
+                                                     with_input ? in->string : "", with_input ? in->string_len : 0)};
+        item->msgs = w->msgs;
+        item->n_msgs = 1;
+        ref_field = "output";
+        break;
+    }
+    default: {
+        const char *pk = key_prompt(&c->fields), *ck = key_completion(&c->fields);
+        const json_value *p = json_get(r, pk), *q = json_get(r, ck);
+        if (p->type == JSON_ARRAY || q->type == JSON_ARRAY) {
+            if (p->type != q->type)
+                return CT_FAIL_INPUT(err, "%s: %s is %s and %s is %s: give two strings or two lists of messages",
+                                     src, pk, type_name(p), ck, type_name(q));
+            rc = add_messages(c, w, p, pk, PREPARE_FORMAT_MESSAGES, src, &n, err);
+            int n_prompt = n;
+            if (!rc) rc = add_messages(c, w, q, ck, PREPARE_FORMAT_MESSAGES, src, &n, err);
+            if (rc) return rc;
+            if (n_prompt == 0) return CT_FAIL_INPUT(err, "%s: %s: the prompt has no messages", src, pk);
+            return eval_chat(w, last_assistant(w, n_prompt, n), n_prompt, ck, key_content(&c->fields, c->format),
+                             src, item, err);
+        }
+        const json_value *ps;
+        rc = get_string(r, pk, pk, src, true, &ps, err);
+        if (!rc) rc = get_string(r, ck, ck, src, true, &ref, err);
+        if (rc) return rc;
+        if (!ps->string_len) return CT_FAIL_INPUT(err, "%s: %s: the prompt is empty", src, pk);
+        item->prompt = ps->string;
+        item->prompt_len = ps->string_len;
+        ref_field = ck;
+        break;
+    }
+    }
+    item->reference = ref->string;
+    item->reference_len = ref->string_len;
+    size_t s, e;
+    text_strip(ref->string, ref->string_len, &s, &e);
+    if (s == e) return CT_FAIL_INPUT(err, "%s: %s: the reference is empty (or only white space)", src, ref_field);
+    return CT_OK;
+}
+
+int prepare_eval_record(const prepare_text_cfg *c, prepare_worker *w, const char *rec, size_t len, const char *src,
+                        prepare_eval_item *item, ct_error *err)
+{
+    *item = (prepare_eval_item){0};
+    json_free(w->eval_doc);
+    const json_value *r;
+    w->eval_doc = parse_record(rec, len, src, &r, err);
+    if (!w->eval_doc) return err->code;
+    int rc = check_shape(c, r, src, err);
+    return rc ? rc : eval_fields(c, w, r, src, item, err);
 }

@@ -107,4 +107,29 @@ void prepare_worker_free(prepare_worker *w);
 int prepare_text_record(const prepare_text_cfg *c, prepare_worker *w, const char *rec, size_t len,
                         const char *src, prepare_doc *doc, ct_error *err);
 
+/* One record of `ctune eval --generate`: a prompt and the reference answer.
+ *   messages, sharegpt   the conversation up to its last assistant message is
+ *                        the prompt; that message's content is the reference
+ *   alpaca               instruction (+ "\n\n" + input) as the user turn; output
+ *   prompt_completion    lists: prompt + completion up to the completion's last
+ *                        assistant message, and its content; strings: prompt
+ *                        (encoded as is) and completion */
+typedef struct prepare_eval_item {
+    const ct_chat_message *msgs; /* (n_msgs) the prompt as a conversation, rendered with the generation prompt */
+    int n_msgs;                  /* 0: the prompt is the string below */
+    const char *prompt;          /* prompt_completion strings: the prompt text (NUL-terminated) */
+    size_t prompt_len;
+    const char *reference;       /* NUL-terminated, NUL-free */
+    size_t reference_len;
+} prepare_eval_item;
+
+/* Reads record rec[0..len) (src: "FILE:LINE") of c->format (a chat format or
+ * prompt_completion; only c->format, c->fields and c->detected_line are read)
+ * into *item, whose pointers stay valid until the worker's next record. Every
+ * malformed record is a one-line CT_ERR_INPUT naming src and the field: the
+ * errors of prepare_text_record, and no assistant message, nothing before it,
+ * an empty prompt, a reference that is empty or only white space. */
+int prepare_eval_record(const prepare_text_cfg *c, prepare_worker *w, const char *rec, size_t len, const char *src,
+                        prepare_eval_item *item, ct_error *err);
+
 #endif

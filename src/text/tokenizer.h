@@ -64,6 +64,12 @@ int tokenizer_encode(const ct_tokenizer *t, const char *text, size_t len, bool p
 int tokenizer_decode(const ct_tokenizer *t, const uint32_t *ids, size_t n, bool skip_special,
                      char **text, size_t *len, ct_error *err);
 
+/* s[0..n) as well-formed UTF-8, each ill-formed sequence one U+FFFD as decode
+ * makes them (Python's bytes.decode('utf-8', 'replace')): *text is malloc'd and
+ * NUL-terminated (caller frees), *len its length. For text that did not come
+ * through a tokenizer.json (the byte-level tokenizer of the tiny models). */
+void tokenizer_utf8_lossy(const char *s, size_t n, char **text, size_t *len);
+
 /* The id of a token string (an added token's content, or a vocab entry), as
  * HF's token_to_id; false when there is none. */
 bool tokenizer_token_to_id(const ct_tokenizer *t, const char *token, size_t len, uint32_t *id);

@@ -105,6 +105,15 @@ void tk_utf8_sanitize(tk_buf *b, const char *s, size_t n)
     tk_buf_put(b, s + run, i - run);
 }
 
+void tokenizer_utf8_lossy(const char *s, size_t n, char **text, size_t *len)
+{
+    tk_buf b = {0};
+    tk_utf8_sanitize(&b, s, n);
+    tk_buf_put(&b, "", 1);
+    *text = b.data;
+    *len = b.len - 1;
+}
+
 bool tk_is_whitespace(uint32_t cp)
 {
     if (cp < 0x80) return cp == ' ' || (cp >= 0x09 && cp <= 0x0D);

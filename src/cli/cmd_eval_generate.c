@@ -279,10 +279,11 @@ static int run(const eval_text *t, const eval_opts *o, ct_generator *g, const ev
     if (tty) fprintf(stderr, "\n");
     if (rc) return rc;
     double dt = ct_now() - t0;
-    fprintf(stderr, "eval: %zu records, %zu new tokens in %.2f s (%.1f tokens/s, %s backend%s)\n", n, new_tokens, dt,
-            dt > 0 ? (double)new_tokens / dt : 0.0, backend, t->a->adapter ? ", with adapter" : "");
-    printf("%s match: %zu/%zu = %.1f%% (%s, %zu records, %zu new tokens)\n", text_match_metric_names[o->metric],
-           matches, n, 100.0 * (double)matches / (double)n, t->a->file, n, new_tokens);
+    const char *records = n == 1 ? "record" : "records";
+    fprintf(stderr, "eval: %zu %s, %zu new tokens in %.2f s (%.1f tokens/s, %s backend%s)\n", n, records, new_tokens,
+            dt, dt > 0 ? (double)new_tokens / dt : 0.0, backend, t->a->adapter ? ", with adapter" : "");
+    printf("%s match: %zu/%zu = %.1f%% (%s, %zu %s, %zu new tokens)\n", text_match_metric_names[o->metric], matches,
+           n, 100.0 * (double)matches / (double)n, t->a->file, n, records, new_tokens);
     return CT_OK;
 }
 

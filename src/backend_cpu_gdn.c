@@ -23,7 +23,8 @@
  *
  * Threads: the delta rule splits over (document, value head) pairs; its dq and
  * dk, shared by the Hv/Hk value heads of a key head, go to per-value-head
- * scratch and are summed over heads afterwards in head order. Every other op is
+ * scratch and are summed over heads afterwards in head order (before the L2-norm
+ * backward, which is linear in its dy). Every other op is
  * element- or row-wise. Norm sums run in double; recurrence dots in fp32. */
 #include "backend_cpu_gdn.h"
 
@@ -186,7 +187,6 @@ static void delta_read(float *o, const float *S, const float *qn, int Dk, int Dv
         for (int j = 0; j < Dv; j++) o[j] += S[(size_t)i * Dv + j] * qn[i];
 }
 
-/* The (document, value head) pairs are work items n = d * Hv + h. */
 static int max_doc_len(const int32_t *cu, int n_docs)
 {
     int m = 0;
@@ -194,6 +194,7 @@ static int max_doc_len(const int32_t *cu, int n_docs)
     return m;
 }
 
+/* Work items of both passes: the (document d, value head h) pairs n = d * Hv + h. */
 void cpu_gdn_delta_fwd(ct_backend *be, float *o, int ldo, const float *q, int ldq, const float *k, int ldk,
                        const float *v, int ldv, const float *g, const float *beta,
                        const int32_t *cu_seqlens, int n_docs, int Hk, int Hv, int Dk, int Dv, float scale)
@@ -223,24 +224,86 @@ void cpu_gdn_delta_fwd(ct_backend *be, float *o, int ldo, const float *q, int ld
 
 /* Per-thread scratch of the backward. */
 typedef struct {
-    float *ckpt;   /* (n_blocks, Dk, Dv): S before each block's first token */
-    float *blk;    /* (DELTA_BLOCK + 1, Dk, Dv): S before, then after, each token of one block */
-    float *dS;     /* (Dk, Dv) */
-    float *Sd;     /* (Dk, Dv): S' = exp(g) S_prev */
-    float *qn, *kn, *dkn;    /* (Dk) */
-    float *e, *u, *du;       /* (Dv) */
+    float *ckpt;          /* (blocks, Dk, Dv): S before each block's first token */
+    float *blk;           /* (DELTA_BLOCK + 1, Dk, Dv): S before the block, then after each of its tokens */
+    float *dS;            /* (Dk, Dv): dL/dS after the token being reversed */
+    float *Sd;            /* (Dk, Dv): S' = exp(g) S_prev of that token */
+    float *qn, *kn, *dkn; /* (Dk) */
+    float *e, *u, *du;    /* (Dv) */
 } delta_scratch;
 
-/* The reverse pass of document [s, end) and value head h; dqn, dkn (T, Hv, Dk) get
- * this head's gradients of the normalised (and scaled) q and k. */
-static void delta_bwd_one(delta_scratch *w, float *dqn, float *dknh, float *dv, int lddv, float *dg, float *dbeta,
+/* One token's inputs and gradient slots (rows of the caller's tensors). */
+typedef struct {
+    const float *q, *k, *v, *dout; /* (Dk), (Dk), (Dv), (Dv) */
+    float a, beta;                 /* exp(g), beta */
+    float *dv, *dqn, *dkn;         /* (Dv), (Dk), (Dk): dqn, dkn of the normalised q, k */
+    float *dg, *dbeta;
+} delta_token;
+
+/* Reverses one token (the header's formulas): Sp and St are S before and after
+ * it; w->dS goes from dL/dS_t to dL/dS_prev. */
+static void delta_token_bwd(delta_scratch *w, const delta_token *x, const float *Sp, const float *St,
+                            int Dk, int Dv, float scale)
+{
+    size_t DS = (size_t)Dk * Dv;
+    float *dS = w->dS, *Sd = w->Sd;
+    l2norm_row(w->qn, x->q, Dk, scale);
+    l2norm_row(w->kn, x->k, Dk, 1.0f);
+    for (size_t i = 0; i < DS; i++) Sd[i] = Sp[i] * x->a; /* delta_step's S *= a, so the same bits */
+    delta_error(w->e, Sd, w->kn, x->v, Dk, Dv);
+    for (int j = 0; j < Dv; j++) w->u[j] = x->beta * w->e[j];
+    /* o = S_t^T qn */
+    for (int i = 0; i < Dk; i++) {
+        float s = 0;
+        for (int j = 0; j < Dv; j++) {
+            s += St[(size_t)i * Dv + j] * x->dout[j];
+            dS[(size_t)i * Dv + j] += w->qn[i] * x->dout[j];
+        }
+        x->dqn[i] = s;
+    }
+    /* S_t = S' + kn u^T */
+    for (int j = 0; j < Dv; j++) w->du[j] = 0;
+    for (int i = 0; i < Dk; i++) {
+        float s = 0;
+        for (int j = 0; j < Dv; j++) {
+            w->du[j] += dS[(size_t)i * Dv + j] * w->kn[i];
+            s += dS[(size_t)i * Dv + j] * w->u[j];
+        }
+        w->dkn[i] = s;
+    }
+    /* u = beta (v - S'^T kn) */
+    double db = 0;
+    for (int j = 0; j < Dv; j++) {
+        db += (double)w->du[j] * w->e[j];
+        x->dv[j] = x->beta * w->du[j];
+        w->du[j] *= -x->beta; /* now dp, the gradient of p = S'^T kn */
+    }
+    *x->dbeta = (float)db;
+    /* p = S'^T kn, then S' = exp(g) S_prev */
+    double dg = 0;
+    for (int i = 0; i < Dk; i++) {
+        float s = 0;
+        for (int j = 0; j < Dv; j++) {
+            size_t ij = (size_t)i * Dv + j;
+            dS[ij] += w->kn[i] * w->du[j];
+            s += Sd[ij] * w->du[j];
+            dg += (double)dS[ij] * Sd[ij];
+            dS[ij] *= x->a;
+        }
+        x->dkn[i] = w->dkn[i] + s;
+    }
+    *x->dg = (float)dg;
+}
+
+/* The reverse pass of document [s, end) and value head h (key head kh); dqn, dkn
+ * (T, Hv, Dk) get this head's gradients of the normalised (and scaled) q and k. */
+static void delta_bwd_one(delta_scratch *w, float *dqn, float *dkn, float *dv, int lddv, float *dg, float *dbeta,
                           const float *dout, int lddo, const float *q, int ldq, const float *k, int ldk,
                           const float *v, int ldv, const float *g, const float *beta,
                           int s, int end, int h, int kh, int Hv, int Dk, int Dv, float scale)
 {
     size_t DS = (size_t)Dk * Dv;
-    int nb = (end - s + DELTA_BLOCK - 1) / DELTA_BLOCK;
-    /* Forward re-run, keeping a checkpoint per block. */
+    /* Forward re-run, keeping S at each block start. */
     float *S = w->blk;
     memset(S, 0, DS * sizeof(float));
     for (int t = s; t < end; t++) {
@@ -250,67 +313,29 @@ static void delta_bwd_one(delta_scratch *w, float *dqn, float *dknh, float *dv, 
         delta_step(S, w->e, w->u, w->kn, v + (size_t)t * ldv + (size_t)h * Dv, expf(g[th]), beta[th], Dk, Dv);
     }
     memset(w->dS, 0, DS * sizeof(float));
-    for (int b = nb - 1; b >= 0; b--) {
+    for (int b = (end - s + DELTA_BLOCK - 1) / DELTA_BLOCK - 1; b >= 0; b--) {
         int bs = s + b * DELTA_BLOCK, L = end - bs < DELTA_BLOCK ? end - bs : DELTA_BLOCK;
+        /* The block's states again, from its checkpoint: blk[i + 1] is S after token bs + i. */
         memcpy(w->blk, w->ckpt + (size_t)b * DS, DS * sizeof(float));
         for (int i = 0; i < L; i++) {
-            int t = bs + i;
-            size_t th = (size_t)t * Hv + h;
+            size_t th = (size_t)(bs + i) * Hv + h;
             float *Sn = w->blk + (size_t)(i + 1) * DS;
-            memcpy(Sn, w->blk + (size_t)i * DS, DS * sizeof(float));
-            l2norm_row(w->kn, k + (size_t)t * ldk + (size_t)kh * Dk, Dk, 1.0f);
-            delta_step(Sn, w->e, w->u, w->kn, v + (size_t)t * ldv + (size_t)h * Dv, expf(g[th]), beta[th], Dk, Dv);
+            memcpy(Sn, Sn - DS, DS * sizeof(float));
+            l2norm_row(w->kn, k + (size_t)(bs + i) * ldk + (size_t)kh * Dk, Dk, 1.0f);
+            delta_step(Sn, w->e, w->u, w->kn, v + (size_t)(bs + i) * ldv + (size_t)h * Dv, expf(g[th]), beta[th],
+                       Dk, Dv);
         }
         for (int i = L - 1; i >= 0; i--) {
             int t = bs + i;
             size_t th = (size_t)t * Hv + h;
-            const float *Sp = w->blk + (size_t)i * DS, *St = w->blk + (size_t)(i + 1) * DS;
-            const float *vt = v + (size_t)t * ldv + (size_t)h * Dv, *dout_t = dout + (size_t)t * lddo + (size_t)h * Dv;
-            float a = expf(g[th]), bt = beta[th], *dS = w->dS, *Sd = w->Sd;
-            l2norm_row(w->qn, q + (size_t)t * ldq + (size_t)kh * Dk, Dk, scale);
-            l2norm_row(w->kn, k + (size_t)t * ldk + (size_t)kh * Dk, Dk, 1.0f);
-            for (size_t x = 0; x < DS; x++) Sd[x] = Sp[x] * a; /* as delta_step's S *= a */
-            delta_error(w->e, Sd, w->kn, vt, Dk, Dv);
-            for (int j = 0; j < Dv; j++) w->u[j] = bt * w->e[j];
-
-            float *dq_t = dqn + th * Dk, *dk_t = dknh + th * Dk;
-            for (int i2 = 0; i2 < Dk; i2++) {
-                float sq = 0;
-                for (int j = 0; j < Dv; j++) {
-                    sq += St[(size_t)i2 * Dv + j] * dout_t[j];
-                    dS[(size_t)i2 * Dv + j] += w->qn[i2] * dout_t[j];
-                }
-                dq_t[i2] = sq;
-            }
-            for (int j = 0; j < Dv; j++) w->du[j] = 0;
-            for (int i2 = 0; i2 < Dk; i2++) {
-                float sk = 0;
-                for (int j = 0; j < Dv; j++) {
-                    w->du[j] += dS[(size_t)i2 * Dv + j] * w->kn[i2];
-                    sk += dS[(size_t)i2 * Dv + j] * w->u[j];
-                }
-                w->dkn[i2] = sk;
-            }
-            double db = 0;
-            for (int j = 0; j < Dv; j++) {
-                db += (double)w->du[j] * w->e[j];
-                dv[(size_t)t * lddv + (size_t)h * Dv + j] = bt * w->du[j];
-                w->du[j] *= -bt; /* now dp */
-            }
-            dbeta[th] = (float)db;
-            double dgs = 0;
-            for (int i2 = 0; i2 < Dk; i2++) {
-                float sk = 0;
-                for (int j = 0; j < Dv; j++) {
-                    size_t x = (size_t)i2 * Dv + j;
-                    dS[x] += w->kn[i2] * w->du[j];
-                    sk += Sd[x] * w->du[j];
-                    dgs += (double)dS[x] * Sd[x];
-                    dS[x] *= a;
-                }
-                dk_t[i2] = w->dkn[i2] + sk;
-            }
-            dg[th] = (float)dgs;
+            delta_token x = {
+                .q = q + (size_t)t * ldq + (size_t)kh * Dk, .k = k + (size_t)t * ldk + (size_t)kh * Dk,
+                .v = v + (size_t)t * ldv + (size_t)h * Dv, .dout = dout + (size_t)t * lddo + (size_t)h * Dv,
+                .a = expf(g[th]), .beta = beta[th],
+                .dv = dv + (size_t)t * lddv + (size_t)h * Dv, .dqn = dqn + th * Dk, .dkn = dkn + th * Dk,
+                .dg = dg + th, .dbeta = dbeta + th,
+            };
+            delta_token_bwd(w, &x, w->blk + (size_t)i * DS, w->blk + (size_t)(i + 1) * DS, Dk, Dv, scale);
         }
     }
 }
@@ -326,7 +351,8 @@ void cpu_gdn_delta_bwd(ct_backend *be, float *dq, int lddq, float *dk, int lddk,
     int group = Hv / Hk, T = cu_seqlens[n_docs];
     int nb_max = (max_doc_len(cu_seqlens, n_docs) + DELTA_BLOCK - 1) / DELTA_BLOCK;
     size_t DS = (size_t)Dk * Dv, nqk = (size_t)T * Hv * Dk;
-    float *dqn = ct_malloc((nqk ? nqk : 1) * sizeof(float)), *dknh = ct_malloc((nqk ? nqk : 1) * sizeof(float));
+    /* Per value head: the gradients of the normalised q and k, (T, Hv, Dk) each. */
+    float *dqn = ct_malloc((nqk ? nqk : 1) * sizeof(float)), *dkn = ct_malloc((nqk ? nqk : 1) * sizeof(float));
     #pragma omp parallel
     {
         delta_scratch w;
@@ -344,7 +370,7 @@ void cpu_gdn_delta_bwd(ct_backend *be, float *dq, int lddq, float *dk, int lddk,
         for (long n = 0; n < (long)n_docs * Hv; n++) {
             int d = (int)(n / Hv), h = (int)(n % Hv);
             if (cu_seqlens[d] == cu_seqlens[d + 1]) continue;
-            delta_bwd_one(&w, dqn, dknh, dv, lddv, dg, dbeta, dout, lddo, q, ldq, k, ldk, v, ldv, g, beta,
+            delta_bwd_one(&w, dqn, dkn, dv, lddv, dg, dbeta, dout, lddo, q, ldq, k, ldk, v, ldv, g, beta,
                           cu_seqlens[d], cu_seqlens[d + 1], h, h / group, Hv, Dk, Dv, scale);
         }
         /* Sum over the value heads of each key head (in head order), then the L2 norms. */
@@ -357,7 +383,7 @@ void cpu_gdn_delta_bwd(ct_backend *be, float *dq, int lddq, float *dk, int lddk,
                 size_t th = ((size_t)t * Hv + (size_t)kh * group + j) * Dk;
                 for (int i = 0; i < Dk; i++) {
                     sq[i] += dqn[th + i];
-                    sk[i] += dknh[th + i];
+                    sk[i] += dkn[th + i];
                 }
             }
             l2norm_row_bwd(dq + (size_t)t * lddq + (size_t)kh * Dk, sq, q + (size_t)t * ldq + (size_t)kh * Dk, Dk, scale);
@@ -367,7 +393,7 @@ void cpu_gdn_delta_bwd(ct_backend *be, float *dq, int lddq, float *dk, int lddk,
         free(w.e); free(w.u); free(w.du);
     }
     free(dqn);
-    free(dknh);
+    free(dkn);
 }
 
 // ---- gated RMSNorm ----

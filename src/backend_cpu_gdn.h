@@ -22,7 +22,8 @@
  * where the tap at distance d = W-1-j counts only when d <= pos[t] (pos = position
  * inside the document, restarting at 0 at each document start: taps before the
  * document's first token are zero). x (T,C) with row stride ldx, y (T,C) ldy, w (C,W)
- * (HF's conv1d.weight (C,1,W) squeezed). y must not alias x. */
+ * (HF's conv1d.weight (C,1,W) squeezed); pos (T) int32 with 0 <= pos[t] <= t (asserted).
+ * y must not alias x. */
 void cpu_gdn_conv_fwd(ct_backend *be, float *y, int ldy, const float *x, int ldx, const float *w,
                       const int32_t *pos, int T, int C, int W);
 /* Its backward to the input (the conv weight is frozen): dx (T,C) overwritten,
@@ -55,7 +56,8 @@ void cpu_gdn_gates_bwd(ct_backend *be, float *da, int ldda, float *db, int lddb,
  * q, k (T,Hk,Dk) with token strides ldq, ldk; v (T,Hv,Dv) ldv; o (T,Hv,Dv) ldo; g, beta (T,Hv) dense.
  * scale is Dk^-1/2 in HF. cu_seqlens (n_docs+1) int32, nondecreasing from 0.
  * Documents never share state. Tokens outside [0, cu_seqlens[n_docs]) are not touched.
- * o must not alias an input. */
+ * o must not alias an input. The order per token is HF's torch_recurrent_gated_delta_rule's
+ * (decay, read, write, output), which its chunked form computes too. */
 void cpu_gdn_delta_fwd(ct_backend *be, float *o, int ldo, const float *q, int ldq, const float *k, int ldk,
                        const float *v, int ldv, const float *g, const float *beta,
                        const int32_t *cu_seqlens, int n_docs, int Hk, int Hv, int Dk, int Dv, float scale);
@@ -63,8 +65,9 @@ void cpu_gdn_delta_fwd(ct_backend *be, float *o, int ldo, const float *q, int ld
  * (dq, dk summed over the Hv/Hk value heads of each key head), dg, dbeta (T,Hv) overwritten,
  * given dout (T,Hv,Dv) with token stride lddo. As in the forward, rows of tokens outside
  * [0, cu_seqlens[n_docs]) are not touched. Memory: per (document, value head) in flight, one
- * Dk x Dv state per 64 tokens of the document plus 65 states for the block being reversed,
- * and (T, Hv, Dk) fp32 twice for the per-value-head dq, dk before the sum over heads. */
+ * Dk x Dv state per 64 tokens of the longest document plus 65 states for the block being
+ * reversed, and (T, Hv, Dk) fp32 twice for the per-value-head dq, dk before the sum over heads.
+ * The outputs must not alias the inputs. */
 void cpu_gdn_delta_bwd(ct_backend *be, float *dq, int lddq, float *dk, int lddk, float *dv, int lddv,
                        float *dg, float *dbeta, const float *dout, int lddo,
                        const float *q, int ldq, const float *k, int ldk, const float *v, int ldv,

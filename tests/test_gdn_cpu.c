@@ -344,6 +344,9 @@ TEST(sigmoid_gate_fwd_bwd_match_hf_interleaved_q_proj)
     cpu_sigmoid_gate_bwd(be, dd, lx, dgate + D, lg, dd, lx, x, lx, qproj + D, lg, 2 * D, T, nh, D);
     double e[3] = {check_max_rel_err(yo, y, n), check_max_rel_err(dd, dx, n), check_max_rel_err(dgate, dqproj, ng)};
     CHECK(e[0] <= HF_TOL && e[1] <= HF_TOL && e[2] <= HF_TOL, "y %.3g dx %.3g dgate %.3g", e[0], e[1], e[2]);
+    memcpy(dd, x, n * sizeof(float)); /* y aliasing x: the same bits */
+    cpu_sigmoid_gate_fwd(be, dd, lx, dd, lx, qproj + D, lg, 2 * D, T, nh, D);
+    CHECK(same_bits(dd, yo, n), "in place differs");
     free(yo); free(dd); free(dgate);
     fixture_free(&f);
 }

@@ -1,4 +1,4 @@
-/* test_gdn_cpu.c — the Gated DeltaNet ops of the CPU backend (backend_cpu_gdn.h):
+/* test_gdn_cpu.c — the Gated DeltaNet ops of the CPU backend (backend.h, "Gated DeltaNet"; backend_cpu_gdn.c):
  * every forward and backward against HF transformers' own code (the fixtures of
  * scripts/gdn_fixtures.py, read from tests/fixtures/gdn: run from the repo root),
  * the conv and delta-rule backwards against central finite differences of the
@@ -24,7 +24,7 @@
  *    fp32 rounding of L divided by 2 eps is ~1e-4 relative, truncation error
  *    ~eps^2 ~1e-6; a missing term of the gradient shows as O(1). */
 #include "cpu_oracle.h"
-#include "backend_cpu_gdn.h"
+#include "backend.h"
 
 #include <omp.h>
 
@@ -153,7 +153,7 @@ static const float *vp(const delta_in *in, const float *b) { return b + 2 * (siz
 static void delta_fwd(const delta_in *in, const float *qkv, float *o)
 {
     int ld = qkv_ld(in);
-    cpu_gdn_delta_fwd(be, o, in->Hv * in->Dv, qp(in, qkv), ld, kp(in, qkv), ld, vp(in, qkv), ld, in->g, in->beta,
+    be->gdn_delta_fwd(be, o, in->Hv * in->Dv, qp(in, qkv), ld, kp(in, qkv), ld, vp(in, qkv), ld, in->g, in->beta,
                       in->cu, in->n_docs, in->Hk, in->Hv, in->Dk, in->Dv, in->scale);
 }
 
@@ -161,7 +161,7 @@ static void delta_fwd(const delta_in *in, const float *qkv, float *o)
 static void delta_bwd(const delta_in *in, float *dqkv, float *dg, float *dbeta)
 {
     int ld = qkv_ld(in);
-    cpu_gdn_delta_bwd(be, dqkv, ld, dqkv + (size_t)in->Hk * in->Dk, ld, dqkv + 2 * (size_t)in->Hk * in->Dk, ld,
+    be->gdn_delta_bwd(be, dqkv, ld, dqkv + (size_t)in->Hk * in->Dk, ld, dqkv + 2 * (size_t)in->Hk * in->Dk, ld,
                       dg, dbeta, in->dout, in->Hv * in->Dv, qp(in, in->qkv), ld, kp(in, in->qkv), ld,
                       vp(in, in->qkv), ld, in->g, in->beta, in->cu, in->n_docs,
                       in->Hk, in->Hv, in->Dk, in->Dv, in->scale);
@@ -203,8 +203,8 @@ TEST(conv_fwd_bwd_match_hf)
     cu_to_pos(pos, cu, CONV_NDOCS);
     float *xs = strided(x, T, C, ld), *dys = strided(dy, T, C, ld);
     float *ys = fill_f((size_t)T * ld, NAN), *dxs = fill_f((size_t)T * ld, NAN);
-    cpu_gdn_conv_fwd(be, ys, ld, xs, ld, w, pos, T, C, W);
-    cpu_gdn_conv_bwd(be, dxs, ld, dys, ld, xs, ld, w, pos, T, C, W);
+    be->gdn_conv_fwd(be, ys, ld, xs, ld, w, pos, T, C, W);
+    be->gdn_conv_bwd(be, dxs, ld, dys, ld, xs, ld, w, pos, T, C, W);
     float *yd = dense(ys, T, C, ld), *dxd = dense(dxs, T, C, ld);
     double ey = check_max_rel_err(yd, y, (size_t)T * C), edx = check_max_rel_err(dxd, dx, (size_t)T * C);
     CHECK(ey <= HF_TOL && edx <= HF_TOL, "y %.3g dx %.3g", ey, edx);
@@ -225,8 +225,8 @@ TEST(gates_fwd_bwd_match_hf)
     REQUIRE(a && b && A_log && dt && g && beta && dg && dbeta && da && db, "gates.bin lacks a record");
     float *as = strided(a, T, Hv, ld), *bs = strided(b, T, Hv, ld);
     float *go = fill_f(n, NAN), *bo = fill_f(n, NAN), *das = fill_f((size_t)T * ld, NAN), *dbs = fill_f((size_t)T * ld, NAN);
-    cpu_gdn_gates_fwd(be, go, bo, as, ld, bs, ld, A_log, dt, T, Hv);
-    cpu_gdn_gates_bwd(be, das, ld, dbs, ld, dg, dbeta, as, ld, bs, ld, A_log, dt, T, Hv);
+    be->gdn_gates_fwd(be, go, bo, as, ld, bs, ld, A_log, dt, T, Hv);
+    be->gdn_gates_bwd(be, das, ld, dbs, ld, dg, dbeta, as, ld, bs, ld, A_log, dt, T, Hv);
     float *dad = dense(das, T, Hv, ld), *dbd = dense(dbs, T, Hv, ld);
     double e[4] = {check_max_rel_err(go, g, n), check_max_rel_err(bo, beta, n),
                    check_max_rel_err(dad, da, n), check_max_rel_err(dbd, db, n)};
@@ -319,8 +319,8 @@ TEST(gated_rmsnorm_fwd_bwd_match_hf)
     REQUIRE(x && z && w && y && dy && dx && dz, "gated_norm.bin lacks a record");
     float *xs = strided(x, T, w_, ld), *zs = strided(z, T, w_, ld), *dys = strided(dy, T, w_, ld);
     float *ys = fill_f((size_t)T * ld, NAN), *dxs = fill_f((size_t)T * ld, NAN), *dzs = fill_f((size_t)T * ld, NAN);
-    cpu_gated_rmsnorm_fwd(be, ys, ld, xs, ld, zs, ld, w, T, nh, D, 1e-6f);
-    cpu_gated_rmsnorm_bwd(be, dxs, ld, dzs, ld, dys, ld, xs, ld, zs, ld, w, T, nh, D, 1e-6f);
+    be->gated_rmsnorm_fwd(be, ys, ld, xs, ld, zs, ld, w, T, nh, D, 1e-6f);
+    be->gated_rmsnorm_bwd(be, dxs, ld, dzs, ld, dys, ld, xs, ld, zs, ld, w, T, nh, D, 1e-6f);
     float *yd = dense(ys, T, w_, ld), *dxd = dense(dxs, T, w_, ld), *dzd = dense(dzs, T, w_, ld);
     double e[3] = {check_max_rel_err(yd, y, n), check_max_rel_err(dxd, dx, n), check_max_rel_err(dzd, dz, n)};
     CHECK(e[0] <= HF_TOL && e[1] <= HF_TOL && e[2] <= HF_TOL, "y %.3g dx %.3g dz %.3g", e[0], e[1], e[2]);
@@ -339,13 +339,13 @@ TEST(sigmoid_gate_fwd_bwd_match_hf_interleaved_q_proj)
     const float *dy = fx(&f, "dy", n), *dx = fx(&f, "dx", n), *dqproj = fx(&f, "dqproj", ng);
     REQUIRE(qproj && x && y && dy && dx && dqproj, "sigmoid_gate.bin lacks a record");
     float *yo = fill_f(n, NAN), *dd = ct_malloc(n * sizeof(float)), *dgate = fill_f(ng, 0);
-    cpu_sigmoid_gate_fwd(be, yo, lx, x, lx, qproj + D, lg, 2 * D, T, nh, D);
+    be->sigmoid_gate_fwd(be, yo, lx, x, lx, qproj + D, lg, 2 * D, T, nh, D);
     memcpy(dd, dy, n * sizeof(float)); /* dx aliases dy, as the contract allows */
-    cpu_sigmoid_gate_bwd(be, dd, lx, dgate + D, lg, dd, lx, x, lx, qproj + D, lg, 2 * D, T, nh, D);
+    be->sigmoid_gate_bwd(be, dd, lx, dgate + D, lg, dd, lx, x, lx, qproj + D, lg, 2 * D, T, nh, D);
     double e[3] = {check_max_rel_err(yo, y, n), check_max_rel_err(dd, dx, n), check_max_rel_err(dgate, dqproj, ng)};
     CHECK(e[0] <= HF_TOL && e[1] <= HF_TOL && e[2] <= HF_TOL, "y %.3g dx %.3g dgate %.3g", e[0], e[1], e[2]);
     memcpy(dd, x, n * sizeof(float)); /* y aliasing x: the same bits */
-    cpu_sigmoid_gate_fwd(be, dd, lx, dd, lx, qproj + D, lg, 2 * D, T, nh, D);
+    be->sigmoid_gate_fwd(be, dd, lx, dd, lx, qproj + D, lg, 2 * D, T, nh, D);
     CHECK(same_bits(dd, yo, n), "in place differs");
     free(yo); free(dd); free(dgate);
     fixture_free(&f);
@@ -357,7 +357,7 @@ TEST(sigmoid_gate_fwd_bwd_match_hf_interleaved_q_proj)
 static double conv_loss(const float *x, const float *w, const int32_t *pos, const float *dout, int T, int C, int W)
 {
     float *y = ct_malloc((size_t)T * C * sizeof(float));
-    cpu_gdn_conv_fwd(be, y, C, x, C, w, pos, T, C, W);
+    be->gdn_conv_fwd(be, y, C, x, C, w, pos, T, C, W);
     double s = dot_fd(y, dout, (size_t)T * C);
     free(y);
     return s;
@@ -371,7 +371,7 @@ TEST(conv_bwd_matches_finite_differences)
     cu_to_pos(pos, cu, CONV_NDOCS);
     size_t n = (size_t)T * C;
     float *x = rand_f(n, -2, 2), *w = rand_f((size_t)C * W, -1, 1), *dout = rand_f(n, -1, 1), *dx = fill_f(n, NAN);
-    cpu_gdn_conv_bwd(be, dx, C, dout, C, x, C, w, pos, T, C, W);
+    be->gdn_conv_bwd(be, dx, C, dout, C, x, C, w, pos, T, C, W);
     for (int rep = 0; rep < 3; rep++) {
         float *dir = rand_f(n, -1, 1), *xp = ct_malloc(n * sizeof(float)), *xm = ct_malloc(n * sizeof(float));
         for (size_t i = 0; i < n; i++) {
@@ -472,13 +472,13 @@ TEST(conv_packed_equals_documents_alone_and_ignores_other_documents)
     float *y = ct_malloc(n * sizeof(float)), *dx = ct_malloc(n * sizeof(float));
     float *y1 = ct_malloc(n * sizeof(float)), *dx1 = ct_malloc(n * sizeof(float));
     float *xg = ct_malloc(n * sizeof(float)), *dyg = ct_malloc(n * sizeof(float));
-    cpu_gdn_conv_fwd(be, y, C, x, C, w, pos, T, C, W);
-    cpu_gdn_conv_bwd(be, dx, C, dy, C, x, C, w, pos, T, C, W);
+    be->gdn_conv_fwd(be, y, C, x, C, w, pos, T, C, W);
+    be->gdn_conv_bwd(be, dx, C, dy, C, x, C, w, pos, T, C, W);
     for (int d = 0; d < CONV_NDOCS; d++) {
         int s = cu[d], len = cu[d + 1] - cu[d];
         size_t off = (size_t)s * C, m = (size_t)len * C;
-        cpu_gdn_conv_fwd(be, y1, C, x + off, C, w, pos + s, len, C, W);
-        cpu_gdn_conv_bwd(be, dx1, C, dy + off, C, x + off, C, w, pos + s, len, C, W);
+        be->gdn_conv_fwd(be, y1, C, x + off, C, w, pos + s, len, C, W);
+        be->gdn_conv_bwd(be, dx1, C, dy + off, C, x + off, C, w, pos + s, len, C, W);
         CHECK(same_bits(y1, y + off, m) && same_bits(dx1, dx + off, m), "document %d alone differs", d);
         /* The whole batch again with every other document's tokens NaN. */
         for (size_t i = 0; i < n; i++) {
@@ -486,8 +486,8 @@ TEST(conv_packed_equals_documents_alone_and_ignores_other_documents)
             xg[i] = in_doc ? x[i] : NAN;
             dyg[i] = in_doc ? dy[i] : NAN;
         }
-        cpu_gdn_conv_fwd(be, y1, C, xg, C, w, pos, T, C, W);
-        cpu_gdn_conv_bwd(be, dx1, C, dyg, C, xg, C, w, pos, T, C, W);
+        be->gdn_conv_fwd(be, y1, C, xg, C, w, pos, T, C, W);
+        be->gdn_conv_bwd(be, dx1, C, dyg, C, xg, C, w, pos, T, C, W);
         CHECK(same_bits(y1 + off, y + off, m) && same_bits(dx1 + off, dx + off, m),
               "document %d changes with NaN in the other documents", d);
     }
@@ -708,23 +708,23 @@ static float *run_all_ops(int threads, const delta_in *in, const float *cx, cons
     size_t nq = (size_t)in->T * ld, ng = (size_t)in->T * Hv, no = (size_t)in->T * lo, nc = (size_t)T * C;
     size_t n = 2 * nc + nq + 6 * ng + 7 * no;
     float *out = fill_f(n, NAN), *p = out;
-    cpu_gdn_conv_fwd(be, p, C, cx, C, cw, pos, T, C, 4); p += nc;
-    cpu_gdn_conv_bwd(be, p, C, cx, C, cx, C, cw, pos, T, C, 4); p += nc;
+    be->gdn_conv_fwd(be, p, C, cx, C, cw, pos, T, C, 4); p += nc;
+    be->gdn_conv_bwd(be, p, C, cx, C, cx, C, cw, pos, T, C, 4); p += nc;
     delta_fwd(in, in->qkv, p); p += no;
-    cpu_gdn_delta_bwd(be, p, ld, p + in->Hk * in->Dk, ld, p + 2 * in->Hk * in->Dk, ld, p + nq, p + nq + ng,
+    be->gdn_delta_bwd(be, p, ld, p + in->Hk * in->Dk, ld, p + 2 * in->Hk * in->Dk, ld, p + nq, p + nq + ng,
                       in->dout, lo, qp(in, in->qkv), ld, kp(in, in->qkv), ld, vp(in, in->qkv), ld, in->g, in->beta,
                       in->cu, in->n_docs, in->Hk, in->Hv, in->Dk, in->Dv, in->scale);
     p += nq + 2 * ng;
-    cpu_gdn_gates_fwd(be, p, p + ng, in->g, Hv, in->beta, Hv, in->beta, in->g, in->T, Hv);
-    cpu_gdn_gates_bwd(be, p + 2 * ng, Hv, p + 3 * ng, Hv, in->g, in->beta, in->g, Hv, in->beta, Hv, in->beta, in->g,
+    be->gdn_gates_fwd(be, p, p + ng, in->g, Hv, in->beta, Hv, in->beta, in->g, in->T, Hv);
+    be->gdn_gates_bwd(be, p + 2 * ng, Hv, p + 3 * ng, Hv, in->g, in->beta, in->g, Hv, in->beta, Hv, in->beta, in->g,
                       in->T, Hv);
     p += 4 * ng;
-    cpu_gated_rmsnorm_fwd(be, p, lo, in->dout, lo, vp(in, in->qkv), ld, in->beta, in->T, nh, D, 1e-6f); p += no;
-    cpu_gated_rmsnorm_bwd(be, p, lo, p + no, lo, in->dout, lo, in->dout, lo, vp(in, in->qkv), ld, in->beta,
+    be->gated_rmsnorm_fwd(be, p, lo, in->dout, lo, vp(in, in->qkv), ld, in->beta, in->T, nh, D, 1e-6f); p += no;
+    be->gated_rmsnorm_bwd(be, p, lo, p + no, lo, in->dout, lo, in->dout, lo, vp(in, in->qkv), ld, in->beta,
                           in->T, nh, D, 1e-6f);
     p += 2 * no;
-    cpu_sigmoid_gate_fwd(be, p, lo, in->dout, lo, vp(in, in->qkv), ld, D, in->T, nh, D); p += no;
-    cpu_sigmoid_gate_bwd(be, p, lo, p + no, lo, in->dout, lo, in->dout, lo, vp(in, in->qkv), ld, D, in->T, nh, D);
+    be->sigmoid_gate_fwd(be, p, lo, in->dout, lo, vp(in, in->qkv), ld, D, in->T, nh, D); p += no;
+    be->sigmoid_gate_bwd(be, p, lo, p + no, lo, in->dout, lo, in->dout, lo, vp(in, in->qkv), ld, D, in->T, nh, D);
     *n_out = n;
     return out;
 }

@@ -519,5 +519,6 @@ ct_backend *backend_cpu_new(void)
     be->sum_squares = cpu_sum_squares;
     be->adamw = cpu_adamw;
     cpu_moe_install(be);
+    cpu_gdn_install(be);
     return be;
 }

@@ -1,5 +1,6 @@
 /* backend_cpu_gdn.c — the Gated DeltaNet ops of the CPU reference backend, fp32
- * (contracts: backend_cpu_gdn.h). They follow HF transformers' torch code for
+ * (contracts: backend.h,
+ * "Gated DeltaNet"). They follow HF transformers' torch code for
  * Qwen3.5 (causal_conv1d_fn, the gate lines of Qwen3_5GatedDeltaNet.forward,
  * torch_recurrent_gated_delta_rule, Qwen3_5RMSNormGated), with document
  * boundaries added, which HF's torch path lacks.
@@ -26,7 +27,7 @@
  * scratch and are summed over heads afterwards in head order (before the L2-norm
  * backward, which is linear in its dy). Every other op is
  * element- or row-wise. Norm sums run in double; recurrence dots in fp32. */
-#include "backend_cpu_gdn.h"
+#include "backend_cpu_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -67,18 +68,22 @@ static void check_conv(const int32_t *pos, int T, int W)
         CT_ASSERT(pos[t] >= 0 && pos[t] <= t, "gdn_conv: pos[%d] = %d is not in [0, %d]", t, pos[t], t);
 }
 
-void cpu_gdn_conv_fwd(ct_backend *be, float *y, int ldy, const float *x, int ldx, const float *w,
-                      const int32_t *pos, int T, int C, int W)
+static void cpu_gdn_conv_fwd(ct_backend *be, void *y_, int ldy, const void *x_, int ldx, const void *w_,
+                             const int32_t *pos, int T, int C, int W)
 {
+    float *y = y_;
+    const float *x = x_, *w = w_;
     check_conv(pos, T, W);
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++)
         for (int c = 0; c < C; c++) y[(size_t)t * ldy + c] = siluf(conv_pre(x, ldx, w, pos, t, c, W));
 }
 
-void cpu_gdn_conv_bwd(ct_backend *be, float *dx, int lddx, const float *dy, int lddy, const float *x, int ldx,
-                      const float *w, const int32_t *pos, int T, int C, int W)
+static void cpu_gdn_conv_bwd(ct_backend *be, void *dx_, int lddx, const void *dy_, int lddy, const void *x_,
+                             int ldx, const void *w_, const int32_t *pos, int T, int C, int W)
 {
+    float *dx = dx_;
+    const float *dy = dy_, *x = x_, *w = w_;
     check_conv(pos, T, W);
     float *dp = ct_malloc((size_t)T * C * sizeof(float)); /* dL/d pre-activation (T, C) */
     #pragma omp parallel for schedule(static)
@@ -101,9 +106,10 @@ void cpu_gdn_conv_bwd(ct_backend *be, float *dx, int lddx, const float *dy, int 
 /* torch.nn.functional.softplus with beta 1, threshold 20. */
 static inline float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-void cpu_gdn_gates_fwd(ct_backend *be, float *g, float *beta, const float *a, int lda, const float *b, int ldb,
-                       const float *A_log, const float *dt_bias, int T, int Hv)
+static void cpu_gdn_gates_fwd(ct_backend *be, float *g, float *beta, const void *a_, int lda, const void *b_,
+                              int ldb, const float *A_log, const float *dt_bias, int T, int Hv)
 {
+    const float *a = a_, *b = b_;
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++)
         for (int h = 0; h < Hv; h++) {
@@ -112,10 +118,12 @@ void cpu_gdn_gates_fwd(ct_backend *be, float *g, float *beta, const float *a, in
         }
 }
 
-void cpu_gdn_gates_bwd(ct_backend *be, float *da, int ldda, float *db, int lddb, const float *dg, const float *dbeta,
-                       const float *a, int lda, const float *b, int ldb, const float *A_log, const float *dt_bias,
-                       int T, int Hv)
+static void cpu_gdn_gates_bwd(ct_backend *be, void *da_, int ldda, void *db_, int lddb, const float *dg,
+                              const float *dbeta, const void *a_, int lda, const void *b_, int ldb,
+                              const float *A_log, const float *dt_bias, int T, int Hv)
 {
+    float *da = da_, *db = db_;
+    const float *a = a_, *b = b_;
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++)
         for (int h = 0; h < Hv; h++) {
@@ -195,10 +203,13 @@ static int max_doc_len(const int32_t *cu, int n_docs)
 }
 
 /* Work items of both passes: the (document d, value head h) pairs n = d * Hv + h. */
-void cpu_gdn_delta_fwd(ct_backend *be, float *o, int ldo, const float *q, int ldq, const float *k, int ldk,
-                       const float *v, int ldv, const float *g, const float *beta,
-                       const int32_t *cu_seqlens, int n_docs, int Hk, int Hv, int Dk, int Dv, float scale)
+static void cpu_gdn_delta_fwd(ct_backend *be, void *o_, int ldo, const void *q_, int ldq, const void *k_,
+                              int ldk, const void *v_, int ldv, const float *g, const float *beta,
+                              const int32_t *cu_seqlens, int n_docs, int Hk, int Hv, int Dk, int Dv,
+                              float scale)
 {
+    float *o = o_;
+    const float *q = q_, *k = k_, *v = v_;
     check_delta(cu_seqlens, n_docs, Hk, Hv, Dk, Dv);
     int group = Hv / Hk;
     #pragma omp parallel
@@ -340,12 +351,14 @@ static void delta_bwd_one(delta_scratch *w, float *dqn, float *dkn, float *dv, i
     }
 }
 
-void cpu_gdn_delta_bwd(ct_backend *be, float *dq, int lddq, float *dk, int lddk, float *dv, int lddv,
-                       float *dg, float *dbeta, const float *dout, int lddo,
-                       const float *q, int ldq, const float *k, int ldk, const float *v, int ldv,
-                       const float *g, const float *beta, const int32_t *cu_seqlens, int n_docs,
-                       int Hk, int Hv, int Dk, int Dv, float scale)
+static void cpu_gdn_delta_bwd(ct_backend *be, void *dq_, int lddq, void *dk_, int lddk, void *dv_, int lddv,
+                              float *dg, float *dbeta, const void *dout_, int lddo, const void *q_, int ldq,
+                              const void *k_, int ldk, const void *v_, int ldv, const float *g,
+                              const float *beta, const int32_t *cu_seqlens, int n_docs, int Hk, int Hv, int Dk,
+                              int Dv, float scale)
 {
+    float *dq = dq_, *dk = dk_, *dv = dv_;
+    const float *dout = dout_, *q = q_, *k = k_, *v = v_;
     check_delta(cu_seqlens, n_docs, Hk, Hv, Dk, Dv);
     if (n_docs == 0) return;
     int group = Hv / Hk, T = cu_seqlens[n_docs];
@@ -405,9 +418,11 @@ static float rms_rstd(const float *x, int D, float eps)
     return (float)(1.0 / sqrt(ss / D + eps));
 }
 
-void cpu_gated_rmsnorm_fwd(ct_backend *be, float *y, int ldy, const float *x, int ldx, const float *z, int ldz,
-                           const float *w, int T, int nh, int D, float eps)
+static void cpu_gated_rmsnorm_fwd(ct_backend *be, void *y_, int ldy, const void *x_, int ldx, const void *z_,
+                                  int ldz, const void *w_, int T, int nh, int D, float eps)
 {
+    float *y = y_;
+    const float *x = x_, *z = z_, *w = w_;
     #pragma omp parallel for schedule(static)
     for (long r = 0; r < (long)T * nh; r++) {
         int t = (int)(r / nh), h = (int)(r % nh);
@@ -418,10 +433,12 @@ void cpu_gated_rmsnorm_fwd(ct_backend *be, float *y, int ldy, const float *x, in
     }
 }
 
-void cpu_gated_rmsnorm_bwd(ct_backend *be, float *dx, int lddx, float *dz, int lddz, const float *dy, int lddy,
-                           const float *x, int ldx, const float *z, int ldz, const float *w,
-                           int T, int nh, int D, float eps)
+static void cpu_gated_rmsnorm_bwd(ct_backend *be, void *dx_, int lddx, void *dz_, int lddz, const void *dy_,
+                                  int lddy, const void *x_, int ldx, const void *z_, int ldz, const void *w_,
+                                  int T, int nh, int D, float eps)
 {
+    float *dx = dx_, *dz = dz_;
+    const float *dy = dy_, *x = x_, *z = z_, *w = w_;
     #pragma omp parallel for schedule(static)
     for (long r = 0; r < (long)T * nh; r++) {
         int t = (int)(r / nh), h = (int)(r % nh);
@@ -440,9 +457,11 @@ void cpu_gated_rmsnorm_bwd(ct_backend *be, float *dx, int lddx, float *dz, int l
 
 // ---- sigmoid output gate ----
 
-void cpu_sigmoid_gate_fwd(ct_backend *be, float *y, int ldy, const float *x, int ldx, const float *gate, int ldg,
-                          int hsg, int T, int nh, int D)
+static void cpu_sigmoid_gate_fwd(ct_backend *be, void *y_, int ldy, const void *x_, int ldx, const void *gate_,
+                                 int ldg, int hsg, int T, int nh, int D)
 {
+    float *y = y_;
+    const float *x = x_, *gate = gate_;
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nh; h++)
@@ -451,9 +470,12 @@ void cpu_sigmoid_gate_fwd(ct_backend *be, float *y, int ldy, const float *x, int
                     x[(size_t)t * ldx + (size_t)h * D + i] * sigmoidf(gate[(size_t)t * ldg + (size_t)h * hsg + i]);
 }
 
-void cpu_sigmoid_gate_bwd(ct_backend *be, float *dx, int lddx, float *dgate, int lddg, const float *dy, int lddy,
-                          const float *x, int ldx, const float *gate, int ldg, int hsg, int T, int nh, int D)
+static void cpu_sigmoid_gate_bwd(ct_backend *be, void *dx_, int lddx, void *dgate_, int lddg, const void *dy_,
+                                 int lddy, const void *x_, int ldx, const void *gate_, int ldg, int hsg, int T,
+                                 int nh, int D)
 {
+    float *dx = dx_, *dgate = dgate_;
+    const float *dy = dy_, *x = x_, *gate = gate_;
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nh; h++)
@@ -463,4 +485,18 @@ void cpu_sigmoid_gate_bwd(ct_backend *be, float *dx, int lddx, float *dgate, int
                 dgate[(size_t)t * lddg + (size_t)h * hsg + i] = d * x[(size_t)t * ldx + (size_t)h * D + i] * s * (1.0f - s);
                 dx[(size_t)t * lddx + (size_t)h * D + i] = d * s;
             }
+}
+
+void cpu_gdn_install(ct_backend *be)
+{
+    be->gdn_conv_fwd = cpu_gdn_conv_fwd;
+    be->gdn_conv_bwd = cpu_gdn_conv_bwd;
+    be->gdn_gates_fwd = cpu_gdn_gates_fwd;
+    be->gdn_gates_bwd = cpu_gdn_gates_bwd;
+    be->gdn_delta_fwd = cpu_gdn_delta_fwd;
+    be->gdn_delta_bwd = cpu_gdn_delta_bwd;
+    be->gated_rmsnorm_fwd = cpu_gated_rmsnorm_fwd;
+    be->gated_rmsnorm_bwd = cpu_gated_rmsnorm_bwd;
+    be->sigmoid_gate_fwd = cpu_sigmoid_gate_fwd;
+    be->sigmoid_gate_bwd = cpu_sigmoid_gate_bwd;
 }

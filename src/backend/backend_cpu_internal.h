@@ -1,6 +1,6 @@
 /* backend_cpu_internal.h — what the files of the CPU reference backend share
  * (backend_cpu.c, backend_cpu_gemm.c, backend_cpu_attention.c,
- * backend_cpu_moe.c). Not a public
+ * backend_cpu_moe.c, backend_cpu_gdn.c). Not a public
  * contract: the model only sees struct ct_backend (backend.h). */
 #ifndef CT_BACKEND_CPU_INTERNAL_H
 #define CT_BACKEND_CPU_INTERNAL_H
@@ -35,5 +35,7 @@ void cpu_attention_decode(ct_backend *be, void *out, int ldo, const void *q, int
 /* Sets the mixture-of-experts entries of be (backend_cpu_moe.c). They call the
  * dense ops through be, so those must be set already. */
 void cpu_moe_install(ct_backend *be);
+/* Sets the Gated DeltaNet entries of be (backend_cpu_gdn.c). */
+void cpu_gdn_install(ct_backend *be);
 
 #endif

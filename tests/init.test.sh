@@ -47,7 +47,7 @@ missing_out_is_a_usage_error() {
 unsupported_model_type_exits_2_with_message() {
     sed 's/"llama"/"bert"/' "$TINY" >bert.json
     expect_exit 2 "$CTUNE" init --config bert.json --out m
-    grep -q "model_type 'bert' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, gpt_oss)" err.txt
+    grep -q "model_type 'bert' is not supported (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, gpt_oss, qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, qwen3_next)" err.txt
     test ! -e m/config.json
 }
 

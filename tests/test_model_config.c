@@ -136,7 +136,8 @@ TEST(unsupported_model_type_lists_supported)
     int rc = parse_text(&mc, "{\"model_type\":\"bert\",\"vocab_size\":10}", &err);
     CHECK(rc == CT_ERR_INPUT, "rc %d", rc);
     CHECK(strstr(err.msg, "test.json: model_type 'bert' is not supported (supported: llama, mistral, qwen2, "
-                          "qwen3, qwen3_moe, mixtral, gpt_oss)") != NULL, "%s", err.msg);
+                          "qwen3, qwen3_moe, mixtral, gpt_oss, qwen3_5, qwen3_5_text, qwen3_5_moe, "
+                          "qwen3_5_moe_text, qwen3_next)") != NULL, "%s", err.msg);
 }
 
 TEST(invalid_configs_name_file_and_key)

@@ -5,6 +5,9 @@
  * Values: norms 1.0 (q/k norms too), sinks 0, every other tensor (embeddings,
  * linear weights and biases) N(0, initializer_range). HF zero-inits biases; we
  * draw them small instead so that tests against HF exercise the bias paths.
+ * Gated DeltaNet hybrids as their _init_weights: zero-centred norms 0 (they
+ * scale by 1 + w), the gated GDN norm 1, dt_bias 1, A_log = log U(0.01, 16),
+ * conv1d N(0, initializer_range). MTP weights are not written (HF drops them).
  *
  * Determinism: chunk c of tensor t (CHUNK elements) is drawn from a generator
  * seeded by hash(hash(seed, t), c), so the bytes depend on the seed and the
@@ -63,13 +66,21 @@ static void fill_chunk(gen_work *w, size_t c)
     gen_tensor *t = &w->t[lo];
     size_t local = c - t->first_chunk, begin = local * CHUNK;
     size_t end = begin + CHUNK < t->numel ? begin + CHUNK : t->numel;
-    if (t->spec->kind == CT_TENSOR_NORM || t->spec->kind == CT_TENSOR_SINKS) {
-        uint16_t v = ct_f32_to_bf16(t->spec->kind == CT_TENSOR_NORM ? 1.0f : 0.0f);
+    ct_tensor_kind kind = t->spec->kind;
+    if (kind == CT_TENSOR_NORM || kind == CT_TENSOR_DT_BIAS || kind == CT_TENSOR_SINKS || kind == CT_TENSOR_NORM_ZERO) {
+        uint16_t v = ct_f32_to_bf16(kind == CT_TENSOR_NORM || kind == CT_TENSOR_DT_BIAS ? 1.0f : 0.0f);
         for (size_t j = begin; j < end; j++) t->data[j] = v;
         return;
     }
     ct_rng r;
     ct_rng_seed(&r, ct_hash64(ct_hash64(w->seed, t->index), local));
+    if (kind == CT_TENSOR_A_LOG) { /* A ~ U(0.01, 16): kept away from 0 so log A is finite */
+        for (size_t j = begin; j < end; j++) {
+            float u = (float)(ct_rng_u64(&r) >> 40) * (1.0f / 16777216.0f);
+            t->data[j] = ct_f32_to_bf16(logf(0.01f + 15.99f * u));
+        }
+        return;
+    }
     /* Box-Muller in float, both outputs, two 24-bit uniforms from one draw: ~4x
      * faster than ct_rng_normal, and init time is spent here (30B values for a
      * 30B model). The 5.8 sigma tail cut is irrelevant for a random init. */

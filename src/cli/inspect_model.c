@@ -158,18 +158,41 @@ int inspect_model(const char *dir, ct_error *err)
     const ct_rope_config *rp = &mc.rope;
     printf("model: %s\n", dir);
     printf("  architecture    %s (%s), %s\n", mc.model_type, mc.architectures[0] ? mc.architectures : "-", mc.torch_dtype);
-    printf("  layers          %d\n", mc.num_hidden_layers);
+    if (mc.gdn) {
+        int linear = 0;
+        for (int l = 0; l < mc.num_hidden_layers; l++) linear += mc.layer_linear[l];
+        printf("  layers          %d (%d Gated DeltaNet, %d gated full attention)\n", mc.num_hidden_layers, linear,
+               mc.num_hidden_layers - linear);
+    } else {
+        printf("  layers          %d\n", mc.num_hidden_layers);
+    }
     printf("  hidden          %d\n", mc.hidden_size);
-    printf("  heads           %d q / %d kv x head_dim %d (GQA %d:1)%s%s%s\n", mc.num_attention_heads,
+    printf("  heads           %d q / %d kv x head_dim %d (GQA %d:1)%s%s%s%s\n", mc.num_attention_heads,
            mc.num_key_value_heads, mc.head_dim, mc.num_attention_heads / mc.num_key_value_heads,
            mc.qk_norm ? ", q/k norm" : "", mc.attention_bias ? (mc.o_proj_bias ? ", q/k/v/o bias" : ", q/k/v bias") : "",
-           mc.attention_sinks ? ", sinks" : "");
-    printf("  intermediate    %d\n", mc.intermediate_size);
+           mc.attention_sinks ? ", sinks" : "", mc.attn_output_gate ? ", sigmoid output gate" : "");
+    if (mc.gdn) {
+        printf("  linear attn     %d k / %d v heads x %d / %d (GVA %d:1), conv width %d, %s projections\n",
+               mc.linear_num_key_heads, mc.linear_num_value_heads, mc.linear_key_head_dim, mc.linear_value_head_dim,
+               mc.linear_num_value_heads / mc.linear_num_key_heads, mc.linear_conv_kernel_dim,
+               mc.gdn_grouped_proj ? "grouped qkvz/ba" : "contiguous qkv/z/b/a");
+        printf("  norms           zero-centred RMSNorm (1 + w); gated RMSNorm on GDN output\n");
+        printf("  tensors         under %s%s\n", mc.tensor_prefix,
+               strcmp(mc.tensor_prefix, "model.") ? " (multimodal wrapper; vision tower ignored)" : "");
+        if (mc.mtp_num_hidden_layers > 0)
+            printf("  mtp             %d layer%s (not read; HF drops them too)\n", mc.mtp_num_hidden_layers,
+                   mc.mtp_num_hidden_layers == 1 ? "" : "s");
+    }
+    if (mc.intermediate_size > 0) printf("  intermediate    %d\n", mc.intermediate_size);
+    else printf("  intermediate    none (every layer MoE)\n");
     if (mc.num_experts > 0) {
         int sparse = 0;
         for (int l = 0; l < mc.num_hidden_layers; l++) sparse += mc.layer_sparse[l];
-        printf("  experts         %d, top-%d, expert intermediate %d, %d of %d layers sparse\n", mc.num_experts,
+        printf("  experts         %d, top-%d, expert intermediate %d, %d of %d layers sparse", mc.num_experts,
                mc.num_experts_per_tok, mc.moe_intermediate_size, sparse, mc.num_hidden_layers);
+        if (mc.shared_expert_intermediate_size > 0)
+            printf(", gated shared expert %d", mc.shared_expert_intermediate_size);
+        printf("\n");
     } else {
         printf("  experts         none (dense)\n");
     }
@@ -178,6 +201,9 @@ int inspect_model(const char *dir, ct_error *err)
     if (rp->type != CT_ROPE_DEFAULT) printf(", factor %g", rp->factor);
     if (rp->type == CT_ROPE_LLAMA3 || rp->type == CT_ROPE_YARN)
         printf(", original max positions %d", rp->original_max_position_embeddings);
+    if (mc.mrope_section[0] + mc.mrope_section[1] + mc.mrope_section[2] > 0)
+        printf(", mrope [%d, %d, %d]%s (text: plain partial rope)", mc.mrope_section[0], mc.mrope_section[1],
+               mc.mrope_section[2], mc.mrope_interleaved ? " interleaved" : "");
     printf("\n");
     if (mc.sliding_window > 0) {
         int sliding = 0;
@@ -188,6 +214,8 @@ int inspect_model(const char *dir, ct_error *err)
     char b1[32], b2[32], b3[32];
     printf("  parameters      total %s, embedding %s, per-token active (N) %s\n", human(b1, sizeof b1, (double)pc.total),
            human(b2, sizeof b2, (double)pc.embedding), human(b3, sizeof b3, (double)pc.per_token_active));
-    print_memory_estimate(&mc, &pc);
+    /* The plan measures the graph, which has no GDN layers yet. */
+    if (mc.gdn) printf("  memory (plan)   n/a: ctune cannot train Gated DeltaNet layers yet\n");
+    else print_memory_estimate(&mc, &pc);
     return check_weights(dir, &mc, err);
 }

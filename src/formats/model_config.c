@@ -17,9 +17,14 @@ static const struct { const char *name; ct_arch arch; } arch_names[] = {
     {"llama", CT_ARCH_LLAMA},     {"mistral", CT_ARCH_MISTRAL},     {"qwen2", CT_ARCH_QWEN2},
     {"qwen3", CT_ARCH_QWEN3},     {"qwen3_moe", CT_ARCH_QWEN3_MOE}, {"mixtral", CT_ARCH_MIXTRAL},
     {"gpt_oss", CT_ARCH_GPT_OSS},
+    /* Gated DeltaNet hybrids: the wrappers name the arch; their text configs say the same */
+    {"qwen3_5", CT_ARCH_QWEN3_5},           {"qwen3_5_text", CT_ARCH_QWEN3_5},
+    {"qwen3_5_moe", CT_ARCH_QWEN3_5_MOE},   {"qwen3_5_moe_text", CT_ARCH_QWEN3_5_MOE},
+    {"qwen3_next", CT_ARCH_QWEN3_NEXT},
 };
 #define N_ARCHS (sizeof arch_names / sizeof arch_names[0])
-#define SUPPORTED_ARCHS "llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, gpt_oss"
+#define SUPPORTED_ARCHS "llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, gpt_oss, " \
+                        "qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, qwen3_next"
 
 const char *model_arch_name(ct_arch a)
 {
@@ -103,6 +108,26 @@ static int require_float_range(double v, double lo, double hi, const char *key, 
 
 /* ---- RoPE ---- */
 
+/* Qwen3.5's interleaved M-RoPE fills rotary slots from T/H/W position rows; for
+ * text those rows are equal and it is the ordinary partial RoPE, so the fields
+ * are only checked and kept. The section sum is checked against the rotary dim
+ * after that is known (parse_root). */
+static int parse_mrope(ct_model_config *mc, const json_value *p, const char *src, ct_error *err)
+{
+    int rc = opt_bool(p, "mrope_interleaved", false, &mc->mrope_interleaved, src, err);
+    if (rc || !present(p, "mrope_section")) return rc;
+    const json_value *m = json_get(p, "mrope_section");
+    if (m->type != JSON_ARRAY || m->count != 3)
+        return CT_FAIL_INPUT(err, "%s: key 'mrope_section': expected an array of 3 integers (T, H, W)", src);
+    for (size_t i = 0; i < 3; i++) {
+        const json_value *v = m->items[i];
+        if (v->type != JSON_NUMBER || !v->is_integer || v->integer < 0 || v->integer > CT_MAX_HEAD_DIM)
+            return CT_FAIL_INPUT(err, "%s: mrope_section[%zu]: expected an integer in [0, %d]", src, i, CT_MAX_HEAD_DIM);
+        mc->mrope_section[i] = (int)v->integer;
+    }
+    return CT_OK;
+}
+
 static int parse_rope(ct_model_config *mc, const json_value *root, const char *src, ct_error *err)
 {
     ct_rope_config *rp = &mc->rope;
@@ -113,7 +138,8 @@ static int parse_rope(ct_model_config *mc, const json_value *root, const char *s
     rp->truncate = true;
     double theta_dflt = mc->arch == CT_ARCH_GPT_OSS ? 150000.0 : mc->arch == CT_ARCH_MIXTRAL ? 1e6 : 10000.0;
     int rc = opt_double(root, "rope_theta", theta_dflt, &rp->theta, src, err);
-    if (!rc) rc = opt_double(root, "partial_rotary_factor", 1.0, &rp->partial_rotary_factor, src, err);
+    /* The Gated DeltaNet configs default to 0.25 (in rope_parameters or beside it). */
+    if (!rc) rc = opt_double(root, "partial_rotary_factor", mc->gdn ? 0.25 : 1.0, &rp->partial_rotary_factor, src, err);
     if (rc) return rc;
 
     /* transformers v5 writes rope_parameters; older files rope_scaling. */
@@ -134,6 +160,7 @@ static int parse_rope(ct_model_config *mc, const json_value *root, const char *s
 
     rc = opt_double(p, "rope_theta", rp->theta, &rp->theta, sub, err);
     if (!rc) rc = opt_double(p, "partial_rotary_factor", rp->partial_rotary_factor, &rp->partial_rotary_factor, sub, err);
+    if (!rc && mc->gdn) rc = parse_mrope(mc, p, sub, err);
     const char *type = NULL;
     if (!rc) rc = opt_string(p, "rope_type", &type, sub, err);
     if (!rc && !type) rc = opt_string(p, "type", &type, sub, err);
@@ -272,6 +299,9 @@ static int parse_attention(ct_model_config *mc, const json_value *root, const ch
     case CT_ARCH_LLAMA:
     case CT_ARCH_QWEN3:
     case CT_ARCH_QWEN3_MOE:
+    case CT_ARCH_QWEN3_5:
+    case CT_ARCH_QWEN3_5_MOE:
+    case CT_ARCH_QWEN3_NEXT:
         rc = opt_bool(root, "attention_bias", false, &bias, src, err);
         mc->attention_bias = mc->o_proj_bias = bias;
         break;
@@ -286,7 +316,7 @@ static int parse_attention(ct_model_config *mc, const json_value *root, const ch
         break;
     }
     if (rc) return rc;
-    mc->qk_norm = mc->arch == CT_ARCH_QWEN3 || mc->arch == CT_ARCH_QWEN3_MOE;
+    mc->qk_norm = mc->arch == CT_ARCH_QWEN3 || mc->arch == CT_ARCH_QWEN3_MOE || mc->gdn;
     if (mc->arch == CT_ARCH_LLAMA) rc = opt_bool(root, "mlp_bias", false, &mc->mlp_bias, src, err);
     if (rc) return rc;
 
@@ -294,6 +324,9 @@ static int parse_attention(ct_model_config *mc, const json_value *root, const ch
     int window = 0;
     switch (mc->arch) {
     case CT_ARCH_LLAMA:
+    case CT_ARCH_QWEN3_5: /* no sliding windows: the hybrids' long range is their GDN layers */
+    case CT_ARCH_QWEN3_5_MOE:
+    case CT_ARCH_QWEN3_NEXT:
         return CT_OK;
     case CT_ARCH_MISTRAL: /* absent -> 4096 (MistralConfig default), null -> none; every layer */
         if (!json_get(root, "sliding_window")) window = 4096;
@@ -345,13 +378,27 @@ static int parse_moe(ct_model_config *mc, const json_value *root, const char *sr
     int L = mc->num_hidden_layers, rc = CT_OK;
     const char *experts_key = "num_local_experts";
     switch (mc->arch) {
-    case CT_ARCH_QWEN3_MOE: {
+    case CT_ARCH_QWEN3_5_MOE: /* Qwen3_5MoeTextConfig: every layer sparse, top-k always renormalized */
+        experts_key = "num_experts";
+        rc = opt_int(root, "num_experts", 256, &mc->num_experts, src, err);
+        if (!rc) rc = opt_int(root, "num_experts_per_tok", 8, &mc->num_experts_per_tok, src, err);
+        if (!rc) rc = opt_int(root, "moe_intermediate_size", 512, &mc->moe_intermediate_size, src, err);
+        if (!rc) rc = opt_int(root, "shared_expert_intermediate_size", 512, &mc->shared_expert_intermediate_size, src, err);
+        if (!rc) rc = opt_double(root, "router_aux_loss_coef", 0.001, &mc->router_aux_loss_coef, src, err);
+        mc->norm_topk_prob = true;
+        for (int i = 0; i < L; i++) mc->layer_sparse[i] = true;
+        break;
+    case CT_ARCH_QWEN3_MOE:
+    case CT_ARCH_QWEN3_NEXT: { /* the same sparse-layer rule; Qwen3NextConfig's defaults and a shared expert */
+        bool next = mc->arch == CT_ARCH_QWEN3_NEXT;
         experts_key = "num_experts";
         int step = 1;
-        rc = opt_int(root, "num_experts", 128, &mc->num_experts, src, err);
-        if (!rc) rc = opt_int(root, "num_experts_per_tok", 8, &mc->num_experts_per_tok, src, err);
-        if (!rc) rc = opt_int(root, "moe_intermediate_size", 768, &mc->moe_intermediate_size, src, err);
-        if (!rc) rc = opt_bool(root, "norm_topk_prob", false, &mc->norm_topk_prob, src, err);
+        rc = opt_int(root, "num_experts", next ? 512 : 128, &mc->num_experts, src, err);
+        if (!rc) rc = opt_int(root, "num_experts_per_tok", next ? 10 : 8, &mc->num_experts_per_tok, src, err);
+        if (!rc) rc = opt_int(root, "moe_intermediate_size", next ? 512 : 768, &mc->moe_intermediate_size, src, err);
+        if (!rc && next)
+            rc = opt_int(root, "shared_expert_intermediate_size", 512, &mc->shared_expert_intermediate_size, src, err);
+        if (!rc) rc = opt_bool(root, "norm_topk_prob", next, &mc->norm_topk_prob, src, err);
         if (!rc) rc = opt_double(root, "router_aux_loss_coef", 0.001, &mc->router_aux_loss_coef, src, err);
         if (!rc) rc = opt_int(root, "decoder_sparse_step", 1, &step, src, err);
         if (rc) return rc;
@@ -409,8 +456,16 @@ static int parse_moe(ct_model_config *mc, const json_value *root, const char *sr
         (rc = require_float_range(mc->swiglu_limit, -1e30, 1e30, "swiglu_limit", src, err)))
         return rc;
     if (mc->num_experts <= 0) {
-        if (mc->arch != CT_ARCH_QWEN3_MOE) return CT_FAIL_INPUT(err, "%s: key '%s' must be positive", src, experts_key);
-        return CT_OK; /* qwen3_moe with 0 experts is a dense model */
+        if (mc->arch != CT_ARCH_QWEN3_MOE && mc->arch != CT_ARCH_QWEN3_NEXT)
+            return CT_FAIL_INPUT(err, "%s: key '%s' must be positive", src, experts_key);
+        mc->shared_expert_intermediate_size = 0;
+        return CT_OK; /* qwen3_moe or qwen3_next with 0 experts is a dense model */
+    }
+    if (mc->gdn) {
+        int sh = mc->shared_expert_intermediate_size;
+        if ((rc = require_positive(sh, "shared_expert_intermediate_size", src, err)) ||
+            (rc = require_at_most(sh, CT_MAX_INTERMEDIATE, "shared_expert_intermediate_size", src, err)))
+            return rc;
     }
     if ((rc = require_at_most(mc->num_experts, CT_MAX_EXPERTS, experts_key, src, err)) ||
         (rc = require_at_most(mc->moe_intermediate_size, CT_MAX_INTERMEDIATE, "moe_intermediate_size", src, err)))
@@ -419,6 +474,81 @@ static int parse_moe(ct_model_config *mc, const json_value *root, const char *sr
         return CT_FAIL_INPUT(err, "%s: key 'num_experts_per_tok' must be in [1, %s=%d] (found %d)", src,
                              experts_key, mc->num_experts, mc->num_experts_per_tok);
     return require_positive(mc->moe_intermediate_size, "moe_intermediate_size", src, err);
+}
+
+/* ---- Gated DeltaNet layers ---- */
+
+/* Which layers are GDN: layer_types when given (with transformers' legacy names
+ * "mamba" and "attention"), else every full_attention_interval-th layer is
+ * full attention ((i + 1) % interval == 0), as the config classes build it. */
+static int parse_gdn_layer_types(ct_model_config *mc, const json_value *root, const char *src, ct_error *err)
+{
+    int L = mc->num_hidden_layers;
+    if (!present(root, "layer_types")) {
+        int interval = 4;
+        int rc = opt_int(root, "full_attention_interval", 4, &interval, src, err);
+        if (rc) return rc;
+        if (interval <= 0) return CT_FAIL_INPUT(err, "%s: key 'full_attention_interval' must be positive (found %d)", src, interval);
+        for (int i = 0; i < L; i++) mc->layer_linear[i] = (i + 1) % interval != 0;
+        return CT_OK;
+    }
+    const json_value *lt = json_get(root, "layer_types");
+    if (lt->type != JSON_ARRAY) return CT_FAIL_INPUT(err, "%s: key 'layer_types': expected an array", src);
+    if (lt->count != (size_t)L)
+        return CT_FAIL_INPUT(err, "%s: key 'layer_types' has %zu entries, num_hidden_layers is %d", src, lt->count, L);
+    for (int i = 0; i < L; i++) {
+        const json_value *v = lt->items[i];
+        const char *t = v->type == JSON_STRING ? v->string : "";
+        if (!strcmp(t, "linear_attention") || !strcmp(t, "mamba")) mc->layer_linear[i] = true;
+        else if (!strcmp(t, "full_attention") || !strcmp(t, "attention")) mc->layer_linear[i] = false;
+        else return CT_FAIL_INPUT(err, "%s: layer_types[%d]: expected \"linear_attention\" or \"full_attention\"", src, i);
+    }
+    return CT_OK;
+}
+
+/* GDN geometry with the defaults of Qwen3NextConfig / Qwen3_5TextConfig (equal
+ * in all three families), the per-layer split, and the always-gated attention. */
+static int parse_gdn(ct_model_config *mc, const json_value *root, const char *src, ct_error *err)
+{
+    static const char *keys[] = {"linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                 "linear_value_head_dim", "linear_conv_kernel_dim"};
+    static const int dflt[] = {16, 32, 128, 128, 4};
+    static const int caps[] = {CT_MAX_HEADS, CT_MAX_HEADS, CT_MAX_HEAD_DIM, CT_MAX_HEAD_DIM, CT_MAX_CONV_WIDTH};
+    int *out[] = {&mc->linear_num_key_heads, &mc->linear_num_value_heads, &mc->linear_key_head_dim,
+                  &mc->linear_value_head_dim, &mc->linear_conv_kernel_dim};
+    int rc = CT_OK;
+    for (int i = 0; i < 5 && !rc; i++) {
+        rc = opt_int(root, keys[i], dflt[i], out[i], src, err);
+        if (!rc) rc = require_positive(*out[i], keys[i], src, err);
+        if (!rc) rc = require_at_most(*out[i], caps[i], keys[i], src, err);
+    }
+    if (rc) return rc;
+    if (mc->linear_num_value_heads % mc->linear_num_key_heads != 0)
+        return CT_FAIL_INPUT(err, "%s: linear_num_value_heads (%d) is not a multiple of linear_num_key_heads (%d)", src,
+                             mc->linear_num_value_heads, mc->linear_num_key_heads);
+    if ((rc = parse_gdn_layer_types(mc, root, src, err))) return rc;
+    /* transformers has no switch for the output gate: a file that turns it off
+     * describes a model HF does not run. */
+    bool gate = true;
+    if ((rc = opt_bool(root, "attn_output_gate", true, &gate, src, err))) return rc;
+    if (!gate)
+        return CT_FAIL_INPUT(err, "%s: key 'attn_output_gate' is false: transformers' %s attention is always gated "
+                             "(expected true or absent)", src, mc->model_type);
+    mc->attn_output_gate = true;
+    mc->norm_zero_centred = true;
+    mc->gdn_grouped_proj = mc->arch == CT_ARCH_QWEN3_NEXT;
+    if ((rc = opt_int(root, "mtp_num_hidden_layers", 0, &mc->mtp_num_hidden_layers, src, err))) return rc;
+    if (mc->mtp_num_hidden_layers < 0)
+        return CT_FAIL_INPUT(err, "%s: key 'mtp_num_hidden_layers' must be >= 0 (found %d)", src, mc->mtp_num_hidden_layers);
+    return CT_OK;
+}
+
+int model_config_check_runnable(const ct_model_config *mc, const char *source, ct_error *err)
+{
+    if (!mc->gdn) return CT_OK;
+    return CT_FAIL_INPUT(err, "%s: model_type %s: ctune cannot train Gated DeltaNet layers yet "
+                         "(init and inspect read it; train, eval and generate need the GDN graph)",
+                         source, mc->model_type);
 }
 
 /* ---- config.json ---- */
@@ -435,31 +565,55 @@ static int parse_root(ct_model_config *mc, const json_value *root, const char *s
     if (a == N_ARCHS) return CT_FAIL_INPUT(err, "%s: model_type '%s' is not supported (supported: " SUPPORTED_ARCHS ")", src, mt);
     mc->arch = arch_names[a].arch;
     snprintf(mc->model_type, sizeof mc->model_type, "%s", mt);
+    mc->gdn = mc->arch == CT_ARCH_QWEN3_5 || mc->arch == CT_ARCH_QWEN3_5_MOE || mc->arch == CT_ARCH_QWEN3_NEXT;
+    snprintf(mc->tensor_prefix, sizeof mc->tensor_prefix, "model.");
 
     const json_value *archs = json_get_type(root, "architectures", JSON_ARRAY);
     if (archs && archs->count > 0 && archs->items[0]->type == JSON_STRING)
         snprintf(mc->architectures, sizeof mc->architectures, "%s", archs->items[0]->string);
 
+    /* The multimodal wrappers hold the language model in text_config and its
+     * tensors under model.language_model.; everything below reads text_config. */
+    char text_src[600];
+    bool wrapper = !strcmp(mt, "qwen3_5") || !strcmp(mt, "qwen3_5_moe");
+    bool wrapper_tie = false;
+    if (wrapper) {
+        if ((rc = opt_bool(root, "tie_word_embeddings", false, &wrapper_tie, src, err))) return rc;
+        if (!present(root, "text_config"))
+            return CT_FAIL_INPUT(err, "%s: key 'text_config' is missing (model_type %s holds its language model there)", src, mt);
+        root = json_get(root, "text_config");
+        if (root->type != JSON_OBJECT) return CT_FAIL_INPUT(err, "%s: key 'text_config': expected an object", src);
+        snprintf(text_src, sizeof text_src, "%s: text_config", src);
+        src = text_src;
+        snprintf(mc->tensor_prefix, sizeof mc->tensor_prefix, "model.language_model.");
+    }
+
     rc = req_int(root, "vocab_size", &mc->vocab_size, src, err);
     if (!rc) rc = req_int(root, "hidden_size", &mc->hidden_size, src, err);
-    if (!rc) rc = req_int(root, "intermediate_size", &mc->intermediate_size, src, err);
+    /* Qwen3_5MoeTextConfig has no dense MLP; Qwen3NextConfig's is for mlp_only_layers */
+    if (!rc && mc->arch == CT_ARCH_QWEN3_NEXT) rc = opt_int(root, "intermediate_size", 5632, &mc->intermediate_size, src, err);
+    else if (!rc && mc->arch != CT_ARCH_QWEN3_5_MOE) rc = req_int(root, "intermediate_size", &mc->intermediate_size, src, err);
     if (!rc) rc = req_int(root, "num_hidden_layers", &mc->num_hidden_layers, src, err);
     if (!rc) rc = req_int(root, "num_attention_heads", &mc->num_attention_heads, src, err);
     if (rc) return rc;
     static const char *sizes[] = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"};
     const int vals[] = {mc->vocab_size, mc->hidden_size, mc->intermediate_size, mc->num_hidden_layers, mc->num_attention_heads};
     for (int i = 0; i < 5; i++)
-        if ((rc = require_positive(vals[i], sizes[i], src, err))) return rc;
+        if ((i != 2 || mc->arch != CT_ARCH_QWEN3_5_MOE) && (rc = require_positive(vals[i], sizes[i], src, err))) return rc;
     const int caps[] = {CT_MAX_VOCAB, CT_MAX_HIDDEN, CT_MAX_INTERMEDIATE, CT_MAX_LAYERS, CT_MAX_HEADS};
     for (int i = 0; i < 5; i++)
         if ((rc = require_at_most(vals[i], caps[i], sizes[i], src, err))) return rc;
 
     /* An absent head_dim: Qwen3Config's default is 128, GptOssConfig's 64 (its
-     * hidden/heads only for an explicit null); every other family hidden/heads. */
+     * hidden/heads only for an explicit null), the hybrids' 256; every other
+     * family hidden/heads. Absent KV heads: as many as query heads, except in
+     * the hybrids (Qwen3_5TextConfig 4, the MoE ones 2). */
     int hd_dflt = mc->hidden_size / mc->num_attention_heads;
     if (mc->arch == CT_ARCH_QWEN3) hd_dflt = 128;
     if (mc->arch == CT_ARCH_GPT_OSS && !json_get(root, "head_dim")) hd_dflt = 64;
-    rc = opt_int(root, "num_key_value_heads", mc->num_attention_heads, &mc->num_key_value_heads, src, err);
+    if (mc->gdn) hd_dflt = 256;
+    int kv_dflt = mc->arch == CT_ARCH_QWEN3_5 ? 4 : mc->gdn ? 2 : mc->num_attention_heads;
+    rc = opt_int(root, "num_key_value_heads", kv_dflt, &mc->num_key_value_heads, src, err);
     if (!rc) rc = opt_int(root, "head_dim", hd_dflt, &mc->head_dim, src, err);
     if (rc) return rc;
     if ((rc = require_positive(mc->num_key_value_heads, "num_key_value_heads", src, err))) return rc;
@@ -479,6 +633,13 @@ static int parse_root(ct_model_config *mc, const json_value *root, const char *s
     if (!rc) rc = opt_bool(root, "tie_word_embeddings", false, &mc->tie_word_embeddings, src, err);
     if (!rc) rc = opt_double(root, "initializer_range", 0.02, &mc->initializer_range, src, err);
     if (rc) return rc;
+    /* Qwen3_5ForCausalLM ties by text_config's flag, the ForConditionalGeneration
+     * class by the wrapper's (both default false): only equal flags mean one model. */
+    if (wrapper && mc->tie_word_embeddings != wrapper_tie)
+        return CT_FAIL_INPUT(err, "%s: key 'tie_word_embeddings' is %s but the wrapper's is %s%s: transformers' "
+                             "ForCausalLM class reads the first, its ForConditionalGeneration class the second "
+                             "(make them equal)", src, mc->tie_word_embeddings ? "true" : "false",
+                             wrapper_tie ? "true" : "false", present(root, "tie_word_embeddings") ? "" : " (its default)");
     if (!(mc->rms_norm_eps > 0)) return CT_FAIL_INPUT(err, "%s: key 'rms_norm_eps' must be positive", src);
     if ((rc = require_float_range(mc->rms_norm_eps, 0, 1, "rms_norm_eps", src, err))) return rc;
     if ((rc = require_positive(mc->max_position_embeddings, "max_position_embeddings", src, err))) return rc;
@@ -506,7 +667,11 @@ static int parse_root(ct_model_config *mc, const json_value *root, const char *s
     if (rd <= 0 || rd % 2 != 0 || rd > mc->head_dim)
         return CT_FAIL_INPUT(err, "%s: partial_rotary_factor %g gives rotary dim %d (must be even, in (0, head_dim])", src,
                              mc->rope.partial_rotary_factor, rd);
+    if (mc->mrope_section[0] + mc->mrope_section[1] + mc->mrope_section[2] > rd / 2)
+        return CT_FAIL_INPUT(err, "%s: key 'mrope_section' sums to %d, more than the %d rotary frequencies", src,
+                             mc->mrope_section[0] + mc->mrope_section[1] + mc->mrope_section[2], rd / 2);
     if ((rc = parse_attention(mc, root, src, err))) return rc;
+    if (mc->gdn && (rc = parse_gdn(mc, root, src, err))) return rc;
     return parse_moe(mc, root, src, err);
 }
 
@@ -559,34 +724,73 @@ static void spec_add(spec_list *s, ct_tensor_kind kind, bool expert, int ndim, c
 #define NDIM(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
 #define ADD(kind, expert, dims, ...) spec_add(&s, kind, expert, NDIM dims, SHAPE dims, __VA_ARGS__)
 
+/* A GDN layer's mixer (p names the layer). key_dim = Hk*dk, value_dim = Hv*dv;
+ * the conv runs over conv_dim = 2*key_dim + value_dim channels [q | k | v]. */
+static void add_gdn_mixer(spec_list *sl, const ct_model_config *mc, const char *p)
+{
+#define ADDL(kind, dims, ...) spec_add(sl, kind, false, NDIM dims, SHAPE dims, __VA_ARGS__)
+    const int64_t H = mc->hidden_size, Hv = mc->linear_num_value_heads;
+    const int64_t Kd = (int64_t)mc->linear_num_key_heads * mc->linear_key_head_dim;
+    const int64_t Vd = Hv * mc->linear_value_head_dim, conv = 2 * Kd + Vd;
+    if (mc->gdn_grouped_proj) { /* rows grouped per key head: [q k v z] and [b a] */
+        ADDL(CT_TENSOR_LINEAR, (conv + Vd, H), "%s.linear_attn.in_proj_qkvz.weight", p);
+        ADDL(CT_TENSOR_LINEAR, (2 * Hv, H), "%s.linear_attn.in_proj_ba.weight", p);
+    } else {
+        ADDL(CT_TENSOR_LINEAR, (conv, H), "%s.linear_attn.in_proj_qkv.weight", p);
+        ADDL(CT_TENSOR_LINEAR, (Vd, H), "%s.linear_attn.in_proj_z.weight", p);
+        ADDL(CT_TENSOR_LINEAR, (Hv, H), "%s.linear_attn.in_proj_b.weight", p);
+        ADDL(CT_TENSOR_LINEAR, (Hv, H), "%s.linear_attn.in_proj_a.weight", p);
+    }
+    ADDL(CT_TENSOR_CONV, (conv, 1, mc->linear_conv_kernel_dim), "%s.linear_attn.conv1d.weight", p);
+    ADDL(CT_TENSOR_DT_BIAS, (Hv), "%s.linear_attn.dt_bias", p);
+    ADDL(CT_TENSOR_A_LOG, (Hv), "%s.linear_attn.A_log", p);
+    ADDL(CT_TENSOR_NORM, (mc->linear_value_head_dim), "%s.linear_attn.norm.weight", p); /* gated: plain w, init 1 */
+    ADDL(CT_TENSOR_LINEAR, (H, Vd), "%s.linear_attn.out_proj.weight", p);
+#undef ADDL
+}
+
+/* A full-attention layer's mixer; with the output gate q_proj's rows are, per
+ * head, D query rows then D gate rows. */
+static void add_attention(spec_list *sl, const ct_model_config *mc, const char *p)
+{
+#define ADDL(kind, dims, ...) spec_add(sl, kind, false, NDIM dims, SHAPE dims, __VA_ARGS__)
+    const int64_t H = mc->hidden_size, D = mc->head_dim;
+    const int64_t Q = (int64_t)mc->num_attention_heads * D, KV = (int64_t)mc->num_key_value_heads * D;
+    const int64_t Qrows = mc->attn_output_gate ? 2 * Q : Q;
+    const ct_tensor_kind NORM = mc->norm_zero_centred ? CT_TENSOR_NORM_ZERO : CT_TENSOR_NORM;
+    ADDL(CT_TENSOR_LINEAR, (Qrows, H), "%s.self_attn.q_proj.weight", p);
+    ADDL(CT_TENSOR_LINEAR, (KV, H), "%s.self_attn.k_proj.weight", p);
+    ADDL(CT_TENSOR_LINEAR, (KV, H), "%s.self_attn.v_proj.weight", p);
+    ADDL(CT_TENSOR_LINEAR, (H, Q), "%s.self_attn.o_proj.weight", p);
+    if (mc->attention_bias) {
+        ADDL(CT_TENSOR_BIAS, (Qrows), "%s.self_attn.q_proj.bias", p);
+        ADDL(CT_TENSOR_BIAS, (KV), "%s.self_attn.k_proj.bias", p);
+        ADDL(CT_TENSOR_BIAS, (KV), "%s.self_attn.v_proj.bias", p);
+    }
+    if (mc->o_proj_bias) ADDL(CT_TENSOR_BIAS, (H), "%s.self_attn.o_proj.bias", p);
+    if (mc->qk_norm) {
+        ADDL(NORM, (D), "%s.self_attn.q_norm.weight", p);
+        ADDL(NORM, (D), "%s.self_attn.k_norm.weight", p);
+    }
+    if (mc->attention_sinks) ADDL(CT_TENSOR_SINKS, (mc->num_attention_heads), "%s.self_attn.sinks", p);
+#undef ADDL
+}
+
 ct_tensor_spec *model_tensor_specs(const ct_model_config *mc, size_t *n)
 {
     spec_list s = {0};
-    const int64_t V = mc->vocab_size, H = mc->hidden_size, I = mc->intermediate_size, D = mc->head_dim;
-    const int64_t Q = (int64_t)mc->num_attention_heads * D, KV = (int64_t)mc->num_key_value_heads * D;
-    const int64_t E = mc->num_experts, Im = mc->moe_intermediate_size;
-    ADD(CT_TENSOR_EMBEDDING, false, (V, H), "model.embed_tokens.weight");
+    const int64_t V = mc->vocab_size, H = mc->hidden_size, I = mc->intermediate_size;
+    const int64_t E = mc->num_experts, Im = mc->moe_intermediate_size, Is = mc->shared_expert_intermediate_size;
+    const ct_tensor_kind NORM = mc->norm_zero_centred ? CT_TENSOR_NORM_ZERO : CT_TENSOR_NORM;
+    const char *pre = mc->tensor_prefix[0] ? mc->tensor_prefix : "model.";
+    ADD(CT_TENSOR_EMBEDDING, false, (V, H), "%sembed_tokens.weight", pre);
     for (int l = 0; l < mc->num_hidden_layers; l++) {
         char p[64];
-        snprintf(p, sizeof p, "model.layers.%d", l);
-        ADD(CT_TENSOR_NORM, false, (H), "%s.input_layernorm.weight", p);
-        ADD(CT_TENSOR_LINEAR, false, (Q, H), "%s.self_attn.q_proj.weight", p);
-        ADD(CT_TENSOR_LINEAR, false, (KV, H), "%s.self_attn.k_proj.weight", p);
-        ADD(CT_TENSOR_LINEAR, false, (KV, H), "%s.self_attn.v_proj.weight", p);
-        ADD(CT_TENSOR_LINEAR, false, (H, Q), "%s.self_attn.o_proj.weight", p);
-        if (mc->attention_bias) {
-            ADD(CT_TENSOR_BIAS, false, (Q), "%s.self_attn.q_proj.bias", p);
-            ADD(CT_TENSOR_BIAS, false, (KV), "%s.self_attn.k_proj.bias", p);
-            ADD(CT_TENSOR_BIAS, false, (KV), "%s.self_attn.v_proj.bias", p);
-        }
-        if (mc->o_proj_bias) ADD(CT_TENSOR_BIAS, false, (H), "%s.self_attn.o_proj.bias", p);
-        if (mc->qk_norm) {
-            ADD(CT_TENSOR_NORM, false, (D), "%s.self_attn.q_norm.weight", p);
-            ADD(CT_TENSOR_NORM, false, (D), "%s.self_attn.k_norm.weight", p);
-        }
-        if (mc->attention_sinks) ADD(CT_TENSOR_SINKS, false, (mc->num_attention_heads), "%s.self_attn.sinks", p);
-        ADD(CT_TENSOR_NORM, false, (H), "%s.post_attention_layernorm.weight", p);
-
+        snprintf(p, sizeof p, "%slayers.%d", pre, l);
+        ADD(NORM, false, (H), "%s.input_layernorm.weight", p);
+        if (mc->gdn && mc->layer_linear[l]) add_gdn_mixer(&s, mc, p);
+        else add_attention(&s, mc, p);
+        ADD(NORM, false, (H), "%s.post_attention_layernorm.weight", p);
         if (!mc->layer_sparse[l]) {
             ADD(CT_TENSOR_LINEAR, false, (I, H), "%s.mlp.gate_proj.weight", p);
             ADD(CT_TENSOR_LINEAR, false, (I, H), "%s.mlp.up_proj.weight", p);
@@ -596,12 +800,19 @@ ct_tensor_spec *model_tensor_specs(const ct_model_config *mc, size_t *n)
                 ADD(CT_TENSOR_BIAS, false, (I), "%s.mlp.up_proj.bias", p);
                 ADD(CT_TENSOR_BIAS, false, (H), "%s.mlp.down_proj.bias", p);
             }
-        } else if (mc->arch == CT_ARCH_QWEN3_MOE) {
+        } else if (mc->arch == CT_ARCH_QWEN3_MOE || mc->gdn) {
+            /* the hybrids' experts on disk: per expert, as HF saves them (it fuses them on load) */
             ADD(CT_TENSOR_LINEAR, false, (E, H), "%s.mlp.gate.weight", p);
             for (int e = 0; e < E; e++) {
                 ADD(CT_TENSOR_LINEAR, true, (Im, H), "%s.mlp.experts.%d.gate_proj.weight", p, e);
                 ADD(CT_TENSOR_LINEAR, true, (Im, H), "%s.mlp.experts.%d.up_proj.weight", p, e);
                 ADD(CT_TENSOR_LINEAR, true, (H, Im), "%s.mlp.experts.%d.down_proj.weight", p, e);
+            }
+            if (Is > 0) {
+                ADD(CT_TENSOR_LINEAR, false, (Is, H), "%s.mlp.shared_expert.gate_proj.weight", p);
+                ADD(CT_TENSOR_LINEAR, false, (Is, H), "%s.mlp.shared_expert.up_proj.weight", p);
+                ADD(CT_TENSOR_LINEAR, false, (H, Is), "%s.mlp.shared_expert.down_proj.weight", p);
+                ADD(CT_TENSOR_LINEAR, false, (1, H), "%s.mlp.shared_expert_gate.weight", p);
             }
         } else if (mc->arch == CT_ARCH_MIXTRAL) {
             ADD(CT_TENSOR_LINEAR, false, (E, H), "%s.block_sparse_moe.gate.weight", p);
@@ -619,7 +830,7 @@ ct_tensor_spec *model_tensor_specs(const ct_model_config *mc, size_t *n)
             ADD(CT_TENSOR_BIAS, true, (E, H), "%s.mlp.experts.down_proj_bias", p);
         }
     }
-    ADD(CT_TENSOR_NORM, false, (H), "model.norm.weight");
+    ADD(NORM, false, (H), "%snorm.weight", pre);
     if (!mc->tie_word_embeddings) ADD(CT_TENSOR_LM_HEAD, false, (V, H), "lm_head.weight");
     *n = s.n;
     return s.v;
@@ -686,7 +897,14 @@ int model_check_weights(const ct_model_config *mc, const st_reader *r, ct_error 
         char want[96], got[96], packed[200];
         if (!t) {
             snprintf(packed, sizeof packed, "%s_blocks", s->name);
-            if (st_find(r, packed))
+            const char *ex = s->expert ? strstr(s->name, ".mlp.experts.") : NULL;
+            char fused[200];
+            snprintf(fused, sizeof fused, "%.*s.mlp.experts.gate_up_proj", ex ? (int)(ex - s->name) : 0, s->name);
+            if (ex && st_find(r, fused))
+                rc = CT_FAIL_INPUT(err, "%s: tensor %s is missing: the experts are stored fused (%s); ctune reads "
+                                   "them per expert for now (save the model with transformers' save_pretrained, "
+                                   "which writes that form)", where, s->name, fused);
+            else if (st_find(r, packed))
                 rc = CT_FAIL_INPUT(err, "%s: tensor %s is stored quantized (%s); ctune needs bf16 weights "
                                    "(dequantize the checkpoint first)", where, s->name, packed);
             else

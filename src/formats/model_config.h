@@ -1,9 +1,13 @@
 /* model_config.h — a Hugging Face config.json as a model description, and the
  * map from that description to HF tensor names and shapes (docs/ARCHITECTURE.md, "Model folders").
  *
- * Supported model_type: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, gpt_oss.
- * Anything else is CT_ERR_INPUT naming the supported ones. Both the legacy
- * rope_theta/rope_scaling keys and transformers v5 rope_parameters are read. */
+ * Supported model_type: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, gpt_oss,
+ * and the Gated DeltaNet hybrids qwen3_5, qwen3_5_text, qwen3_5_moe,
+ * qwen3_5_moe_text, qwen3_next (described, initialised and inspected; not yet
+ * trainable: model_load refuses them). Anything else is CT_ERR_INPUT naming the
+ * supported ones. Both the legacy rope_theta/rope_scaling keys and transformers
+ * v5 rope_parameters are read. The multimodal wrappers qwen3_5 and qwen3_5_moe
+ * are read through their text_config; their vision tower is ignored. */
 #ifndef CT_MODEL_CONFIG_H
 #define CT_MODEL_CONFIG_H
 
@@ -12,7 +16,10 @@
 
 typedef enum {
     CT_ARCH_LLAMA, CT_ARCH_MISTRAL, CT_ARCH_QWEN2, CT_ARCH_QWEN3,
-    CT_ARCH_QWEN3_MOE, CT_ARCH_MIXTRAL, CT_ARCH_GPT_OSS
+    CT_ARCH_QWEN3_MOE, CT_ARCH_MIXTRAL, CT_ARCH_GPT_OSS,
+    CT_ARCH_QWEN3_5,      /* qwen3_5 (wrapper) and qwen3_5_text: dense MLP */
+    CT_ARCH_QWEN3_5_MOE,  /* qwen3_5_moe (wrapper) and qwen3_5_moe_text: every layer MoE */
+    CT_ARCH_QWEN3_NEXT    /* qwen3_next: MoE by decoder_sparse_step / mlp_only_layers */
 } ct_arch;
 
 typedef enum { CT_ROPE_DEFAULT, CT_ROPE_LINEAR, CT_ROPE_DYNAMIC, CT_ROPE_LLAMA3, CT_ROPE_YARN } ct_rope_type;
@@ -29,6 +36,7 @@ typedef enum { CT_ROPE_DEFAULT, CT_ROPE_LINEAR, CT_ROPE_DYNAMIC, CT_ROPE_LLAMA3,
 #define CT_MAX_HEADS        1024
 #define CT_MAX_HEAD_DIM     1024
 #define CT_MAX_EXPERTS      1024
+#define CT_MAX_CONV_WIDTH   8   /* linear_conv_kernel_dim; shipped models use 4 */
 
 typedef struct ct_rope_config {
     ct_rope_type type;
@@ -75,6 +83,23 @@ typedef struct ct_model_config {
     double swiglu_limit;              /* gpt_oss (7.0) */
     char torch_dtype[16];             /* as written ("bfloat16" if absent) */
     double initializer_range;         /* std of random init (0.02 if absent) */
+    /* Gated DeltaNet hybrids (qwen3_5*, qwen3_next; all zero/false otherwise) */
+    bool gdn;                         /* the family has linear-attention (GDN) layers */
+    bool layer_linear[CT_MAX_LAYERS]; /* per layer: GDN (else gated full attention) */
+    int linear_num_key_heads;         /* Hk */
+    int linear_num_value_heads;       /* Hv, a multiple of Hk */
+    int linear_key_head_dim;          /* dk */
+    int linear_value_head_dim;        /* dv */
+    int linear_conv_kernel_dim;       /* W: causal depthwise conv width */
+    bool gdn_grouped_proj;            /* qwen3_next: in_proj_qkvz / in_proj_ba, rows grouped by key head;
+                                       * else in_proj_qkv / _z / _b / _a, contiguous */
+    bool attn_output_gate;            /* q_proj rows (n_heads, 2, D): query then sigmoid gate per head */
+    bool norm_zero_centred;           /* decoder, final and q/k norms scale by (1 + w); w init 0 */
+    int shared_expert_intermediate_size; /* shared expert width (0: none) */
+    int mrope_section[3];             /* accepted; text-only input makes M-RoPE ordinary partial RoPE */
+    bool mrope_interleaved;
+    int mtp_num_hidden_layers;        /* MTP heads in the checkpoint (HF drops them; so does ctune) */
+    char tensor_prefix[32];           /* "model." or, for the wrappers, "model.language_model." */
 } ct_model_config;
 
 /* Reads DIR/config.json (or a path to a config.json file). */
@@ -100,6 +125,10 @@ typedef enum {
     CT_TENSOR_NORM,       /* RMSNorm weights (init 1.0) */
     CT_TENSOR_BIAS,       /* additive biases */
     CT_TENSOR_SINKS,      /* gpt_oss attention sink logits (init 0) */
+    CT_TENSOR_NORM_ZERO,  /* zero-centred RMSNorm weights, y = x_hat * (1 + w) (init 0) */
+    CT_TENSOR_CONV,       /* GDN depthwise conv1d weight [C, 1, W] (init N(0, std)) */
+    CT_TENSOR_A_LOG,      /* GDN decay log A per value head (init log U(0.01, 16)) */
+    CT_TENSOR_DT_BIAS,    /* GDN softplus bias per value head (init 1) */
 } ct_tensor_kind;
 
 /* Every tensor a checkpoint of this model holds (HF names, bf16 shapes). */
@@ -120,6 +149,12 @@ typedef struct ct_param_counts {
     size_t per_token_active; /* matmul parameters a token passes through (N of BENCHMARKS.md's MFU accounting) */
 } ct_param_counts;
 ct_param_counts model_param_counts(const ct_model_config *mc);
+
+/* For the families ctune can describe but not yet run (Gated DeltaNet):
+ * CT_ERR_INPUT "SOURCE: model_type T: ctune cannot train Gated DeltaNet layers
+ * yet"; CT_OK for every other model. model_load calls it, so train, eval and
+ * generate refuse such a model before reading its weights. */
+int model_config_check_runnable(const ct_model_config *mc, const char *source, ct_error *err);
 
 /* Checks that a reader holds every tensor of the spec with its dtype BF16 (or
  * F32/F16, converted on load) and shape. Extra tensors are ignored (HF ignores

@@ -267,6 +267,13 @@ int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
     int rc = model_config_load(&m->cfg, dir, err);
     if (rc) return rc;
     const ct_model_config *c = &m->cfg;
+    /* The one refusal of models ctune describes but cannot compute yet. */
+    size_t len = strlen(dir) + sizeof "/config.json";
+    char *source = ct_malloc(len);
+    snprintf(source, len, "%s/config.json", dir);
+    rc = model_config_check_runnable(c, source, err);
+    free(source);
+    if (rc) return rc;
     if (be->check_model && (rc = be->check_model(be, c, dir, err))) return rc;
     if (c->num_experts > 0 && !backend_has_moe(be))
         return CT_FAIL_INPUT(err, "%s: model_type '%s' is a mixture of experts; the %s backend does not implement "

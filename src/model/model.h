@@ -56,7 +56,8 @@ typedef struct ct_model {
 
 /* Reads DIR/config.json and the safetensors in DIR, checks every tensor's name,
  * shape and dtype, and uploads the weights (fused) to the backend. A mixture of
- * experts on a backend without the MoE ops (CUDA, for now) is CT_ERR_INPUT. */
+ * experts on a backend without the MoE ops (CUDA, for now) is CT_ERR_INPUT, and
+ * so is a Gated DeltaNet hybrid (model_config_check_runnable). */
 int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err);
 void model_free(ct_model *m);
 

@@ -69,6 +69,32 @@ small_shard_limit_writes_index_and_same_tensors() {
     "$CTUNE" inspect many | grep -q "weights: ok (38 tensors"
 }
 
+# The Gated DeltaNet hybrids: init writes them, inspect reads them, compute refuses them.
+GDN_MODELS="tiny-qwen3_5 tiny-qwen3_5-text tiny-qwen3_5-moe tiny-qwen3-next"
+
+gdn_families_init_and_inspect_ok() {
+    for name in $GDN_MODELS; do
+        "$CTUNE" init --config "$ROOT/configs/models/$name" --out "$name" >/dev/null
+        "$CTUNE" inspect "$name" >"$name.txt"
+        grep -q "weights: ok" "$name.txt"
+        grep -q "Gated DeltaNet" "$name.txt"
+    done
+    grep -q "under model.language_model. (multimodal wrapper" tiny-qwen3_5.txt
+    grep -q "grouped qkvz/ba projections" tiny-qwen3-next.txt
+    grep -q "gated shared expert 64" tiny-qwen3_5-moe.txt
+}
+
+gdn_train_eval_generate_refuse_with_exit_2() {
+    "$CTUNE" init --config "$ROOT/configs/models/tiny-qwen3_5" --out m >/dev/null
+    expect_exit 2 "$CTUNE" train "$ROOT/configs/tiny.yaml" --set model=m --set output_dir=run
+    grep -q "m/config.json: model_type qwen3_5: ctune cannot train Gated DeltaNet layers yet" err.txt
+    expect_exit 2 "$CTUNE" eval "$ROOT/configs/tiny.yaml" --set model=m
+    grep -q "model_type qwen3_5: ctune cannot train Gated DeltaNet layers yet" err.txt
+    "$CTUNE" init --config "$ROOT/configs/models/tiny-qwen3-next" --out n >/dev/null
+    expect_exit 2 "$CTUNE" generate --model n --prompt-ids 1,2 --max-new-tokens 2 --device cpu
+    grep -q "n/config.json: model_type qwen3_next: ctune cannot train Gated DeltaNet layers yet" err.txt
+}
+
 run_test init_tiny_writes_config_and_weights
 run_test inspect_reports_weights_ok
 run_test same_seed_gives_identical_bytes
@@ -79,4 +105,6 @@ run_test missing_out_is_a_usage_error
 run_test unsupported_model_type_exits_2_with_message
 run_test existing_model_is_not_overwritten
 run_test small_shard_limit_writes_index_and_same_tensors
+run_test gdn_families_init_and_inspect_ok
+run_test gdn_train_eval_generate_refuse_with_exit_2
 summary

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "json.h"
 #include "model_config.h"
 
 static int parse_text(ct_model_config *mc, const char *text, ct_error *err)
@@ -502,6 +503,243 @@ TEST(check_weights_accepts_spec_and_names_bad_tensor)
     unlink(path);
 }
 
+/* ---- Gated DeltaNet hybrids ---- */
+
+#define Q35_BASE "\"vocab_size\":384,\"hidden_size\":128,\"num_hidden_layers\":8,\"num_attention_heads\":4"
+
+static int parse_fmt(ct_model_config *mc, ct_error *err, const char *fmt, const char *a, const char *b)
+{
+    char buf[2048];
+    snprintf(buf, sizeof buf, fmt, a, b);
+    return parse_text(mc, buf, err);
+}
+
+TEST(shipped_qwen3_5_9b_config_parses_through_text_config)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/qwen3.5-9b", &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.arch == CT_ARCH_QWEN3_5 && mc.gdn && !strcmp(mc.model_type, "qwen3_5"), "arch %d", mc.arch);
+    CHECK(!strcmp(mc.architectures, "Qwen3_5ForConditionalGeneration"), "%s", mc.architectures);
+    CHECK(!strcmp(mc.tensor_prefix, "model.language_model."), "%s", mc.tensor_prefix);
+    CHECK(mc.hidden_size == 4096 && mc.num_hidden_layers == 32 && mc.intermediate_size == 12288, "sizes");
+    CHECK(mc.vocab_size == 248320 && !mc.tie_word_embeddings, "vocab %d", mc.vocab_size);
+    CHECK(mc.num_attention_heads == 16 && mc.num_key_value_heads == 4 && mc.head_dim == 256, "attention");
+    CHECK(mc.linear_num_key_heads == 16 && mc.linear_num_value_heads == 32 && mc.linear_key_head_dim == 128 &&
+          mc.linear_value_head_dim == 128 && mc.linear_conv_kernel_dim == 4, "linear heads");
+    int linear = 0;
+    for (int l = 0; l < 32; l++) linear += mc.layer_linear[l];
+    CHECK(linear == 24 && !mc.layer_linear[3] && mc.layer_linear[4] && !mc.layer_linear[31], "%d GDN layers", linear);
+    CHECK(model_rope_dim(&mc) == 64 && mc.rope.theta == 1e7, "rotary dim %d", model_rope_dim(&mc));
+    CHECK(mc.mrope_interleaved && mc.mrope_section[0] == 11 && mc.mrope_section[2] == 10, "mrope");
+    CHECK(mc.attn_output_gate && mc.qk_norm && mc.norm_zero_centred && !mc.gdn_grouped_proj, "flags");
+    CHECK(mc.mtp_num_hidden_layers == 1 && mc.num_experts == 0, "mtp %d", mc.mtp_num_hidden_layers);
+    size_t n;
+    ct_tensor_spec *s = model_tensor_specs(&mc, &n);
+    CHECK(spec_is(find_spec(s, n, "model.language_model.layers.0.linear_attn.in_proj_qkv.weight"), 2, 8192, 4096, 0),
+          "in_proj_qkv [8192, 4096]");
+    CHECK(spec_is(find_spec(s, n, "model.language_model.layers.3.self_attn.q_proj.weight"), 2, 8192, 4096, 0),
+          "gated q_proj [2 * 16 * 256, 4096]");
+    CHECK(find_spec(s, n, "lm_head.weight") && !find_spec(s, n, "model.language_model.layers.3.linear_attn.A_log"),
+          "lm_head at top level; no GDN tensors in attention layers");
+    free(s);
+}
+
+TEST(shipped_gdn_moe_configs_parse)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/qwen3.5-35b-a3b", &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.arch == CT_ARCH_QWEN3_5_MOE && mc.num_experts == 256 && mc.num_experts_per_tok == 8, "experts");
+    CHECK(mc.moe_intermediate_size == 512 && mc.shared_expert_intermediate_size == 512 && mc.norm_topk_prob, "moe");
+    CHECK(mc.intermediate_size == 0 && mc.layer_sparse[0] && mc.layer_sparse[39], "every layer sparse");
+    ct_param_counts c = model_param_counts(&mc);
+    CHECK(c.total > 34000000000ull && c.total < 35500000000ull, "total %zu not ~35B (text part)", c.total);
+    CHECK(c.per_token_active > 2500000000ull && c.per_token_active < 3500000000ull, "N %zu not ~3B", c.per_token_active);
+    REQUIRE(model_config_load(&mc, "configs/models/qwen3-next-80b-a3b", &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.arch == CT_ARCH_QWEN3_NEXT && mc.gdn_grouped_proj && !strcmp(mc.tensor_prefix, "model."), "next");
+    CHECK(mc.num_experts == 512 && mc.num_experts_per_tok == 10 && mc.layer_linear[0] && !mc.layer_linear[3], "layout");
+    c = model_param_counts(&mc);
+    CHECK(c.total > 79000000000ull && c.total < 81000000000ull, "total %zu not ~80B", c.total);
+    size_t n;
+    ct_tensor_spec *s = model_tensor_specs(&mc, &n);
+    CHECK(spec_is(find_spec(s, n, "model.layers.0.linear_attn.in_proj_qkvz.weight"), 2, 12288, 2048, 0), "qkvz");
+    CHECK(spec_is(find_spec(s, n, "model.layers.0.linear_attn.in_proj_ba.weight"), 2, 64, 2048, 0), "ba");
+    CHECK(spec_is(find_spec(s, n, "model.layers.0.linear_attn.conv1d.weight"), 3, 8192, 1, 4), "conv");
+    CHECK(spec_is(find_spec(s, n, "model.layers.0.linear_attn.out_proj.weight"), 2, 2048, 4096, 0), "out_proj");
+    CHECK(spec_is(find_spec(s, n, "model.layers.0.mlp.shared_expert_gate.weight"), 2, 1, 2048, 0), "shared gate");
+    free(s);
+}
+
+TEST(gdn_absent_fields_take_transformers_defaults)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(parse_text(&mc, "{\"model_type\":\"qwen3_5_text\"," Q35_BASE ",\"intermediate_size\":256}", &err) == CT_OK,
+            "%s", err.msg);
+    CHECK(mc.head_dim == 256 && mc.num_key_value_heads == 4, "hd %d kv %d", mc.head_dim, mc.num_key_value_heads);
+    CHECK(mc.linear_num_key_heads == 16 && mc.linear_num_value_heads == 32 && mc.linear_key_head_dim == 128 &&
+          mc.linear_value_head_dim == 128 && mc.linear_conv_kernel_dim == 4, "linear defaults");
+    CHECK(mc.rope.partial_rotary_factor == 0.25 && mc.rope.theta == 10000 && model_rope_dim(&mc) == 64, "rope");
+    CHECK(mc.layer_linear[0] && !mc.layer_linear[3] && !mc.layer_linear[7], "full_attention_interval 4");
+    CHECK(mc.rms_norm_eps == 1e-6 && !mc.tie_word_embeddings && mc.max_position_embeddings == 32768, "misc");
+    CHECK(!strcmp(mc.tensor_prefix, "model."), "text-only prefix %s", mc.tensor_prefix);
+    /* partial_rotary_factor inside rope_parameters wins, as in HF */
+    REQUIRE(parse_text(&mc, "{\"model_type\":\"qwen3_5_text\"," Q35_BASE ",\"intermediate_size\":256,"
+                            "\"partial_rotary_factor\":0.25,\"rope_parameters\":{\"rope_type\":\"default\","
+                            "\"partial_rotary_factor\":0.5,\"rope_theta\":1e6}}", &err) == CT_OK, "%s", err.msg);
+    CHECK(model_rope_dim(&mc) == 128 && mc.rope.theta == 1e6, "rotary dim %d", model_rope_dim(&mc));
+    REQUIRE(parse_text(&mc, "{\"model_type\":\"qwen3_5_moe_text\"," Q35_BASE "}", &err) == CT_OK, "%s", err.msg);
+    CHECK(mc.num_key_value_heads == 2 && mc.num_experts == 256 && mc.num_experts_per_tok == 8, "moe defaults");
+    CHECK(mc.moe_intermediate_size == 512 && mc.shared_expert_intermediate_size == 512 && mc.intermediate_size == 0,
+          "moe sizes");
+    REQUIRE(parse_text(&mc, "{\"model_type\":\"qwen3_next\"," Q35_BASE ",\"mlp_only_layers\":[1]}", &err) == CT_OK,
+            "%s", err.msg);
+    CHECK(mc.num_experts == 512 && mc.num_experts_per_tok == 10 && mc.norm_topk_prob, "next experts");
+    CHECK(mc.intermediate_size == 5632 && !mc.layer_sparse[1] && mc.layer_sparse[0], "next mlp_only_layers");
+    CHECK(mc.gdn_grouped_proj && mc.num_key_value_heads == 2, "next layout");
+}
+
+TEST(gdn_wrapper_reads_text_config_like_text_only)
+{
+    static const char *inner = "\"vocab_size\":384,\"hidden_size\":128,\"num_hidden_layers\":4,"
+                               "\"num_attention_heads\":4,\"head_dim\":64,\"intermediate_size\":256,"
+                               "\"linear_num_key_heads\":2,\"linear_num_value_heads\":4,"
+                               "\"linear_key_head_dim\":32,\"linear_value_head_dim\":32";
+    ct_model_config w, t;
+    ct_error err = {0};
+    REQUIRE(parse_fmt(&w, &err, "{\"model_type\":\"qwen3_5\",\"vision_config\":{\"depth\":1},"
+                      "\"text_config\":{\"model_type\":\"qwen3_5_text\",%s}%s}", inner, "") == CT_OK, "%s", err.msg);
+    REQUIRE(parse_fmt(&t, &err, "{\"model_type\":\"qwen3_5_text\",%s%s}", inner, "") == CT_OK, "%s", err.msg);
+    CHECK(!strcmp(w.tensor_prefix, "model.language_model.") && !strcmp(t.tensor_prefix, "model."), "prefixes");
+    CHECK(w.arch == t.arch && w.hidden_size == t.hidden_size && w.linear_num_value_heads == t.linear_num_value_heads,
+          "same model");
+    size_t nw, nt;
+    ct_tensor_spec *sw = model_tensor_specs(&w, &nw), *st = model_tensor_specs(&t, &nt);
+    REQUIRE(nw == nt, "%zu vs %zu tensors", nw, nt);
+    for (size_t i = 0; i < nw; i++) {
+        const char *tail = strncmp(st[i].name, "model.", 6) ? st[i].name : st[i].name + 6;
+        bool ok = !strcmp(sw[i].name, st[i].name) ||
+                  (!strncmp(sw[i].name, "model.language_model.", 21) && !strcmp(sw[i].name + 21, tail));
+        CHECK(ok, "%s vs %s", sw[i].name, st[i].name);
+    }
+    free(sw);
+    free(st);
+}
+
+TEST(gdn_layer_types_win_over_full_attention_interval)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(parse_text(&mc, "{\"model_type\":\"qwen3_5_text\",\"vocab_size\":10,\"hidden_size\":64,\"intermediate_size\":8,"
+                            "\"num_hidden_layers\":4,\"num_attention_heads\":2,\"num_key_value_heads\":2,\"full_attention_interval\":2}", &err) == CT_OK,
+            "%s", err.msg);
+    CHECK(mc.layer_linear[0] && !mc.layer_linear[1] && mc.layer_linear[2] && !mc.layer_linear[3], "interval 2");
+    REQUIRE(parse_text(&mc, "{\"model_type\":\"qwen3_5_text\",\"vocab_size\":10,\"hidden_size\":64,\"intermediate_size\":8,"
+                            "\"num_hidden_layers\":4,\"num_attention_heads\":2,\"num_key_value_heads\":2,\"full_attention_interval\":2,"
+                            "\"layer_types\":[\"full_attention\",\"linear_attention\",\"mamba\",\"attention\"]}", &err) == CT_OK,
+            "%s", err.msg);
+    CHECK(!mc.layer_linear[0] && mc.layer_linear[1] && mc.layer_linear[2] && !mc.layer_linear[3],
+          "layer_types (legacy names too)");
+}
+
+TEST(gdn_refusals_name_file_and_key)
+{
+    static const struct { const char *extra, *key; } cases[] = {
+        {",\"linear_num_key_heads\":3", "linear_num_value_heads (32) is not a multiple of linear_num_key_heads (3)"},
+        {",\"linear_conv_kernel_dim\":0", "'linear_conv_kernel_dim' must be positive"},
+        {",\"linear_conv_kernel_dim\":9", "'linear_conv_kernel_dim' is 9, more than the 8"},
+        {",\"linear_value_head_dim\":4096", "'linear_value_head_dim' is 4096"},
+        {",\"full_attention_interval\":0", "'full_attention_interval' must be positive"},
+        {",\"layer_types\":[\"linear_attention\"]", "'layer_types' has 1 entries"},
+        {",\"layer_types\":[\"linear_attention\",\"sliding_attention\",\"full_attention\",\"full_attention\","
+         "\"a\",\"b\",\"c\",\"d\"]", "layer_types[1]: expected \"linear_attention\" or \"full_attention\""},
+        {",\"attn_output_gate\":false", "'attn_output_gate' is false"},
+        {",\"mtp_num_hidden_layers\":-1", "'mtp_num_hidden_layers' must be >= 0"},
+        {",\"rope_parameters\":{\"mrope_section\":[11,11]}", "'mrope_section': expected an array of 3"},
+        {",\"rope_parameters\":{\"mrope_section\":[11,11,11]}", "'mrope_section' sums to 33, more than the 32"},
+    };
+    ct_model_config mc;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ct_error err = {0};
+        int rc = parse_fmt(&mc, &err, "{\"model_type\":\"qwen3_5_text\"," Q35_BASE ",\"intermediate_size\":256%s%s}",
+                           cases[i].extra, "");
+        CHECK(rc == CT_ERR_INPUT && strstr(err.msg, "test.json: ") && strstr(err.msg, cases[i].key), "%s: %s",
+              cases[i].extra, err.msg);
+    }
+    ct_error err = {0};
+    CHECK(parse_text(&mc, "{\"model_type\":\"qwen3_5\"}", &err) == CT_ERR_INPUT &&
+          strstr(err.msg, "test.json: key 'text_config' is missing"), "%s", err.msg);
+    CHECK(parse_text(&mc, "{\"model_type\":\"qwen3_5_moe\",\"text_config\":{" Q35_BASE ",\"linear_num_key_heads\":5}}",
+                     &err) == CT_ERR_INPUT && strstr(err.msg, "test.json: text_config: linear_num_value_heads"), "%s", err.msg);
+    CHECK(parse_text(&mc, "{\"model_type\":\"qwen3_5\",\"tie_word_embeddings\":true,\"text_config\":{" Q35_BASE
+                          ",\"intermediate_size\":8}}", &err) == CT_ERR_INPUT &&
+          strstr(err.msg, "text_config: key 'tie_word_embeddings' is false but the wrapper's is true (its default)"),
+          "%s", err.msg);
+    CHECK(parse_text(&mc, "{\"model_type\":\"qwen3_5_moe_text\"," Q35_BASE ",\"shared_expert_intermediate_size\":0}",
+                     &err) == CT_ERR_INPUT && strstr(err.msg, "'shared_expert_intermediate_size' must be positive"),
+          "%s", err.msg);
+}
+
+TEST(gdn_models_are_refused_for_compute_with_one_message)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/tiny-qwen3_5", &err) == CT_OK, "%s", err.msg);
+    CHECK(model_config_check_runnable(&mc, "m/config.json", &err) == CT_ERR_INPUT &&
+          strstr(err.msg, "m/config.json: model_type qwen3_5: ctune cannot train Gated DeltaNet layers yet"), "%s", err.msg);
+    REQUIRE(model_config_load(&mc, "configs/models/tiny-moe", &err) == CT_OK, "%s", err.msg);
+    CHECK(model_config_check_runnable(&mc, "m/config.json", &err) == CT_OK, "qwen3_moe runs");
+}
+
+/* The fixture lists what transformers' save_pretrained writes for the config
+ * (scripts/gdn_model_fixtures.py): the specs must hold exactly those tensors. */
+static void check_specs_match_fixture(const char *name)
+{
+    char cfg[256], fix[256];
+    snprintf(cfg, sizeof cfg, "configs/models/%s", name);
+    snprintf(fix, sizeof fix, "tests/fixtures/gdn_models/%s.json", name);
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, cfg, &err) == CT_OK, "%s", err.msg);
+    json_doc *doc = json_parse_file(fix, &err);
+    REQUIRE(doc, "%s", err.msg);
+    const json_value *want = json_get_type(json_root(doc), "tensors", JSON_OBJECT);
+    size_t n;
+    ct_tensor_spec *s = model_tensor_specs(&mc, &n);
+    CHECK(want && want->count == n, "%s: %zu tensors in the spec, %zu in the fixture", name, n, want ? want->count : 0);
+    for (size_t i = 0; want && i < n; i++) {
+        const json_value *shape = json_get_type(want, s[i].name, JSON_ARRAY);
+        bool same = shape && shape->count == (size_t)s[i].ndim;
+        for (int d = 0; same && d < s[i].ndim; d++) same = shape->items[d]->integer == s[i].shape[d];
+        CHECK(same, "%s: %s: not in the fixture with the spec's shape", name, s[i].name);
+    }
+    free(s);
+    json_free(doc);
+}
+
+TEST(gdn_tensor_specs_equal_what_transformers_saves)
+{
+    check_specs_match_fixture("tiny-qwen3_5");
+    check_specs_match_fixture("tiny-qwen3_5-text");
+    check_specs_match_fixture("tiny-qwen3_5-moe");
+    check_specs_match_fixture("tiny-qwen3-next");
+}
+
+TEST(gdn_param_counts_leave_conv_and_gates_out_of_n)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/tiny-qwen3_5-text", &err) == CT_OK, "%s", err.msg);
+    ct_param_counts c = model_param_counts(&mc);
+    size_t V = 384, H = 128, I = 256, Hv = 4, Kd = 64, Vd = 128, conv = 2 * Kd + Vd, W = 4, dv = 32, D = 64;
+    size_t gdn_mm = conv * H + Vd * H + 2 * Hv * H + H * Vd, attn_mm = 2 * 256 * H + 2 * 128 * H + H * 256;
+    size_t mlp = 3 * H * I, matmul = 3 * gdn_mm + attn_mm + 4 * mlp;
+    size_t other = 3 * (conv * W + 2 * Hv + dv) + 2 * D + 4 * 2 * H + H;
+    CHECK(c.per_token_active == matmul + V * H, "N %zu, want %zu", c.per_token_active, matmul + V * H);
+    CHECK(c.total == matmul + other + 2 * V * H, "total %zu, want %zu", c.total, matmul + other + 2 * V * H);
+}
+
 int main(void)
 {
     RUN(shipped_tiny_config_parses);
@@ -531,5 +769,14 @@ int main(void)
     RUN(param_counts_qwen3_0_6b_follow_config_math);
     RUN(param_counts_moe_count_active_experts_only);
     RUN(check_weights_accepts_spec_and_names_bad_tensor);
+    RUN(shipped_qwen3_5_9b_config_parses_through_text_config);
+    RUN(shipped_gdn_moe_configs_parse);
+    RUN(gdn_absent_fields_take_transformers_defaults);
+    RUN(gdn_wrapper_reads_text_config_like_text_only);
+    RUN(gdn_layer_types_win_over_full_attention_interval);
+    RUN(gdn_refusals_name_file_and_key);
+    RUN(gdn_models_are_refused_for_compute_with_one_message);
+    RUN(gdn_tensor_specs_equal_what_transformers_saves);
+    RUN(gdn_param_counts_leave_conv_and_gates_out_of_n);
     return check_summary();
 }

@@ -102,6 +102,7 @@ static jt_value repeat(jt_render *r, jt_value seq, long long n)
         return jt_str_v(p, total);
     }
     jt_value out = jt_list_v(&r->c, seq.list->n * k, seq.list->kind == JT_SEQ_TUPLE ? JT_SEQ_TUPLE : JT_SEQ_LIST);
+    if (unit == 0) return out; /* an empty list has no items array to offset into */
     for (size_t i = 0; i < k; i++) memcpy(out.list->items + i * seq.list->n, seq.list->items, unit);
     return out;
 }

@@ -685,9 +685,16 @@ TEST(gdn_models_are_refused_for_compute_with_one_message)
 {
     ct_model_config mc;
     ct_error err = {0};
-    REQUIRE(model_config_load(&mc, "configs/models/tiny-qwen3_5", &err) == CT_OK, "%s", err.msg);
+    REQUIRE(model_config_load(&mc, "configs/models/tiny-qwen3_5-moe", &err) == CT_OK, "%s", err.msg);
     CHECK(model_config_check_runnable(&mc, "m/config.json", &err) == CT_ERR_INPUT &&
-          strstr(err.msg, "m/config.json: model_type qwen3_5: ctune cannot train Gated DeltaNet layers yet"), "%s", err.msg);
+          strstr(err.msg, "m/config.json: model_type qwen3_5_moe: ctune cannot train this Gated DeltaNet hybrid yet"),
+          "%s", err.msg);
+    REQUIRE(model_config_load(&mc, "configs/models/tiny-qwen3-next", &err) == CT_OK, "%s", err.msg);
+    CHECK(model_config_check_runnable(&mc, "m/config.json", &err) == CT_ERR_INPUT, "qwen3_next refused");
+    REQUIRE(model_config_load(&mc, "configs/models/tiny-qwen3_5", &err) == CT_OK, "%s", err.msg);
+    CHECK(model_config_check_runnable(&mc, "m/config.json", &err) == CT_OK, "qwen3_5 runs: %s", err.msg);
+    REQUIRE(model_config_load(&mc, "configs/models/tiny-qwen3_5-text", &err) == CT_OK, "%s", err.msg);
+    CHECK(model_config_check_runnable(&mc, "m/config.json", &err) == CT_OK, "qwen3_5_text runs: %s", err.msg);
     REQUIRE(model_config_load(&mc, "configs/models/tiny-moe", &err) == CT_OK, "%s", err.msg);
     CHECK(model_config_check_runnable(&mc, "m/config.json", &err) == CT_OK, "qwen3_moe runs");
 }

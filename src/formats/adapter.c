@@ -35,8 +35,9 @@
 #include "json.h"
 
 static const char *const projection_names[] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                               "gate_proj", "up_proj", "down_proj"};
-#define N_PROJECTIONS 7
+                                               "gate_proj", "up_proj", "down_proj",
+                                               "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"};
+#define N_PROJECTIONS 12
 
 static int add_target(ct_lora_config *c, const char *name, const char *src, ct_error *err)
 {
@@ -45,7 +46,8 @@ static int add_target(ct_lora_config *c, const char *name, const char *src, ct_e
     for (int i = 0; i < N_PROJECTIONS; i++) known |= !strcmp(name, projection_names[i]);
     if (!known)
         return CT_FAIL_INPUT(err, "%s: target_modules: '%s' is not one of q_proj, k_proj, v_proj, o_proj, "
-                             "gate_proj, up_proj, down_proj (ctune applies LoRA to those only)", src, name);
+                             "gate_proj, up_proj, down_proj (or a Gated DeltaNet layer's in_proj_qkv, in_proj_z, in_proj_b, "
+                             "in_proj_a, out_proj; ctune applies LoRA to those only)", src, name);
     for (int i = 0; i < c->n_target_modules; i++)
         if (!strcmp(c->target_modules[i], name)) return CT_OK;
     strcpy(c->target_modules[c->n_target_modules++], name);
@@ -246,7 +248,7 @@ int adapter_load(ct_lora *lo, const ct_model *m, const char *dir, ct_error *err)
 static const char *target_name(const ct_lora *lo, ct_module mod)
 {
     static const char *const mixtral_names[] = {"w1", "w3", "w2"};
-    if (mod < CT_MOD_GATE) return model_module_name(mod);
+    if (!model_module_is_mlp(mod)) return model_module_name(mod);
     if (lo->arch == CT_ARCH_GPT_OSS) return NULL;
     return lo->arch == CT_ARCH_MIXTRAL ? mixtral_names[mod - CT_MOD_GATE] : model_module_name(mod);
 }
@@ -259,7 +261,7 @@ static void write_pattern_targets(const ct_lora *lo, bool experts, json_writer *
     char pattern[256] = "";
     size_t n = 0;
     for (int part = 0; part < 2; part++) {
-        int first = part ? CT_MOD_GATE : CT_MOD_Q, end = part ? CT_MOD_COUNT : CT_MOD_GATE, k = 0;
+        int first = part ? CT_MOD_GATE : CT_MOD_Q, end = part ? CT_MOD_DOWN + 1 : CT_MOD_GATE, k = 0;
         if (part && !experts) break;
         for (int mod = first; mod < end; mod++) {
             if (!lo->targeted[mod]) continue;
@@ -320,7 +322,7 @@ void adapter_write_config(const ct_lora *lo, const ct_model_config *c, const cha
     if (gpt_oss_experts || dense_as_params) {
         json_write_raw(w, ",\n  \"target_parameters\": [");
         bool first = true;
-        for (int mod = CT_MOD_GATE; mod < CT_MOD_COUNT; mod++) {
+        for (int mod = CT_MOD_GATE; mod <= CT_MOD_DOWN; mod++) {
             char name[64];
             if (!lo->targeted[mod] || (gpt_oss_experts && mod == CT_MOD_UP)) continue;
             if (gpt_oss_experts)

@@ -65,9 +65,15 @@ static const char *const device_names[] = { "auto", "cpu", "cuda", NULL };
 static const char *const tri_names[] = { "auto", "on", "off", NULL };
 static const char *const ckpt_layer_names[] = { "all", "auto", NULL };
 static const char *const init_names[] = { "true", "gaussian", NULL };
+/* The first N_ALL_LINEAR are what all-linear lists (every family has them); the
+ * Gated DeltaNet projections after them are taken by all-linear too where the
+ * model has them (lora_init: target_all_linear). */
 static const char *const linear_names[] = {
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", NULL };
-#define LINEAR_LIST "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj", NULL };
+#define N_ALL_LINEAR 7
+#define LINEAR_LIST "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (Gated DeltaNet layers: " \
+                    "in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj)"
 
 #define OFF(f) offsetof(ct_config, f)
 #define PATHK(k, f, e)            { .name = k, .kind = K_PATH, .off = OFF(f), .expect = e }
@@ -155,7 +161,7 @@ void config_defaults(ct_config *cfg)
     l->lora_alpha = 32;
     l->lora_dropout = 0;
     l->use_rslora = false;
-    for (int i = 0; linear_names[i]; i++) strcpy(l->target_modules[l->n_target_modules++], linear_names[i]);
+    for (int i = 0; i < N_ALL_LINEAR; i++) strcpy(l->target_modules[l->n_target_modules++], linear_names[i]);
     l->target_all_linear = true;
     strcpy(l->init_lora_weights, "true");
     ct_data_config *d = &cfg->data;
@@ -410,7 +416,7 @@ static int set_targets(const src *s, const key_spec *k, const yaml_node_t *n, ct
         if (strcmp(scalar(n), "all-linear"))
             return fail_at(s, n, err, "%s: '%s' is not all-linear (expected %s)", k->name, scalar(n), k->expect);
         l->n_target_modules = 0;
-        for (int i = 0; linear_names[i]; i++) strcpy(l->target_modules[l->n_target_modules++], linear_names[i]);
+        for (int i = 0; i < N_ALL_LINEAR; i++) strcpy(l->target_modules[l->n_target_modules++], linear_names[i]);
         l->target_all_linear = true;
         return CT_OK;
     }

@@ -545,9 +545,11 @@ static int parse_gdn(ct_model_config *mc, const json_value *root, const char *sr
 
 int model_config_check_runnable(const ct_model_config *mc, const char *source, ct_error *err)
 {
-    if (!mc->gdn) return CT_OK;
-    return CT_FAIL_INPUT(err, "%s: model_type %s: ctune cannot train Gated DeltaNet layers yet "
-                         "(init and inspect read it; train, eval and generate need the GDN graph)",
+    /* qwen3_5 and qwen3_5_text (dense MLP, contiguous GDN projections) run on
+     * backends with the GDN ops; the MoE hybrids and qwen3_next not yet. */
+    if (!mc->gdn || mc->arch == CT_ARCH_QWEN3_5) return CT_OK;
+    return CT_FAIL_INPUT(err, "%s: model_type %s: ctune cannot train this Gated DeltaNet hybrid yet "
+                         "(init and inspect read it; train and eval run qwen3_5 and qwen3_5_text only)",
                          source, mc->model_type);
 }
 

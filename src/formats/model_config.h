@@ -150,9 +150,10 @@ typedef struct ct_param_counts {
 } ct_param_counts;
 ct_param_counts model_param_counts(const ct_model_config *mc);
 
-/* For the families ctune can describe but not yet run (Gated DeltaNet):
- * CT_ERR_INPUT "SOURCE: model_type T: ctune cannot train Gated DeltaNet layers
- * yet"; CT_OK for every other model. model_load calls it, so train, eval and
+/* For the families ctune can describe but not yet run (the Gated DeltaNet
+ * hybrids qwen3_5_moe(_text) and qwen3_next): CT_ERR_INPUT "SOURCE: model_type
+ * T: ctune cannot train this Gated DeltaNet hybrid yet"; CT_OK for every other
+ * model (qwen3_5 and qwen3_5_text included). model_load calls it, so train, eval and
  * generate refuse such a model before reading its weights. */
 int model_config_check_runnable(const ct_model_config *mc, const char *source, ct_error *err);
 

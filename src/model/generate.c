@@ -61,6 +61,11 @@ ct_generator *generator_new(const ct_model *m, const ct_lora *lo, int capacity, 
         CT_FAIL_INPUT(err, "generate: capacity %d and chunk %d must be >= 1", capacity, chunk);
         return NULL;
     }
+    if (c->gdn) {
+        CT_FAIL_INPUT(err, "generate: model_type %s: ctune's decoder has no Gated DeltaNet layers yet (train and "
+                      "eval run it; generate with transformers + PEFT from the saved adapter)", c->model_type);
+        return NULL;
+    }
     if (capacity > c->max_position_embeddings) {
         CT_FAIL_INPUT(err, "prompt + new tokens = %d positions, more than the model's max_position_embeddings %d",
                       capacity, c->max_position_embeddings);

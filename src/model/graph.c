@@ -7,6 +7,15 @@
  *   hn = rmsnorm(h) ; gu = hn Wgu^T (+LoRA gate|up) ; a = silu(gate) * up
  *   out = h + a Wdown^T (+LoRA down)
  * Sparse layers replace the last two lines by out = h + MoE(hn) (graph_moe.c).
+ *
+ * Gated DeltaNet hybrids (qwen3_5*): their norms scale by 1 + w, precomputed at
+ * load, so the rmsnorm ops apply unchanged. A gated attention layer's fused
+ * projection has columns [q (Q) | gate (Q) | k | v] and its attention output
+ * is multiplied by sigmoid(gate) before o_proj. A GDN layer replaces the
+ * attention by (P = NP columns [qkv (conv_dim) | z (Vd) | b (Hv) | a (Hv)]):
+ *   P = xn Win^T (+LoRA in_proj_qkv|z|b|a) ; c = silu(conv(P[:, qkv])) per document
+ *   g, beta = gates(a, b) ; o = gated delta rule(c's q, k, v, g, beta) per document
+ *   h = x + gated_rmsnorm(o, z) Wout^T (+LoRA out_proj)
  * Backward runs the same steps in reverse, writing LoRA gradients only. */
 #include "graph.h"
 #include "graph_moe.h"
@@ -32,6 +41,14 @@ typedef struct layer_acts {
     void *gu;        /* (C, 2I), dense layers: C = one MLP chunk in the workspace that
                       * recomputed layers share, else T (every chunk of the layer) */
     void *act;       /* (C, I), dense layers */
+    void *gated;     /* (T, Q) attention output times sigmoid(gate): o_proj's input
+                      * (gated attention layers) */
+    /* Gated DeltaNet layers */
+    void *proj;      /* (T, NP) fused input projection [qkv | z | b | a] */
+    void *conv;      /* (T, conv_dim) conv + SiLU: q | k | v */
+    float *gg, *beta;/* (T, Hv) decay (log) and write gates */
+    void *core;      /* (T, Vd) delta-rule output */
+    void *normed;    /* (T, Vd) gated RMSNorm output: out_proj's input */
 } layer_acts;
 
 struct ct_graph {
@@ -59,6 +76,10 @@ struct ct_graph {
     void *dgu;            /* (C, 2I) */
     void *dattn;          /* (T, Q) */
     void *dqkv;           /* (T, QKV) */
+    void *dproj;          /* (T, NP) GDN layers' scratch */
+    void *dconv;          /* (T, conv_dim) */
+    void *dcore, *dnormed;/* (T, Vd) */
+    float *dgg, *dbeta;   /* (T, Hv) */
     int32_t *tokens, *positions, *cu_seqlens, *target_rows, *target_ids; /* the current batch's device set */
     /* Batch upload (graph_set_batch): CT_UPLOAD_SLOTS device sets of the five
      * arrays above, each (5T + 1) int32, filled from page-locked staging on the
@@ -78,6 +99,17 @@ struct ct_graph {
 };
 
 static void *act_at(const ct_graph *g, void *p, size_t elems) { return (char *)p + elems * g->be->act_bytes; }
+
+/* Layer l of a GDN hybrid is a Gated DeltaNet layer (else attention). */
+static bool layer_gdn(const ct_model_config *c, int l) { return c->gdn && c->layer_linear[l]; }
+
+static bool recomputed(const ct_graph *g, int l) { return l < g->n_recompute; }
+
+/* Recomputed layers share workspace 0; layer l >= n_recompute keeps its own. */
+static int ws_of(const ct_graph *g, int l)
+{
+    return recomputed(g, l) ? 0 : (g->n_recompute > 0) + l - g->n_recompute;
+}
 /* The v columns attention reads: with qk_norm the fused norm + RoPE writes only q
  * and k, and v is read where the projection put it (no copy). */
 static void *layer_v(const ct_graph *g, const layer_acts *a, size_t v_col)
@@ -97,9 +129,16 @@ static void graph_layout(ct_graph *g, ct_arena *ar)
     const ct_model_config *c = &g->m->cfg;
     size_t T = g->capacity, C = g->mlp_chunk, H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
     size_t nq = c->num_attention_heads, nkv = c->num_key_value_heads, L = c->num_hidden_layers;
-    size_t Q = nq * D, QKV = Q + 2 * nkv * D, A = g->be->act_bytes, F = sizeof(float);
+    size_t Q = nq * D, QKV = (model_attn_gated(c) ? 2 * Q : Q) + 2 * nkv * D, A = g->be->act_bytes, F = sizeof(float);
+    size_t NP = c->gdn ? model_gdn_proj_dim(c) : 0, CD = c->gdn ? model_gdn_conv_dim(c) : 0;
+    size_t Vd = c->gdn ? model_gdn_value_dim(c) : 0, Hv = c->linear_num_value_heads;
     bool dense_mlp = false; /* only a model with a dense MLP layer needs its buffers */
-    for (size_t l = 0; l < L; l++) dense_mlp |= !c->layer_sparse[l];
+    bool any_attn = false, any_gdn = false; /* likewise attention and GDN layers */
+    for (size_t l = 0; l < L; l++) {
+        dense_mlp |= !c->layer_sparse[l];
+        any_attn |= !layer_gdn(c, (int)l);
+        any_gdn |= layer_gdn(c, (int)l);
+    }
 
     size_t mark = ar->used;
     for (size_t l = 0; l <= L; l++) g->xs[l] = (int)l < g->n_off ? NULL : arena_take(ar, T * H * A);
@@ -111,14 +150,27 @@ static void graph_layout(ct_graph *g, ct_arena *ar)
     for (int i = 0; i < g->n_ws; i++) {
         layer_acts *a = &g->ws[i];
         size_t M = i == 0 && g->n_recompute > 0 ? C : T; /* MLP rows: one chunk, or every chunk */
+        bool attn = false, gdn = false; /* the kinds of layer this workspace serves */
+        for (int l = 0; l < (int)L; l++)
+            if (ws_of(g, l) == i) {
+                attn |= !layer_gdn(c, l);
+                gdn |= layer_gdn(c, l);
+            }
         a->xn = arena_take(ar, T * H * A);
         a->rstd1 = arena_take(ar, T * F);
-        a->qkv_raw = c->qk_norm ? arena_take(ar, T * QKV * A) : NULL;
-        a->rstd_q = c->qk_norm ? arena_take(ar, T * nq * F) : NULL;
-        a->rstd_k = c->qk_norm ? arena_take(ar, T * nkv * F) : NULL;
-        a->qkv = arena_take(ar, T * QKV * A);
-        a->attn = arena_take(ar, T * Q * A);
-        a->lse = arena_take(ar, T * nq * F);
+        a->qkv_raw = attn && c->qk_norm ? arena_take(ar, T * QKV * A) : NULL;
+        a->rstd_q = attn && c->qk_norm ? arena_take(ar, T * nq * F) : NULL;
+        a->rstd_k = attn && c->qk_norm ? arena_take(ar, T * nkv * F) : NULL;
+        a->qkv = attn ? arena_take(ar, T * QKV * A) : NULL;
+        a->attn = attn ? arena_take(ar, T * Q * A) : NULL;
+        a->lse = attn ? arena_take(ar, T * nq * F) : NULL;
+        a->gated = attn && model_attn_gated(c) ? arena_take(ar, T * Q * A) : NULL;
+        a->proj = gdn ? arena_take(ar, T * NP * A) : NULL;
+        a->conv = gdn ? arena_take(ar, T * CD * A) : NULL;
+        a->gg = gdn ? arena_take(ar, T * Hv * F) : NULL;
+        a->beta = gdn ? arena_take(ar, T * Hv * F) : NULL;
+        a->core = gdn ? arena_take(ar, T * Vd * A) : NULL;
+        a->normed = gdn ? arena_take(ar, T * Vd * A) : NULL;
         a->h = arena_take(ar, T * H * A);
         a->hn = arena_take(ar, T * H * A);
         a->rstd2 = arena_take(ar, T * F);
@@ -134,8 +186,14 @@ static void graph_layout(ct_graph *g, ct_arena *ar)
     g->dxn = arena_take(ar, T * H * A);
     g->dact = dense_mlp ? arena_take(ar, C * I * A) : NULL;
     g->dgu = dense_mlp ? arena_take(ar, C * 2 * I * A) : NULL;
-    g->dattn = arena_take(ar, T * Q * A);
-    g->dqkv = arena_take(ar, T * QKV * A);
+    g->dattn = any_attn ? arena_take(ar, T * Q * A) : NULL;
+    g->dqkv = any_attn ? arena_take(ar, T * QKV * A) : NULL;
+    g->dproj = any_gdn ? arena_take(ar, T * NP * A) : NULL;
+    g->dconv = any_gdn ? arena_take(ar, T * CD * A) : NULL;
+    g->dcore = any_gdn ? arena_take(ar, T * Vd * A) : NULL;
+    g->dnormed = any_gdn ? arena_take(ar, T * Vd * A) : NULL;
+    g->dgg = any_gdn ? arena_take(ar, T * Hv * F) : NULL;
+    g->dbeta = any_gdn ? arena_take(ar, T * Hv * F) : NULL;
     if (g->moe) moe_layout(g->moe, ar);
     g->sizes.working = ar->used - mark;
     mark = ar->used;
@@ -387,14 +445,6 @@ static void lora_bwd_shared(ct_graph *g, const lora_ctx *lc, int l, const ct_mod
 
 static int layer_window(const ct_model_config *c, int l) { return c->layer_sliding[l] ? c->sliding_window : 0; }
 
-static bool recomputed(const ct_graph *g, int l) { return l < g->n_recompute; }
-
-/* Recomputed layers share workspace 0; layer l >= n_recompute keeps its own. */
-static int ws_of(const ct_graph *g, int l)
-{
-    return recomputed(g, l) ? 0 : (g->n_recompute > 0) + l - g->n_recompute;
-}
-
 /* gu = hn Wgu^T (+LoRA gate|up) and act = swiglu(gu) for the n tokens of chunk c
  * (hn already offset to its first token; gu and act start at row 0). */
 static void mlp_chunk_forward(ct_graph *g, const lora_ctx *lc, int l, const void *hn, void *gu, void *act, int n,
@@ -450,6 +500,135 @@ static void mlp_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_act
     }
 }
 
+static const ct_module gdn_in_qkvz[2] = {CT_MOD_IN_QKV, CT_MOD_IN_Z};
+static const ct_module gdn_in_ba[2] = {CT_MOD_IN_B, CT_MOD_IN_A};
+
+/* The GDN mixer of layer l: a->h = x + out_proj(gated_rmsnorm(delta(conv(P)), z)),
+ * P = a->xn Win^T (+LoRA). */
+static void gdn_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x, layer_acts *a)
+{
+    const ct_model_config *c = &g->m->cfg;
+    const ct_layer_weights *w = &g->m->layers[l];
+    ct_backend *be = g->be;
+    int T = g->T, H = c->hidden_size, NP = model_gdn_proj_dim(c), CD = model_gdn_conv_dim(c);
+    int Kd = model_gdn_key_dim(c), Vd = model_gdn_value_dim(c), Hv = c->linear_num_value_heads;
+    int Hk = c->linear_num_key_heads, Dk = c->linear_key_head_dim, Dv = c->linear_value_head_dim;
+    be->linear_fwd(be, a->proj, NP, a->xn, H, w->win, NULL, T, H, NP, 0);
+    lora_fwd_shared(g, lc, l, gdn_in_qkvz, (int[]){0, CD}, 2, a->proj, NP, a->xn, H, T, 0);
+    lora_fwd_shared(g, lc, l, gdn_in_ba, (int[]){CD + Vd, CD + Vd + Hv}, 2, a->proj, NP, a->xn, H, T, 0);
+    be->gdn_conv_fwd(be, a->conv, CD, a->proj, NP, w->conv_w, g->positions, T, CD, c->linear_conv_kernel_dim);
+    be->gdn_gates_fwd(be, a->gg, a->beta, act_at(g, a->proj, CD + Vd + Hv), NP, act_at(g, a->proj, CD + Vd), NP,
+                      w->A_log, w->dt_bias, T, Hv);
+    be->gdn_delta_fwd(be, a->core, Vd, a->conv, CD, act_at(g, a->conv, Kd), CD, act_at(g, a->conv, 2 * Kd), CD,
+                      a->gg, a->beta, g->cu_seqlens, g->n_docs, Hk, Hv, Dk, Dv, 1.0f / sqrtf((float)Dk));
+    be->gated_rmsnorm_fwd(be, a->normed, Vd, a->core, Vd, act_at(g, a->proj, CD), NP, w->gdn_norm, T, Hv, Dv,
+                          (float)c->rms_norm_eps);
+    be->linear_fwd_residual(be, a->h, H, x, a->normed, Vd, w->wout, NULL, T, Vd, H);
+    lora_fwd(g, lc, l, CT_MOD_OUT, a->h, H, a->normed, Vd, T, 0);
+}
+
+/* Its backward from g->dh (the gradient of a->h) to g->dxn (of a->xn). */
+static void gdn_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_acts *a)
+{
+    const ct_model_config *c = &g->m->cfg;
+    const ct_layer_weights *w = &g->m->layers[l];
+    ct_backend *be = g->be;
+    int T = g->T, H = c->hidden_size, NP = model_gdn_proj_dim(c), CD = model_gdn_conv_dim(c);
+    int Kd = model_gdn_key_dim(c), Vd = model_gdn_value_dim(c), Hv = c->linear_num_value_heads;
+    int Hk = c->linear_num_key_heads, Dk = c->linear_key_head_dim, Dv = c->linear_value_head_dim;
+    be->linear_bwd_input(be, g->dnormed, Vd, g->dh, H, w->wout, T, Vd, H, 0);
+    lora_bwd(g, lc, l, CT_MOD_OUT, g->dnormed, Vd, g->dh, H, a->normed, Vd, T, 0);
+    be->gated_rmsnorm_bwd(be, g->dcore, Vd, act_at(g, g->dproj, CD), NP, g->dnormed, Vd, a->core, Vd,
+                          act_at(g, a->proj, CD), NP, w->gdn_norm, T, Hv, Dv, (float)c->rms_norm_eps);
+    be->gdn_delta_bwd(be, g->dconv, CD, act_at(g, g->dconv, Kd), CD, act_at(g, g->dconv, 2 * Kd), CD, g->dgg,
+                      g->dbeta, g->dcore, Vd, a->conv, CD, act_at(g, a->conv, Kd), CD, act_at(g, a->conv, 2 * Kd),
+                      CD, a->gg, a->beta, g->cu_seqlens, g->n_docs, Hk, Hv, Dk, Dv, 1.0f / sqrtf((float)Dk));
+    be->gdn_gates_bwd(be, act_at(g, g->dproj, CD + Vd + Hv), NP, act_at(g, g->dproj, CD + Vd), NP, g->dgg, g->dbeta,
+                      act_at(g, a->proj, CD + Vd + Hv), NP, act_at(g, a->proj, CD + Vd), NP, w->A_log, w->dt_bias,
+                      T, Hv);
+    be->gdn_conv_bwd(be, g->dproj, NP, g->dconv, CD, a->proj, NP, w->conv_w, g->positions, T, CD,
+                     c->linear_conv_kernel_dim);
+    be->linear_bwd_input(be, g->dxn, H, g->dproj, NP, w->win, T, H, NP, 0);
+    lora_bwd_shared(g, lc, l, gdn_in_qkvz, (int[]){0, CD}, 2, g->dxn, H, g->dproj, NP, a->xn, H, T, 0);
+    lora_bwd_shared(g, lc, l, gdn_in_ba, (int[]){CD + Vd, CD + Vd + Hv}, 2, g->dxn, H, g->dproj, NP, a->xn, H, T, 0);
+}
+
+/* The attention of layer l: a->h = x + o(attn(rope(norm_qk(qkv(a->xn))))) [* sigmoid(gate)]. */
+static void attention_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x, layer_acts *a)
+{
+    const ct_model_config *c = &g->m->cfg;
+    const ct_layer_weights *w = &g->m->layers[l];
+    ct_backend *be = g->be;
+    int T = g->T, H = c->hidden_size, D = c->head_dim;
+    int nq = c->num_attention_heads, nkv = c->num_key_value_heads, Q = nq * D, KV = nkv * D;
+    int Qw = model_attn_gated(c) ? 2 * Q : Q, QKV = Qw + 2 * KV; /* q (and gate) columns, all columns */
+    float eps = (float)c->rms_norm_eps;
+
+    void *qkv_lin = c->qk_norm ? a->qkv_raw : a->qkv;
+    be->linear_fwd(be, qkv_lin, QKV, a->xn, H, w->wqkv, w->bqkv, T, H, QKV, 0);
+    lora_fwd_shared(g, lc, l, qkv_mods, (int[]){0, Qw, Qw + KV}, 3, qkv_lin, QKV, a->xn, H, T, 0);
+    void *q = a->qkv, *k = act_at(g, a->qkv, Qw), *v = layer_v(g, a, Qw + KV);
+    const int32_t *pos = g->positions;
+    const float *freq = g->m->inv_freq, scaling = g->m->attn_scaling;
+    int rot = g->m->rot_dim;
+    if (c->qk_norm) {
+        be->rmsnorm_rope_fwd(be, q, QKV, a->rstd_q, a->qkv_raw, QKV, w->q_norm, pos, freq, T, nq, D, rot, eps,
+                             scaling);
+        be->rmsnorm_rope_fwd(be, k, QKV, a->rstd_k, act_at(g, a->qkv_raw, Qw), QKV, w->k_norm, pos, freq, T, nkv,
+                             D, rot, eps, scaling);
+    } else {
+        be->rope(be, q, QKV, pos, freq, T, nq, D, rot, scaling, 0);
+        be->rope(be, k, QKV, pos, freq, T, nkv, D, rot, scaling, 0);
+    }
+    be->attention_fwd(be, a->attn, Q, a->lse, q, QKV, k, QKV, v, QKV, g->cu_seqlens, g->n_docs, g->max_seqlen,
+                      T, nq, nkv, D, 1.0f / sqrtf((float)D), layer_window(c, l), w->sinks);
+    void *oin = a->attn;
+    if (model_attn_gated(c)) {
+        be->sigmoid_gate_fwd(be, a->gated, Q, a->attn, Q, act_at(g, qkv_lin, Q), QKV, D, T, nq, D);
+        oin = a->gated;
+    }
+    be->linear_fwd_residual(be, a->h, H, x, oin, Q, w->wo, w->bo, T, Q, H);
+    lora_fwd(g, lc, l, CT_MOD_O, a->h, H, oin, Q, T, 0);
+}
+
+/* Its backward from g->dh to g->dxn. */
+static void attention_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_acts *a)
+{
+    const ct_model_config *c = &g->m->cfg;
+    const ct_layer_weights *w = &g->m->layers[l];
+    ct_backend *be = g->be;
+    int T = g->T, H = c->hidden_size, D = c->head_dim;
+    int nq = c->num_attention_heads, nkv = c->num_key_value_heads, Q = nq * D, KV = nkv * D;
+    int Qw = model_attn_gated(c) ? 2 * Q : Q, QKV = Qw + 2 * KV;
+    bool gated = model_attn_gated(c);
+    void *qkv_lin = c->qk_norm ? a->qkv_raw : a->qkv;
+
+    be->linear_bwd_input(be, g->dattn, Q, g->dh, H, w->wo, T, Q, H, 0);
+    lora_bwd(g, lc, l, CT_MOD_O, g->dattn, Q, g->dh, H, gated ? a->gated : a->attn, Q, T, 0);
+    if (gated) /* in place: dattn becomes the gradient of the ungated output */
+        be->sigmoid_gate_bwd(be, g->dattn, Q, act_at(g, g->dqkv, Q), QKV, g->dattn, Q, a->attn, Q,
+                             act_at(g, qkv_lin, Q), QKV, D, T, nq, D);
+    void *q = a->qkv, *k = act_at(g, a->qkv, Qw), *v = layer_v(g, a, Qw + KV);
+    void *dq = g->dqkv, *dk = act_at(g, g->dqkv, Qw), *dv = act_at(g, g->dqkv, Qw + KV);
+    be->attention_bwd(be, dq, QKV, dk, QKV, dv, QKV, g->dattn, Q, a->attn, Q, a->lse, q, QKV, k, QKV, v, QKV,
+                      g->cu_seqlens, g->n_docs, g->max_seqlen, T, nq, nkv, D, 1.0f / sqrtf((float)D),
+                      layer_window(c, l), w->sinks);
+    const int32_t *pos = g->positions;
+    const float *freq = g->m->inv_freq, scaling = g->m->attn_scaling;
+    int rot = g->m->rot_dim;
+    if (c->qk_norm) { /* in place: dq, dk become the gradients of the raw projections */
+        be->rmsnorm_rope_bwd(be, dq, QKV, dq, QKV, a->qkv_raw, QKV, a->rstd_q, w->q_norm, pos, freq, T, nq, D, rot,
+                             scaling);
+        be->rmsnorm_rope_bwd(be, dk, QKV, dk, QKV, act_at(g, a->qkv_raw, Qw), QKV, a->rstd_k, w->k_norm, pos,
+                             freq, T, nkv, D, rot, scaling);
+    } else {
+        be->rope(be, dq, QKV, pos, freq, T, nq, D, rot, scaling, 1);
+        be->rope(be, dk, QKV, pos, freq, T, nkv, D, rot, scaling, 1);
+    }
+    be->linear_bwd_input(be, g->dxn, H, g->dqkv, QKV, w->wqkv, T, H, QKV, 0);
+    lora_bwd_shared(g, lc, l, qkv_mods, (int[]){0, Qw, Qw + KV}, 3, g->dxn, H, g->dqkv, QKV, a->xn, H, T, 0);
+}
+
 /* out NULL: the checkpointing recompute, which needs what backward reads and
  * not the output (already computed by the first forward): it stops after the
  * MLP norm for dense layers and before the expert un-permute for sparse ones. */
@@ -458,32 +637,12 @@ static void layer_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x,
     const ct_model_config *c = &g->m->cfg;
     const ct_layer_weights *w = &g->m->layers[l];
     ct_backend *be = g->be;
-    int T = g->T, H = c->hidden_size, D = c->head_dim;
-    int nq = c->num_attention_heads, nkv = c->num_key_value_heads, Q = nq * D, KV = nkv * D, QKV = Q + 2 * KV;
+    int T = g->T, H = c->hidden_size;
     float eps = (float)c->rms_norm_eps;
 
     be->rmsnorm_fwd(be, a->xn, H, a->rstd1, x, H, w->attn_norm, T, 1, H, eps);
-    void *qkv_lin = c->qk_norm ? a->qkv_raw : a->qkv;
-    be->linear_fwd(be, qkv_lin, QKV, a->xn, H, w->wqkv, w->bqkv, T, H, QKV, 0);
-    lora_fwd_shared(g, lc, l, qkv_mods, (int[]){0, Q, Q + KV}, 3, qkv_lin, QKV, a->xn, H, T, 0);
-    void *q = a->qkv, *k = act_at(g, a->qkv, Q), *v = layer_v(g, a, Q + KV);
-    const int32_t *pos = g->positions;
-    const float *freq = g->m->inv_freq, scaling = g->m->attn_scaling;
-    int rot = g->m->rot_dim;
-    if (c->qk_norm) {
-        be->rmsnorm_rope_fwd(be, q, QKV, a->rstd_q, a->qkv_raw, QKV, w->q_norm, pos, freq, T, nq, D, rot, eps,
-                             scaling);
-        be->rmsnorm_rope_fwd(be, k, QKV, a->rstd_k, act_at(g, a->qkv_raw, Q), QKV, w->k_norm, pos, freq, T, nkv,
-                             D, rot, eps, scaling);
-    } else {
-        be->rope(be, q, QKV, pos, freq, T, nq, D, rot, scaling, 0);
-        be->rope(be, k, QKV, pos, freq, T, nkv, D, rot, scaling, 0);
-    }
-    be->attention_fwd(be, a->attn, Q, a->lse, q, QKV, k, QKV, v, QKV, g->cu_seqlens, g->n_docs, g->max_seqlen,
-                      T, nq, nkv, D, 1.0f / sqrtf((float)D), layer_window(c, l), w->sinks);
-
-    be->linear_fwd_residual(be, a->h, H, x, a->attn, Q, w->wo, w->bo, T, Q, H);
-    lora_fwd(g, lc, l, CT_MOD_O, a->h, H, a->attn, Q, T, 0);
+    if (layer_gdn(c, l)) gdn_forward(g, lc, l, x, a);
+    else attention_forward(g, lc, l, x, a);
 
     be->rmsnorm_fwd(be, a->hn, H, a->rstd2, a->h, H, w->mlp_norm, T, 1, H, eps);
     if (c->layer_sparse[l]) {
@@ -501,8 +660,7 @@ static void layer_backward(ct_graph *g, const lora_ctx *lc, int l, const void *x
     const ct_model_config *c = &g->m->cfg;
     const ct_layer_weights *w = &g->m->layers[l];
     ct_backend *be = g->be;
-    int T = g->T, H = c->hidden_size, D = c->head_dim;
-    int nq = c->num_attention_heads, nkv = c->num_key_value_heads, Q = nq * D, KV = nkv * D, QKV = Q + 2 * KV;
+    int T = g->T, H = c->hidden_size;
 
     /* MLP: out = h + down(swiglu(gu(norm(h)))), or out = h + MoE(norm(h)) */
     if (c->layer_sparse[l]) {
@@ -513,29 +671,9 @@ static void layer_backward(ct_graph *g, const lora_ctx *lc, int l, const void *x
     }
     be->rmsnorm_bwd(be, g->dh, H, g->dhn, H, a->h, H, a->rstd2, w->mlp_norm, T, 1, H, d, H);
 
-    /* attention: h = x + o(attn(rope(norm_qk(qkv(norm(x)))))) */
-    be->linear_bwd_input(be, g->dattn, Q, g->dh, H, w->wo, T, Q, H, 0);
-    lora_bwd(g, lc, l, CT_MOD_O, g->dattn, Q, g->dh, H, a->attn, Q, T, 0);
-    void *q = a->qkv, *k = act_at(g, a->qkv, Q), *v = layer_v(g, a, Q + KV);
-    void *dq = g->dqkv, *dk = act_at(g, g->dqkv, Q), *dv = act_at(g, g->dqkv, Q + KV);
-    be->attention_bwd(be, dq, QKV, dk, QKV, dv, QKV, g->dattn, Q, a->attn, Q, a->lse, q, QKV, k, QKV, v, QKV,
-                      g->cu_seqlens, g->n_docs, g->max_seqlen, T, nq, nkv, D, 1.0f / sqrtf((float)D),
-                      layer_window(c, l), w->sinks);
-    const int32_t *pos = g->positions;
-    const float *freq = g->m->inv_freq, scaling = g->m->attn_scaling;
-    int rot = g->m->rot_dim;
-    if (c->qk_norm) { /* in place: dq, dk become the gradients of the raw projections */
-        be->rmsnorm_rope_bwd(be, dq, QKV, dq, QKV, a->qkv_raw, QKV, a->rstd_q, w->q_norm, pos, freq, T, nq, D, rot,
-                             scaling);
-        be->rmsnorm_rope_bwd(be, dk, QKV, dk, QKV, act_at(g, a->qkv_raw, Q), QKV, a->rstd_k, w->k_norm, pos, freq,
-                             T, nkv, D, rot, scaling);
-    } else {
-        be->rope(be, dq, QKV, pos, freq, T, nq, D, rot, scaling, 1);
-        be->rope(be, dk, QKV, pos, freq, T, nkv, D, rot, scaling, 1);
-    }
-    void *dlin = g->dqkv;
-    be->linear_bwd_input(be, g->dxn, H, dlin, QKV, w->wqkv, T, H, QKV, 0);
-    lora_bwd_shared(g, lc, l, qkv_mods, (int[]){0, Q, Q + KV}, 3, g->dxn, H, dlin, QKV, a->xn, H, T, 0);
+    /* the mixer: h = x + attention(norm(x)) or x + GDN(norm(x)) */
+    if (layer_gdn(c, l)) gdn_backward(g, lc, l, a);
+    else attention_backward(g, lc, l, a);
     be->rmsnorm_bwd(be, d, H, g->dxn, H, x, H, a->rstd1, w->attn_norm, T, 1, H, g->dh, H);
 }
 

@@ -54,10 +54,14 @@ void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dou
 void moe_aux_begin(ct_moe *mo);
 void moe_aux_loss(ct_moe *mo, float *loss_sum, int T);
 
-/* The seed of one module's dropout mask in one step (shared with graph.c). */
+/* The seed of one module's dropout mask in one step (shared with graph.c):
+ * layer * 7 + mod for the seven projections of every family (the numbering
+ * before the Gated DeltaNet modules; scripts/random_parity.py reproduces it),
+ * and its own range for those (2^40 + layer * 8 + mod). */
 static inline uint64_t graph_module_seed(uint64_t step_seed, int layer, ct_module mod)
 {
-    return ct_hash64(step_seed, (uint64_t)layer * CT_MOD_COUNT + mod);
+    uint64_t key = mod <= CT_MOD_DOWN ? (uint64_t)layer * 7 + mod : ((uint64_t)1 << 40) + (uint64_t)layer * 8 + mod;
+    return ct_hash64(step_seed, key);
 }
 
 #endif

@@ -38,7 +38,11 @@ int lora_init(ct_lora *lo, const ct_model *m, const ct_lora_config *cfg, uint64_
     lo->n_layers = c->num_hidden_layers;
     lo->arch = c->arch;
     for (int mod = 0; mod < CT_MOD_COUNT; mod++) {
-        lo->targeted[mod] = target_named(cfg, mod);
+        /* all-linear lists the seven projections every family has; it also takes
+         * a GDN hybrid's linear_attn projections (PEFT's all-linear does), and
+         * those are targeted only in a model that has them. */
+        lo->targeted[mod] = target_named(cfg, mod) || (cfg->target_all_linear && mod >= CT_MOD_IN_QKV);
+        if (mod >= CT_MOD_IN_QKV && !c->gdn) lo->targeted[mod] = false;
         model_module_shape(c, mod, &lo->in[mod], &lo->out[mod]);
     }
     if (c->arch == CT_ARCH_GPT_OSS && any_sparse(c) && lo->targeted[CT_MOD_GATE] != lo->targeted[CT_MOD_UP])
@@ -153,6 +157,9 @@ typedef struct peft_tensor {
     size_t offset;     /* of its first value in params */
     int fused_B_E;     /* > 0: a gpt_oss fused lora_B [out, R*E] whose column j*E + e is
                         * column j of expert e's B (stored (E, out, R) in params) */
+    int q_gated_D;     /* > 0: gated attention's q_proj lora_B: PEFT's row r (HF's
+                        * interleaved query/gate order, head dim q_gated_D) is row
+                        * model_q_row(r) in params (the fused weight's order) */
 } peft_tensor;
 
 /* Every tensor of the adapter in file order (layer, module, expert, A then B).
@@ -166,7 +173,7 @@ static size_t peft_tensors(const ct_lora *lo, const ct_model_config *c, peft_ten
         for (int mod = 0; mod < CT_MOD_COUNT; mod++) {
             const ct_lora_slot *s = lora_slot(lo, l, mod);
             if (!s->experts) continue;
-            bool experts = c->layer_sparse[l] && mod >= CT_MOD_GATE;
+            bool experts = c->layer_sparse[l] && model_module_is_mlp(mod);
             bool fused = experts && c->arch == CT_ARCH_GPT_OSS;
             int count = experts && !fused ? s->experts : 1;
             size_t b0 = s->offset + (size_t)s->experts * R * s->in;
@@ -190,11 +197,22 @@ static size_t peft_tensors(const ct_lora *lo, const ct_model_config *c, peft_ten
                         t->shape[0] = is_B ? s->out : R;
                         t->shape[1] = is_B ? R : s->in;
                         t->offset = is_B ? b0 + (size_t)e * s->out * R : s->offset + (size_t)e * R * s->in;
+                        if (is_B && mod == CT_MOD_Q && model_attn_gated(c)) t->q_gated_D = c->head_dim;
                     }
                 }
         }
     *out = v;
     return n;
+}
+
+/* Between params (rows [queries | gates]) and PEFT's q_proj lora_B (out = 2Q
+ * rows, per head D query rows then D gate rows), R columns. */
+static void q_gated_B_copy(float *peft, float *mine, int out, int R, int D, bool to_peft)
+{
+    for (int r = 0; r < out; r++) {
+        float *a = peft + (size_t)r * R, *b = mine + (size_t)model_q_row(r, D, out / 2) * R;
+        memcpy(to_peft ? a : b, to_peft ? b : a, (size_t)R * sizeof(float));
+    }
 }
 
 /* Between params (E, out, R) and PEFT's fused [out, R*E] (column j*E + e). */
@@ -225,6 +243,10 @@ int lora_save_peft(const ct_lora *lo, const ct_model *m, const char *dir, const 
         if (t->fused_B_E) {
             fused = ct_malloc((size_t)t->shape[0] * t->shape[1] * sizeof(float));
             fused_B_copy(fused, data, t->fused_B_E, (int)t->shape[0], lo->R, true);
+            data = fused;
+        } else if (t->q_gated_D) {
+            fused = ct_malloc((size_t)t->shape[0] * t->shape[1] * sizeof(float));
+            q_gated_B_copy(fused, data, (int)t->shape[0], lo->R, t->q_gated_D, true);
             data = fused;
         }
         rc = st_writer_add(sw, t->name, CT_DTYPE_F32, 2, t->shape, data, err);
@@ -265,6 +287,11 @@ int lora_load_peft(ct_lora *lo, const ct_model *m, const char *dir, ct_error *er
             memcpy(fused, t->data, t->nbytes);
             fused_B_copy(fused, host + want->offset, want->fused_B_E, (int)want->shape[0], lo->R, false);
             free(fused);
+        } else if (want->q_gated_D) {
+            float *peft = ct_malloc(t->nbytes);
+            memcpy(peft, t->data, t->nbytes);
+            q_gated_B_copy(peft, host + want->offset, (int)want->shape[0], lo->R, want->q_gated_D, false);
+            free(peft);
         } else {
             memcpy(host + want->offset, t->data, t->nbytes);
         }

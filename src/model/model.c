@@ -9,31 +9,43 @@
 #include <string.h>
 
 static const char *const module_names[CT_MOD_COUNT] = {
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"};
 
 const char *model_module_name(ct_module mod) { return module_names[mod]; }
 
-const char *model_module_parent(ct_module mod) { return mod <= CT_MOD_O ? "self_attn" : "mlp"; }
+const char *model_module_parent(ct_module mod)
+{
+    return mod <= CT_MOD_O ? "self_attn" : model_module_is_mlp(mod) ? "mlp" : "linear_attn";
+}
 
 void model_module_shape(const ct_model_config *c, ct_module mod, int *in, int *out)
 {
     int H = c->hidden_size, I = c->intermediate_size;
     int Q = c->num_attention_heads * c->head_dim, KV = c->num_key_value_heads * c->head_dim;
+    int Vd = c->gdn ? model_gdn_value_dim(c) : 0, Hv = c->linear_num_value_heads;
     switch (mod) {
-    case CT_MOD_Q:    *in = H; *out = Q;  break;
+    case CT_MOD_Q:      *in = H; *out = model_attn_gated(c) ? 2 * Q : Q; break;
     case CT_MOD_K:
-    case CT_MOD_V:    *in = H; *out = KV; break;
-    case CT_MOD_O:    *in = Q; *out = H;  break;
+    case CT_MOD_V:      *in = H; *out = KV; break;
+    case CT_MOD_O:      *in = Q; *out = H;  break;
     case CT_MOD_GATE:
-    case CT_MOD_UP:   *in = H; *out = I;  break;
-    default:          *in = I; *out = H;  break;
+    case CT_MOD_UP:     *in = H; *out = I;  break;
+    case CT_MOD_IN_QKV: *in = H; *out = c->gdn ? model_gdn_conv_dim(c) : 0; break;
+    case CT_MOD_IN_Z:   *in = H; *out = Vd; break;
+    case CT_MOD_IN_B:
+    case CT_MOD_IN_A:   *in = H; *out = Hv; break;
+    case CT_MOD_OUT:    *in = Vd; *out = H; break;
+    default:            *in = I; *out = H;  break;
     }
 }
 
 int model_module_layer_shape(const ct_model_config *c, int l, ct_module mod, int *in, int *out)
 {
     model_module_shape(c, mod, in, out);
-    if (mod < CT_MOD_GATE || !c->layer_sparse[l]) return 1;
+    bool gdn_mod = mod >= CT_MOD_IN_QKV;
+    if (!model_module_is_mlp(mod)) return (c->gdn && c->layer_linear[l]) == gdn_mod ? 1 : 0;
+    if (!c->layer_sparse[l]) return 1;
     int H = c->hidden_size, I = c->moe_intermediate_size;
     bool fused = c->arch == CT_ARCH_GPT_OSS;
     switch (mod) {
@@ -139,6 +151,8 @@ static int put_transposed(loader *ld, void *dst, const char *name, size_t E, siz
 
 /* Attention sinks as fp32 whatever the backend's weight type: the attention ops
  * read them as float. */
+static float *host_f32(const st_tensor *t);
+
 static float *load_sinks(loader *ld, const char *name, size_t n)
 {
     const st_tensor *t = st_find(ld->r, name);
@@ -146,8 +160,23 @@ static float *load_sinks(loader *ld, const char *name, size_t n)
         CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
         return NULL;
     }
-    float *host = ct_malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) {
+    float *host = host_f32(t);
+    float *p = ld->be->alloc(ld->be, n * sizeof(float));
+    if (p) {
+        ld->be->upload(ld->be, p, host, n * sizeof(float));
+        ld->bytes += n * sizeof(float);
+    } else {
+        CT_FAIL_RUNTIME(ld->err, "out of %s memory loading weights", ld->be->name);
+    }
+    free(host);
+    return p;
+}
+
+/* A float tensor's values as fp32 on the host (bf16, f16 or f32); shape checked already. */
+static float *host_f32(const st_tensor *t)
+{
+    float *host = ct_malloc(t->numel * sizeof(float));
+    for (size_t i = 0; i < t->numel; i++) {
         if (t->dtype == CT_DTYPE_F32) {
             memcpy(&host[i], (const char *)t->data + 4 * i, 4);
         } else {
@@ -162,15 +191,52 @@ static float *load_sinks(loader *ld, const char *name, size_t n)
             }
         }
     }
-    float *p = ld->be->alloc(ld->be, n * sizeof(float));
-    if (p) {
-        ld->be->upload(ld->be, p, host, n * sizeof(float));
-        ld->bytes += n * sizeof(float);
-    } else {
-        CT_FAIL_RUNTIME(ld->err, "out of %s memory loading weights", ld->be->name);
+    return host;
+}
+
+/* A norm weight: as stored, or for the zero-centred norms of a GDN hybrid
+ * (HF: x r (1 + w), 1 + w computed in fp32) the precomputed 1 + w, so that the
+ * ordinary rmsnorm ops apply. On the CPU backend (fp32 weights) this is HF's
+ * value exactly; a bf16 backend cannot hold 1 + w exactly and will need the
+ * offset inside its norm kernels (CUDA: not written yet, GDN hybrids are
+ * refused there). */
+static void *load_norm(loader *ld, const ct_model_config *c, const char *name, size_t n)
+{
+    if (!c->norm_zero_centred) return load_one(ld, name, n);
+    const st_tensor *t = st_find(ld->r, name);
+    if (!t) {
+        CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
+        return NULL;
     }
+    if (count_nonfinite(t)) {
+        CT_FAIL_INPUT(ld->err, "model: tensor '%s' holds non-finite values (expected finite weights: the model "
+                      "files are broken)", name);
+        return NULL;
+    }
+    void *p = alloc_weight(ld, n);
+    if (!p) return NULL;
+    float *host = host_f32(t);
+    for (size_t i = 0; i < n; i++) host[i] = 1.0f + host[i];
+    ld->be->upload_weight(ld->be, p, host, CT_DTYPE_F32, n);
     free(host);
     return p;
+}
+
+/* Gated attention's q_proj rows (out = 2Q, HF order: per head h, D query rows
+ * then D gate rows) uploaded into dst rows [all queries | all gates]:
+ * HF row r goes to model_q_row(r). */
+static int put_q_gated(loader *ld, void *dst, const char *name, size_t D, size_t Q, size_t H)
+{
+    const st_tensor *t = st_find(ld->r, name);
+    if (!t) return CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
+    if (count_nonfinite(t))
+        return CT_FAIL_INPUT(ld->err, "model: tensor '%s' holds non-finite values (expected finite weights: the "
+                             "model files are broken)", name);
+    size_t es = ct_dtype_size(t->dtype);
+    for (size_t r = 0; r < 2 * Q; r++)
+        ld->be->upload_weight(ld->be, (char *)dst + (size_t)model_q_row((int)r, (int)D, (int)Q) * H * ld->be->weight_bytes,
+                              (const char *)t->data + r * H * es, t->dtype, H);
+    return CT_OK;
 }
 
 /* The experts and router of sparse layer l (names: docs/ARCHITECTURE.md, "Model folders"). */
@@ -179,6 +245,7 @@ static int load_sparse(loader *ld, const ct_model_config *c, int l, ct_layer_wei
     size_t H = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts;
     char n[256];
 #define NAME(...) (snprintf(n, sizeof n, __VA_ARGS__), n)
+    if (c->gdn) return CT_FAIL_INPUT(ld->err, "model: sparse layers of a Gated DeltaNet hybrid are not supported yet");
     if (!(w->wgu_e = alloc_weight(ld, E * 2 * I * H)) || !(w->wdown_e = alloc_weight(ld, E * H * I)))
         return ld->err->code;
     if (c->arch == CT_ARCH_GPT_OSS) {
@@ -208,34 +275,63 @@ static int load_sparse(loader *ld, const ct_model_config *c, int l, ct_layer_wei
     return CT_OK;
 }
 
+/* A Gated DeltaNet layer's mixer (linear_attn.*) and its fused input projection. */
+static int load_gdn(loader *ld, const ct_model_config *c, int l, ct_layer_weights *w)
+{
+    size_t H = c->hidden_size, conv = model_gdn_conv_dim(c), Vd = model_gdn_value_dim(c);
+    size_t Hv = c->linear_num_value_heads, W = c->linear_conv_kernel_dim;
+    char n[256];
+#define NAME(fmt) (snprintf(n, sizeof n, "%slayers.%d.linear_attn." fmt, c->tensor_prefix, l), n)
+    if (!(w->win = alloc_weight(ld, (size_t)model_gdn_proj_dim(c) * H))) return ld->err->code;
+    if (put(ld, w->win, 0, NAME("in_proj_qkv.weight")) || put(ld, w->win, conv * H, NAME("in_proj_z.weight")) ||
+        put(ld, w->win, (conv + Vd) * H, NAME("in_proj_b.weight")) ||
+        put(ld, w->win, (conv + Vd + Hv) * H, NAME("in_proj_a.weight")))
+        return ld->err->code;
+    if (!(w->conv_w = load_one(ld, NAME("conv1d.weight"), conv * W)) ||
+        !(w->A_log = load_sinks(ld, NAME("A_log"), Hv)) || !(w->dt_bias = load_sinks(ld, NAME("dt_bias"), Hv)) ||
+        !(w->gdn_norm = load_one(ld, NAME("norm.weight"), c->linear_value_head_dim)) ||
+        !(w->wout = load_one(ld, NAME("out_proj.weight"), H * Vd)))
+        return ld->err->code;
+#undef NAME
+    return CT_OK;
+}
+
 static int load_layer(loader *ld, const ct_model_config *c, int l, ct_layer_weights *w)
 {
     size_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
     size_t Q = c->num_attention_heads * D, KV = c->num_key_value_heads * D;
+    size_t Qw = model_attn_gated(c) ? 2 * Q : Q; /* q_proj rows: queries (and gates) */
     char n[256];
-#define NAME(fmt) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), n)
-    if (!(w->attn_norm = load_one(ld, NAME("input_layernorm.weight"), H))) return ld->err->code;
-    if (!(w->mlp_norm = load_one(ld, NAME("post_attention_layernorm.weight"), H))) return ld->err->code;
-    if (!(w->wqkv = alloc_weight(ld, (Q + 2 * KV) * H))) return ld->err->code;
-    if (put(ld, w->wqkv, 0, NAME("self_attn.q_proj.weight")) ||
-        put(ld, w->wqkv, Q * H, NAME("self_attn.k_proj.weight")) ||
-        put(ld, w->wqkv, (Q + KV) * H, NAME("self_attn.v_proj.weight")))
-        return ld->err->code;
-    if (c->attention_bias) {
-        if (!(w->bqkv = alloc_weight(ld, Q + 2 * KV))) return ld->err->code;
-        if (put(ld, w->bqkv, 0, NAME("self_attn.q_proj.bias")) ||
-            put(ld, w->bqkv, Q, NAME("self_attn.k_proj.bias")) ||
-            put(ld, w->bqkv, Q + KV, NAME("self_attn.v_proj.bias")))
+#define NAME(fmt) (snprintf(n, sizeof n, "%slayers.%d." fmt, c->tensor_prefix, l), n)
+    if (!(w->attn_norm = load_norm(ld, c, NAME("input_layernorm.weight"), H))) return ld->err->code;
+    if (!(w->mlp_norm = load_norm(ld, c, NAME("post_attention_layernorm.weight"), H))) return ld->err->code;
+    if (c->gdn && c->layer_linear[l]) {
+        if (load_gdn(ld, c, l, w)) return ld->err->code;
+    } else {
+        if (!(w->wqkv = alloc_weight(ld, (Qw + 2 * KV) * H))) return ld->err->code;
+        if ((model_attn_gated(c) ? put_q_gated(ld, w->wqkv, NAME("self_attn.q_proj.weight"), D, Q, H)
+                                 : put(ld, w->wqkv, 0, NAME("self_attn.q_proj.weight"))) ||
+            put(ld, w->wqkv, Qw * H, NAME("self_attn.k_proj.weight")) ||
+            put(ld, w->wqkv, (Qw + KV) * H, NAME("self_attn.v_proj.weight")))
+            return ld->err->code;
+        if (c->attention_bias) {
+            if (model_attn_gated(c))
+                return CT_FAIL_INPUT(ld->err, "model: attention_bias with gated attention is not supported");
+            if (!(w->bqkv = alloc_weight(ld, Q + 2 * KV))) return ld->err->code;
+            if (put(ld, w->bqkv, 0, NAME("self_attn.q_proj.bias")) ||
+                put(ld, w->bqkv, Q, NAME("self_attn.k_proj.bias")) ||
+                put(ld, w->bqkv, Q + KV, NAME("self_attn.v_proj.bias")))
+                return ld->err->code;
+        }
+        if (c->qk_norm) {
+            if (!(w->q_norm = load_norm(ld, c, NAME("self_attn.q_norm.weight"), D))) return ld->err->code;
+            if (!(w->k_norm = load_norm(ld, c, NAME("self_attn.k_norm.weight"), D))) return ld->err->code;
+        }
+        if (!(w->wo = load_one(ld, NAME("self_attn.o_proj.weight"), H * Q))) return ld->err->code;
+        if (c->o_proj_bias && !(w->bo = load_one(ld, NAME("self_attn.o_proj.bias"), H))) return ld->err->code;
+        if (c->attention_sinks && !(w->sinks = load_sinks(ld, NAME("self_attn.sinks"), c->num_attention_heads)))
             return ld->err->code;
     }
-    if (c->qk_norm) {
-        if (!(w->q_norm = load_one(ld, NAME("self_attn.q_norm.weight"), D))) return ld->err->code;
-        if (!(w->k_norm = load_one(ld, NAME("self_attn.k_norm.weight"), D))) return ld->err->code;
-    }
-    if (!(w->wo = load_one(ld, NAME("self_attn.o_proj.weight"), H * Q))) return ld->err->code;
-    if (c->o_proj_bias && !(w->bo = load_one(ld, NAME("self_attn.o_proj.bias"), H))) return ld->err->code;
-    if (c->attention_sinks && !(w->sinks = load_sinks(ld, NAME("self_attn.sinks"), c->num_attention_heads)))
-        return ld->err->code;
     if (c->layer_sparse[l]) return load_sparse(ld, c, l, w);
     if (!(w->wgu = alloc_weight(ld, 2 * I * H))) return ld->err->code;
     if (put(ld, w->wgu, 0, NAME("mlp.gate_proj.weight")) || put(ld, w->wgu, I * H, NAME("mlp.up_proj.weight")))
@@ -260,6 +356,14 @@ static bool backend_has_moe(const ct_backend *be)
            be->moe_clamped_swiglu_bwd && be->moe_route_bwd && be->moe_prob_sum && be->moe_aux_loss;
 }
 
+/* Every Gated DeltaNet op (the CPU backend has them; CUDA not yet). */
+static bool backend_has_gdn(const ct_backend *be)
+{
+    return be->gdn_conv_fwd && be->gdn_conv_bwd && be->gdn_gates_fwd && be->gdn_gates_bwd && be->gdn_delta_fwd &&
+           be->gdn_delta_bwd && be->gated_rmsnorm_fwd && be->gated_rmsnorm_bwd && be->sigmoid_gate_fwd &&
+           be->sigmoid_gate_bwd;
+}
+
 int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
 {
     memset(m, 0, sizeof *m);
@@ -275,6 +379,10 @@ int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
     free(source);
     if (rc) return rc;
     if (be->check_model && (rc = be->check_model(be, c, dir, err))) return rc;
+    if (c->gdn && !backend_has_gdn(be))
+        return CT_FAIL_INPUT(err, "%s: model_type '%s' has Gated DeltaNet layers; the %s backend does not implement "
+                             "the GDN ops yet (set device: cpu to train it on the CPU reference backend)",
+                             dir, c->model_type, be->name);
     if (c->num_experts > 0 && !backend_has_moe(be))
         return CT_FAIL_INPUT(err, "%s: model_type '%s' is a mixture of experts; the %s backend does not implement "
                              "the MoE ops yet (set device: cpu to train it on the CPU reference backend)",
@@ -290,9 +398,11 @@ int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
     size_t V = c->vocab_size, H = c->hidden_size;
     m->layers = ct_calloc(c->num_hidden_layers, sizeof *m->layers);
     rc = CT_OK;
-    if (!(m->embed = load_one(&ld, "model.embed_tokens.weight", V * H)) ||
-        !(m->final_norm = load_one(&ld, "model.norm.weight", H)))
-        rc = err->code;
+    char name[96];
+    snprintf(name, sizeof name, "%sembed_tokens.weight", c->tensor_prefix);
+    if (!(m->embed = load_one(&ld, name, V * H))) rc = err->code;
+    snprintf(name, sizeof name, "%snorm.weight", c->tensor_prefix);
+    if (!rc && !(m->final_norm = load_norm(&ld, c, name, H))) rc = err->code;
     if (!rc) {
         if (c->tie_word_embeddings) m->lm_head = m->embed;
         else if (!(m->lm_head = load_one(&ld, "lm_head.weight", V * H))) rc = err->code;

@@ -30,6 +30,17 @@ typedef struct ct_layer_weights {
     void *wdown;       /* (H, I) */
     void *bdown;       /* (H) or NULL */
     float *sinks;      /* (nq) fp32 attention sink logits (gpt_oss) or NULL */
+    /* Gated DeltaNet layers (cfg.layer_linear[l]) have these instead of wqkv..wo;
+     * a gated attention layer (the other layers of a GDN hybrid) has wqkv with rows
+     * [queries of all heads (Q) | their output gates (Q) | k | v]: HF interleaves
+     * query and gate per head in q_proj, permuted at load. */
+    void *win;         /* (conv_dim + value_dim + 2 Hv, H): rows in_proj_qkv | in_proj_z |
+                        * in_proj_b | in_proj_a */
+    void *conv_w;      /* (conv_dim, W) */
+    float *A_log;      /* (Hv) fp32 */
+    float *dt_bias;    /* (Hv) fp32 */
+    void *gdn_norm;    /* (Dv) gated RMSNorm weight */
+    void *wout;        /* (H, value_dim) */
     /* Sparse layers (cfg.layer_sparse[l]) have these instead of wgu..bdown;
      * I is moe_intermediate_size here. */
     void *router;      /* (E, H) */
@@ -63,16 +74,44 @@ void model_free(ct_model *m);
 
 /* Per-projection sizes: in and out features of each LoRA-able module. */
 typedef enum {
-    CT_MOD_Q, CT_MOD_K, CT_MOD_V, CT_MOD_O, CT_MOD_GATE, CT_MOD_UP, CT_MOD_DOWN, CT_MOD_COUNT
+    CT_MOD_Q, CT_MOD_K, CT_MOD_V, CT_MOD_O, CT_MOD_GATE, CT_MOD_UP, CT_MOD_DOWN,
+    /* Gated DeltaNet layers' projections (linear_attn.*) */
+    CT_MOD_IN_QKV, CT_MOD_IN_Z, CT_MOD_IN_B, CT_MOD_IN_A, CT_MOD_OUT, CT_MOD_COUNT
 } ct_module;
+/* The MLP modules (dense or experts): gate, up, down. */
+static inline bool model_module_is_mlp(ct_module mod) { return mod >= CT_MOD_GATE && mod <= CT_MOD_DOWN; }
+/* Gated DeltaNet sizes: key_dim = Hk dk, value_dim = Hv dv, conv_dim = 2 key_dim + value_dim. */
+static inline int model_gdn_key_dim(const ct_model_config *c) { return c->linear_num_key_heads * c->linear_key_head_dim; }
+static inline int model_gdn_value_dim(const ct_model_config *c)
+{
+    return c->linear_num_value_heads * c->linear_value_head_dim;
+}
+static inline int model_gdn_conv_dim(const ct_model_config *c) { return 2 * model_gdn_key_dim(c) + model_gdn_value_dim(c); }
+/* Columns of the fused GDN input projection: [qkv | z | b | a]. */
+static inline int model_gdn_proj_dim(const ct_model_config *c)
+{
+    return model_gdn_conv_dim(c) + model_gdn_value_dim(c) + 2 * c->linear_num_value_heads;
+}
+/* Gated attention's q_proj: HF row r (per head h, D query rows then D gate rows)
+ * is row model_q_row(r) of the fused weight and of q_proj's LoRA B in memory
+ * ([all queries (Q) | all gates (Q)]). */
+static inline int model_q_row(int r, int D, int Q)
+{
+    int h = r / (2 * D), j = r % (2 * D);
+    return j < D ? h * D + j : Q + h * D + j - D;
+}
+/* Gated full attention (qwen3_5*): q_proj yields a sigmoid output gate per query. */
+static inline bool model_attn_gated(const ct_model_config *c) { return c->attn_output_gate; }
 const char *model_module_name(ct_module mod);           /* "q_proj" */
-const char *model_module_parent(ct_module mod);         /* "self_attn" or "mlp" */
+const char *model_module_parent(ct_module mod);         /* "self_attn", "linear_attn" or "mlp" */
 /* in/out of a module of a dense layer (the MLP with intermediate_size). */
 void model_module_shape(const ct_model_config *cfg, ct_module mod, int *in, int *out);
 /* in/out of one matrix of module mod in layer l; returns how many there are:
  * 1, or E for gate/up/down of a sparse layer (one per expert), or 0 where the
  * module does not exist: gpt_oss fuses gate and up into one gate_up_proj per
- * expert, which is its GATE module (out = 2I, interleaved rows), and has no UP. */
+ * expert, which is its GATE module (out = 2I, interleaved rows), and has no UP;
+ * a GDN hybrid's linear-attention layers have no q/k/v/o and its attention
+ * layers no in_proj_* / out_proj. Gated attention's q_proj has out = 2 Q. */
 int model_module_layer_shape(const ct_model_config *cfg, int l, ct_module mod, int *in, int *out);
 
 #endif

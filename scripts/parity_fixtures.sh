@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # parity_fixtures.sh — how the committed CPU parity fixtures tests/fixtures/NAME/
-# (NAME = parity_llama, parity_qwen3, parity_qwen3_moe, parity_gpt_oss, parity_mixtral) are made, in two halves:
+# (NAME = parity_llama, parity_qwen3, parity_qwen3_moe, parity_gpt_oss, parity_mixtral, parity_qwen3_5)
+# are made, in two halves:
 #
-#   bash scripts/parity_fixtures.sh local [NAME...]   # here, needs build/ctune (no torch)
+#   bash scripts/parity_fixtures.sh local [NAME...]   # here, needs build/ctune or $CTUNE (no torch)
 #       model/     random bf16 weights: ctune init --config NAME/config.json --seed 3
 #       docs.jsonl 6 token-id documents (5-40 tokens, ids < 64, a -100 prompt prefix)
 #       data/      ctune prepare of docs.jsonl (train.shard)
@@ -21,8 +22,9 @@
 # ALL (the seed), so remaking one fixture leaves the others' inputs as they were.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ALL="parity_llama parity_qwen3 parity_qwen3_moe parity_gpt_oss parity_mixtral"
+ALL="parity_llama parity_qwen3 parity_qwen3_moe parity_gpt_oss parity_mixtral parity_qwen3_5"
 PYTHON=${PYTHON:-python3}
+CTUNE=${CTUNE:-build/ctune}
 select_names() { # the names after the mode, checked against ALL
     local n
     NAMES=${*:-$ALL}
@@ -58,7 +60,7 @@ EOF
 }
 
 local_half() {
-    [ -x build/ctune ] || { echo "build/ctune is missing: run make first" >&2; exit 2; }
+    [ -x "$CTUNE" ] || { echo "$CTUNE is missing: run make first" >&2; exit 2; }
     for name in $NAMES; do
         d=tests/fixtures/$name
         for f in config.json train.yaml; do
@@ -66,10 +68,10 @@ local_half() {
         done
         echo "== $d"
         rm -rf "$d/model" "$d/data" "$d/adapter" "$d/run" "$d/docs.jsonl"
-        build/ctune init --config "$d/config.json" --out "$d/model" --seed 3
+        "$CTUNE" init --config "$d/config.json" --out "$d/model" --seed 3
         write_docs "$(seed_of "$name")" "$d/docs.jsonl"
-        build/ctune prepare --in "$d/docs.jsonl" --out "$d/data" --vocab-size 64
-        build/ctune train "$d/train.yaml"
+        "$CTUNE" prepare --in "$d/docs.jsonl" --out "$d/data" --vocab-size 64
+        "$CTUNE" train "$d/train.yaml"
         [ -f "$d/run/final/adapter_model.safetensors" ] || { echo "$d/run/final has no adapter" >&2; exit 1; }
         cp -r "$d/run/final" "$d/adapter"
         rm -rf "$d/run"

@@ -5,13 +5,25 @@ Needs torch, transformers, peft and safetensors (no network). Two modes:
 
   grads: loss and LoRA gradients of one batch, for the committed CPU fixtures
     python3 scripts/hf_parity.py grads --model DIR --adapter DIR --docs DOCS.jsonl \\
-        --out EXPECTED.safetensors [--device cpu|cuda] [--dtype float32|bfloat16]
+        --out EXPECTED.safetensors [--device cpu|cuda] [--dtype float32|bfloat16|float64]
   DOCS.jsonl: one {"input_ids": [...], "labels": [...]} per line (labels -100 =
   ignored, else the token; "loss_mask" 0/1 instead of labels, or neither = all).
   Each document runs alone (batch 1, positions 0..T-1); the target of position t
   is labels[t+1]; loss = sum of per-target CE over all documents / all targets.
   Writes "loss" (F32 [1]) and every LoRA gradient under its PEFT saved name
   (base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight), fp32.
+
+  --dtype float64 runs the model, the adapter and the loss in fp64 throughout,
+  the model file's own fp32 casts too: its source (modeling_MODEL.py) is
+  recompiled with torch.float32 / .float() read as fp64 (the gated delta rule,
+  the conv, the norms, RoPE and softmax all cast to fp32 internally), and the
+  default dtype is fp64. The reference of parity_qwen3_5: the Gated DeltaNet
+  hybrid's gradients are ill-conditioned enough that HF's own fp32 run is
+  2-4.5e-4 (L2, relative) from fp64 (its chunked delta rule forms
+  exp(cumsum_i - cumsum_j) over 64-token chunks), farther than ctune's fp32
+  (<= 1.9e-4); rounding only the delta rule's inputs and output (and their
+  gradients) to fp32 once, in an fp64 run, already moves them by up to 6e-5.
+  The gradients are written as fp32 all the same.
 
   Mixture-of-experts adapters (qwen3_moe, mixtral) are saved per expert
   (...mlp.experts.E.gate_proj.lora_A.weight; mixtral ...block_sparse_moe.experts.E.w1).
@@ -215,6 +227,37 @@ def read_metrics(path):
 
 # ---------------------------------------------------------------- the model
 
+def fp64_model_source(model_dir):
+    """Recompile the model's modeling_*.py with its fp32 casts made fp64 (--dtype
+    float64), so that the classes from_pretrained builds compute in fp64 inside
+    too; returns how many casts were changed."""
+    import importlib
+    import torch
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    cfg = AutoConfig.from_pretrained(model_dir)
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[cfg.model_type]
+    mod = None
+    for name in (cfg.model_type, cfg.model_type.rsplit("_", 1)[0]):  # qwen3_5_text lives in qwen3_5
+        try:
+            m = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        except ImportError:
+            continue
+        if hasattr(m, cls):
+            mod = m
+            break
+    if mod is None:
+        die(model_dir, f"no transformers module defines {cls}")
+    src = open(mod.__file__).read()
+    casts = ("torch.float32", "torch.float64"), (".float()", ".double()"), ("dtype=torch.float)", "dtype=torch.float64)")
+    n = sum(src.count(a) for a, _ in casts)
+    for a, b in casts:
+        src = src.replace(a, b)
+    exec(compile(src, mod.__file__, "exec"), mod.__dict__)  # the same module, its classes redefined
+    torch.set_default_dtype(torch.float64)
+    return n
+
+
 def load_model(args):
     import torch
     import transformers
@@ -223,7 +266,10 @@ def load_model(args):
     for d in (args.model, args.adapter):
         if not os.path.isdir(d):
             die(d, "not a directory")
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[args.dtype]
+    if dtype == torch.float64:
+        n = fp64_model_source(args.model)
+        print(f"float64: {n} fp32 casts of the model's source read as fp64", file=sys.stderr)
     try:
         torch.set_float32_matmul_precision("highest")  # no TF32 in the fp32 reference
     except Exception:
@@ -240,6 +286,8 @@ def load_model(args):
     # autocast_adapter_dtype=True keeps the LoRA weights fp32 on a bf16 base, as ctune does
     model = PeftModel.from_pretrained(base, args.adapter, is_trainable=True, autocast_adapter_dtype=True)
     model.to(args.device)
+    if dtype == torch.float64:
+        model.to(dtype)  # the LoRA weights too (their bf16/fp32 values are exact in fp64)
     model.train()
     zeroed = 0
     for m in model.modules():  # train mode, but no dropout anywhere
@@ -259,7 +307,7 @@ def load_model(args):
             continue
         if "lora_" not in name:
             print(f"warning: trainable non-LoRA parameter {name}", file=sys.stderr)
-        if p.dtype != torch.float32:  # ctune keeps every LoRA weight in fp32
+        if p.dtype not in (torch.float32, dtype):  # ctune keeps every LoRA weight in fp32 (fp64 stays fp64)
             p.data = p.data.float()
         params.append((re.sub(r"\.default(?=\.|$)", "", name), p))
     if not params:
@@ -420,7 +468,7 @@ def ce_sum(model, ids, targets, device):
     logits = model(input_ids=x, position_ids=pos, use_cache=False).logits[0]
     r = torch.tensor(rows, dtype=torch.long, device=device)
     y = torch.tensor([targets[t] for t in rows], dtype=torch.long, device=device)
-    return F.cross_entropy(logits[r].float(), y, reduction="sum")
+    return F.cross_entropy(logits[r].to(torch.promote_types(logits.dtype, torch.float32)), y, reduction="sum")
 
 
 def grad_norm(params):
@@ -599,7 +647,8 @@ def main():
     g = sub.add_parser("grads", parents=[common])
     g.add_argument("--docs", required=True)
     g.add_argument("--out", required=True)
-    g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    g.add_argument("--dtype", choices=["float32", "bfloat16", "float64"], default="float32",
+                   help="float64: fp64 throughout, the model source's fp32 casts too (see above)")
     t = sub.add_parser("train", parents=[common])
     t.add_argument("--shards", nargs="+", required=True)
     t.add_argument("--trace", required=True)

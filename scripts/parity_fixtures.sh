@@ -12,7 +12,8 @@
 #
 #   bash scripts/parity_fixtures.sh hf [NAME...]      # on a machine with torch + transformers + peft
 #       expected.safetensors   HF + PEFT loss and LoRA gradients of docs.jsonl at
-#                              model/ + adapter/ (scripts/hf_parity.py grads, fp32 CPU)
+#                              model/ + adapter/ (scripts/hf_parity.py grads, fp32 CPU;
+#                              parity_qwen3_5 in fp64: see hf_parity.py --dtype float64)
 #
 # NAMEs default to all fixtures. Each half regenerates its outputs from scratch;
 # commit the results together. The hf half fails (hf_parity.py exits 3) when
@@ -86,8 +87,12 @@ hf_half() {
             [ -e "$d/$f" ] || { echo "$d/$f is missing: run the local half first" >&2; exit 2; }
         done
         echo "== $d"
+        dtype=float32
+        # the Gated DeltaNet hybrid's gradients are ill-conditioned: HF's fp32 is
+        # farther from the truth than ctune's, so that fixture is judged against fp64
+        [ "$name" = parity_qwen3_5 ] && dtype=float64
         "$PYTHON" scripts/hf_parity.py grads --model "$d/model" --adapter "$d/adapter" \
-            --docs "$d/docs.jsonl" --out "$d/expected.safetensors" --device cpu
+            --docs "$d/docs.jsonl" --out "$d/expected.safetensors" --device cpu --dtype $dtype
     done
 }
 

@@ -4,7 +4,7 @@
  * a random model written by `ctune init`, six documents (with prompt tokens
  * masked), a ctune adapter after three steps (so every B is non-zero), and
  * expected.safetensors: the loss and every LoRA gradient that HF transformers +
- * PEFT computed in fp32, running the documents one by one
+ * PEFT computed in fp32 (parity_qwen3_5: in fp64, see gdn_gap_bounds), running the documents one by one
  * (scripts/hf_parity.py grads). Here ctune computes the same loss and gradients,
  * packed and unpacked, and must agree to relative error <= 1e-4: the loss as a
  * number, each gradient tensor in the L2 norm (elementwise, entries near zero
@@ -235,13 +235,19 @@ TEST(mixtral_loss_and_lora_gradients_match_hf_peft_documents_one_by_one)
 }
 TEST(mixtral_packed_batch_matches_hf_peft) { check_parity("tests/fixtures/parity_mixtral", true, true); }
 
-/* KNOWN GAP: the loss agrees to 1e-7, but the gradients through the delta rule
- * (in_proj_qkv, in_proj_b and everything below the last GDN layer) differ from
- * HF fp32 by up to 2.7e-4 (L2, relative); against HF in fp64 ctune is 2.3e-4
- * off while HF fp32 is 5e-5 off, so the excess is ctune's (dq, dk, dv, dbeta of
- * gdn_delta_bwd or what feeds them; dg, dz and out_proj agree to 5e-6). Bounded
- * at 5e-4 here until it is found; the goal is fp32_bounds. */
-static const parity_bounds gdn_gap_bounds = {1e-4, 5e-4};
+/* An ill-conditioned fixture, judged against fp64: its expected.safetensors is
+ * HF + PEFT run in fp64 throughout (scripts/hf_parity.py --dtype float64, the
+ * chunked delta rule's and the norms' internal fp32 casts too). Against that
+ * truth HF's own fp32 run is 2-4.5e-4 off (L2, relative; worst layer 0's
+ * in_proj_b) and ctune's fp32 is 0.9-1.9e-4 off, 2.3x closer on every tensor
+ * that goes through a delta rule. The gradients through the delta rule amplify
+ * fp32 rounding: rounding only the five inputs and the output of each delta
+ * rule (and their gradients) to fp32 once, in an otherwise fp64 run, moves
+ * layer 0's in_proj_b by 6e-5 and layer 3's in_proj_qkv by 2.6e-5 (the query
+ * input alone: 4e-5 and 1.8e-5); the tensors that bypass it (layer 3's
+ * out_proj, in_proj_z, in_proj_a, MLP) stay at 2-7e-6. So 1e-4 is below this
+ * fixture's fp32 noise floor: the gradient bound is 2.5e-4 (ctune: 1.87e-4). */
+static const parity_bounds gdn_gap_bounds = {1e-4, 2.5e-4};
 TEST(qwen3_5_loss_and_lora_gradients_match_hf_peft_documents_one_by_one)
 {
     check_parity_within("tests/fixtures/parity_qwen3_5", false, false, gdn_gap_bounds, NULL);

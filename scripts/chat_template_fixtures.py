@@ -11,7 +11,10 @@ Writes DIR/expected.json: the versions used, the fixed clock, each template's
 special tokens, and for every (template, conversation, add_generation_prompt)
 case either "text" (what apply_chat_template(messages, tokenize=False,
 add_generation_prompt=...) returns) or "error" and "error_type" (what it raised:
-TemplateError for raise_exception(), UndefinedError, TypeError ...).
+TemplateError for raise_exception(), UndefinedError, TypeError ...). A template
+with a {% generation %} tag also gets "spans": the [start, end) of each block's
+text as transformers records them for return_assistant_tokens_mask (its
+generation_indices), converted from characters to UTF-8 bytes.
 
 The renderer is transformers.utils.chat_template_utils.render_jinja_template,
 which is what tokenizer.apply_chat_template calls: the same sandboxed jinja2
@@ -27,6 +30,7 @@ import datetime as real_datetime
 import json
 import os
 import platform
+import re
 import sys
 
 import jinja2
@@ -35,6 +39,7 @@ from transformers.utils import chat_template_utils
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATE = real_datetime.datetime(2025, 3, 9, 14, 5, 7)
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")   # transformers' test, and prepare_data.py's
 
 # name: (bos_token, eos_token), as in the models' tokenizer_config.json (None: absent).
 TEMPLATES = {
@@ -54,6 +59,8 @@ TEMPLATES = {
     "features_ws": ("<s>", "</s>"),
     "features_crlf": ("<s>", "</s>"),
     "features_str": ("<s>", "</s>"),
+    "chatml_generation": (None, "<|im_end|>"),
+    "generation_edges": (None, "<|im_end|>"),
 }
 
 
@@ -63,13 +70,22 @@ class FixedDatetime(real_datetime.datetime):
         return DATE
 
 
+def byte_offset(text, char):
+    """Characters -> UTF-8 bytes; a character past the end of text counts as one byte (chat_template.h)."""
+    return len(text[:char].encode("utf-8")) + max(0, char - len(text))
+
+
 def render(template, messages, add_generation_prompt, bos, eos):
     tokens = {k: v for k, v in (("bos_token", bos), ("eos_token", eos)) if v is not None}
+    generation = bool(GENERATION_TAG.search(template))
     try:
-        out, _ = chat_template_utils.render_jinja_template(
-            conversations=[messages], chat_template=template,
+        out, indices = chat_template_utils.render_jinja_template(
+            conversations=[messages], chat_template=template, return_assistant_tokens_mask=generation,
             add_generation_prompt=add_generation_prompt, **tokens)
-        return {"text": out[0]}
+        case = {"text": out[0]}
+        if generation:
+            case["spans"] = [[byte_offset(out[0], a), byte_offset(out[0], b)] for a, b in indices[0]]
+        return case
     except Exception as e:  # what the template raised is the expected answer
         return {"error": str(e), "error_type": type(e).__name__}
 

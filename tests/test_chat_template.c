@@ -97,7 +97,7 @@ TEST(every_fixture_case_renders_as_transformers_does)
     json_doc *ed = read_json(FIXTURES "/expected.json"), *cd = read_json(FIXTURES "/conversations.json");
     REQUIRE(ed && cd, "cannot read the fixtures (run from the repo root)");
     const json_value *expected = json_root(ed), *cases = json_get(expected, "cases");
-    int matched = 0, errors = 0, total = (int)cases->count;
+    int matched = 0, errors = 0, generation_cases = 0, total = (int)cases->count;
     char loaded_name[64] = "";
     ct_chat_template *t = NULL;
     for (size_t i = 0; i < cases->count; i++) {
@@ -117,13 +117,23 @@ TEST(every_fixture_case_renders_as_transformers_does)
         REQUIRE(msgs, "no conversation %s", conv);
         char *out;
         size_t len;
-        int rc = chat_template_render(t, msgs, n, agp, &out, &len, &err);
+        ct_chat_span *spans = NULL;
+        size_t n_spans = 0;
+        int rc = chat_template_render_spans(t, msgs, n, agp, &out, &len, &spans, &n_spans, &err);
         const json_value *text = json_get_type(cs, "text", JSON_STRING);
         if (text) {
             bool same = rc == CT_OK && len == text->string_len && memcmp(out, text->string, len) == 0;
             CHECK(same, "%s x %s (add_generation_prompt %d): %s", name, conv, agp, rc == CT_OK ? "differs" : err.msg);
             if (rc == CT_OK && !same) show_difference(out, len, text->string, text->string_len);
-            matched += same;
+            const json_value *want = json_get_type(cs, "spans", JSON_ARRAY);
+            bool same_spans = rc == CT_OK && (want ? want->count : 0) == n_spans;
+            for (size_t k = 0; same_spans && k < n_spans; k++)
+                same_spans = spans[k].start == (size_t)want->items[k]->items[0]->number &&
+                             spans[k].end == (size_t)want->items[k]->items[1]->number;
+            CHECK(same_spans, "%s x %s (add_generation_prompt %d): %zu generation spans, transformers %zu", name, conv,
+                  agp, n_spans, want ? want->count : 0);
+            generation_cases += want != NULL;
+            matched += same && same_spans;
         } else {
             const char *want = json_get(cs, "error")->string, *type = json_get(cs, "error_type")->string;
             bool raised = strcmp(type, "TemplateError") == 0;   /* raise_exception(): its message must be ours */
@@ -134,11 +144,14 @@ TEST(every_fixture_case_renders_as_transformers_does)
             errors++;
         }
         if (rc == CT_OK) free(out);
+        free(spans);
         free(msgs);
     }
     chat_template_free(t);
-    printf("     %d of %d cases as transformers renders them (%d of them errors)\n", matched, total, errors);
+    printf("     %d of %d cases as transformers renders them (%d of them errors, %d with generation spans)\n", matched,
+           total, errors, generation_cases);
     CHECK(total > 500, "only %d cases", total);
+    CHECK(generation_cases > 50, "only %d cases with generation spans", generation_cases);
     json_free(ed);
     json_free(cd);
 }

@@ -315,6 +315,35 @@ ct_chat_template *chat_template_load(const char *model_dir, const char *override
     return t;
 }
 
+/* Python's \s in a str pattern: the characters str.isspace() accepts. */
+static size_t skip_space(const char *s, size_t n, size_t i)
+{
+    while (i < n) {
+        size_t j = i;
+        if (!jt_is_space(jt_utf8_next(s, n, &j))) break;
+        i = j;
+    }
+    return i;
+}
+
+bool chat_template_has_generation(const ct_chat_template *t)
+{
+    static const char tag[] = "generation";
+    const char *s = t->text;
+    size_t n = t->len;
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (s[i] != '{' || s[i + 1] != '%') continue;
+        size_t j = i + 2;
+        if (j < n && s[j] == '-') j++;
+        j = skip_space(s, n, j);
+        if (n - j < sizeof tag - 1 || memcmp(s + j, tag, sizeof tag - 1)) continue;
+        j = skip_space(s, n, j + sizeof tag - 1);
+        if (j < n && s[j] == '-') j++;
+        if (n - j >= 2 && s[j] == '%' && s[j + 1] == '}') return true;
+    }
+    return false;
+}
+
 const char *chat_template_name(const ct_chat_template *t) { return t->name; }
 
 void chat_template_free(ct_chat_template *t)
@@ -342,8 +371,17 @@ void chat_template_set_limits(ct_chat_template *t, const ct_chat_limits *limits)
 int chat_template_render(const ct_chat_template *t, const ct_chat_message *msgs, int n,
                          bool add_generation_prompt, char **out, size_t *len, ct_error *err)
 {
+    return chat_template_render_spans(t, msgs, n, add_generation_prompt, out, len, NULL, NULL, err);
+}
+
+int chat_template_render_spans(const ct_chat_template *t, const ct_chat_message *msgs, int n,
+                               bool add_generation_prompt, char **out, size_t *len, ct_chat_span **spans,
+                               size_t *n_spans, ct_error *err)
+{
     *out = NULL;
     *len = 0;
+    if (spans) *spans = NULL;
+    if (n_spans) *n_spans = 0;
     if (n < 0 || (n > 0 && !msgs)) return CT_FAIL_INPUT(err, "%s: %d messages to render", t->source, n);
     for (int i = 0; i < n; i++)
         if (!msgs[i].role) return CT_FAIL_INPUT(err, "%s: message %d has no role", t->source, i);
@@ -373,12 +411,22 @@ int chat_template_render(const ct_chat_template *t, const ct_chat_message *msgs,
     if (t->eos) jt_scope_set(r, g, "eos_token", jt_cstr_v(t->eos));
     jt_buf *text = jt_alloc(c, sizeof *text);
     text->max = t->limits.max_output;
-    r->out = text;
+    r->out = r->top = text;
+    r->track = spans && n_spans;
     jt_render_body(r, g, &t->body);
     *out = ct_malloc(text->n + 1);
     if (text->n) memcpy(*out, text->p, text->n);
     (*out)[text->n] = 0;
     *len = text->n;
+    if (r->track && r->n_spans) {
+        *spans = ct_malloc(r->n_spans * sizeof **spans);
+        for (size_t k = 0; k < r->n_spans; k++) {   /* end: characters from start (eval's render_generation) */
+            size_t at = r->spans[k].start, chars = r->spans[k].end;
+            for (; chars && at < text->n; chars--) jt_utf8_next(text->p, text->n, &at);
+            (*spans)[k] = (ct_chat_span){r->spans[k].start, at + chars};
+        }
+        *n_spans = r->n_spans;
+    }
     jt_pool_free(r->c.chunks);
     free(r);
     return CT_OK;

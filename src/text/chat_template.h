@@ -74,6 +74,23 @@ ct_chat_template *chat_template_load(const char *model_dir, const char *override
  * its message. */
 int chat_template_render(const ct_chat_template *t, const ct_chat_message *msgs, int n,
                          bool add_generation_prompt, char **out, size_t *len, ct_error *err);
+/* A byte range [start, end) of a rendering. */
+typedef struct ct_chat_span { size_t start, end; } ct_chat_span;
+/* chat_template_render that also returns the spans of the text each {% generation %} block
+ * rendered, as transformers records them for apply_chat_template(..., return_assistant_tokens_mask=True):
+ * one per block evaluated, in the order the blocks end (an inner block before the one around it),
+ * start = the length of the top-level output when the block began, end = start + the length of
+ * its text (so a block inside a macro or a {% set %} block gets a span that starts where the macro
+ * call's or the set's text begins, not where its own text is). Empty spans are kept. In bytes where
+ * transformers counts characters: end is start plus the block's length in characters counted over
+ * the rendering, each character past its end one byte (so end > *len says the span runs past it).
+ * *spans is malloc'd (NULL when *n_spans is 0). */
+int chat_template_render_spans(const ct_chat_template *t, const ct_chat_message *msgs, int n,
+                               bool add_generation_prompt, char **out, size_t *len, ct_chat_span **spans,
+                               size_t *n_spans, ct_error *err);
+/* Whether the source has a generation tag as scripts/prepare_data.py looks for one (the regex
+ * \{%-?\s*generation\s*-?%\}, transformers' own test), which picks the mask rule of prepare. */
+bool chat_template_has_generation(const ct_chat_template *t);
 const char *chat_template_name(const ct_chat_template *t);   /* "model", a built-in name, or the file */
 void chat_template_free(ct_chat_template *t);
 

@@ -560,6 +560,41 @@ static int render_for(jt_render *r, jt_scope *s, const jt_node *x)
     return FLOW_NEXT;
 }
 
+/* transformers' AssistantTracker: the body renders as a call block's caller
+ * (into a buffer of its own, then written out), and the span recorded starts at
+ * the length of the top-level output so far, which is where the block's text
+ * lands only when the block is not inside a macro, a {% set %} block or another
+ * generation block: jinja2 buffers those, so their text reaches the top level
+ * after the span was taken. That offset, however wrong, is what
+ * apply_chat_template's assistant mask uses, so it is reproduced; an inner
+ * block's span is recorded before the outer one's. The end is the start plus
+ * the body's length in characters, counted over the rendering (which is where
+ * a misplaced span's bytes differ from the body's): chat_template.c converts
+ * it once the rendering is complete. */
+static int render_generation(jt_render *r, jt_scope *s, const jt_node *x)
+{
+    jt_ctx *c = &r->c;
+    size_t start = r->top->n;
+    jt_buf *outer = r->out, body = {.max = r->max_output};
+    r->out = &body;
+    int flow = jt_render_body(r, jt_scope_new(r, s), &x->body);
+    r->out = outer;
+    if (body.n) jt_buf_put(c, r->out, body.p, body.n);
+    if (r->track) {
+        if (r->n_spans == r->spans_cap) {
+            size_t cap = r->spans_cap ? 2 * r->spans_cap : 16;
+            ct_chat_span *grown = jt_alloc(c, cap * sizeof *grown);
+            if (r->n_spans) memcpy(grown, r->spans, r->n_spans * sizeof *grown);
+            r->spans = grown;
+            r->spans_cap = cap;
+        }
+        r->spans[r->n_spans].start = start;
+        r->spans[r->n_spans].end = jt_utf8_count(body.p, body.n);   /* characters: bytes once the text is whole */
+        r->n_spans++;
+    }
+    return flow;
+}
+
 static int render_node(jt_render *r, jt_scope *s, const jt_node *x)
 {
     jt_ctx *c = &r->c;
@@ -599,7 +634,7 @@ static int render_node(jt_render *r, jt_scope *s, const jt_node *x)
     }
     case JT_N_BREAK: return FLOW_BREAK;
     case JT_N_CONTINUE: return FLOW_CONTINUE;
-    case JT_N_BODY: return jt_render_body(r, jt_scope_new(r, s), &x->body);
+    case JT_N_GENERATION: return render_generation(r, s, x);
     default: jt_fail(c, x->pos, "internal error: node %d is not a statement", (int)x->kind);
     }
 }

@@ -181,7 +181,7 @@ jt_list *jt_iterate(jt_ctx *c, size_t pos, jt_value v);
 typedef enum {
     /* statements */
     JT_N_TEXT, JT_N_OUTPUT, JT_N_IF, JT_N_FOR, JT_N_SET, JT_N_SET_BLOCK, JT_N_MACRO,
-    JT_N_BREAK, JT_N_CONTINUE, JT_N_BODY,
+    JT_N_BREAK, JT_N_CONTINUE, JT_N_GENERATION,
     /* expressions */
     JT_N_CONST, JT_N_NAME, JT_N_LIST, JT_N_TUPLE, JT_N_DICT, JT_N_ATTR, JT_N_ITEM, JT_N_SLICE,
     JT_N_CALL, JT_N_FILTER, JT_N_TEST, JT_N_NEG, JT_N_POS, JT_N_NOT, JT_N_AND, JT_N_OR,
@@ -212,7 +212,7 @@ struct jt_node {
     const char **kw_names;    /* CALL/FILTER/TEST keywords; MACRO parameters */
     jt_node **kw_vals;        /* their values; MACRO defaults (NULL: none) */
     size_t n_kw;
-    jt_body body, orelse;     /* IF, FOR, MACRO, SET_BLOCK, BODY */
+    jt_body body, orelse;     /* IF, FOR, MACRO, SET_BLOCK, GENERATION */
 };
 
 typedef enum {
@@ -269,6 +269,10 @@ jt_value jt_get_item(jt_ctx *c, size_t pos, jt_value obj, jt_value key);
 struct jt_render {
     jt_ctx c;
     jt_buf *out;              /* where output goes now (a macro's body writes to its own) */
+    jt_buf *top;              /* the rendering itself, the output of the template's top level */
+    bool track;               /* record the spans of generation blocks (chat_template_render_spans) */
+    ct_chat_span *spans;      /* (n_spans) in the pool */
+    size_t n_spans, spans_cap;
     size_t max_output;
     jt_scope *globals;
     const struct tm *date;    /* NULL: the clock */

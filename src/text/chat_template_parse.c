@@ -629,7 +629,7 @@ static jt_node *parse_statement(jt_parser *P)
         return new_node(P, brk ? JT_N_BREAK : JT_N_CONTINUE, pos);
     }
     if (tok_is(t, JT_TOK_NAME, "generation")) {   /* transformers' tag: marks assistant text, renders its body */
-        jt_node *x = new_node(P, JT_N_BODY, pos);
+        jt_node *x = new_node(P, JT_N_GENERATION, pos);
         x->body = parse_statements(P, end_generation, pos, "generation");
         next(P);
         return x;

@@ -14,15 +14,25 @@ Writes, under --out (default tests/fixtures/prepare_text):
                            llama3  bl_llama3, the Llama-3 template, BOS <|begin_of_text|>
                                    added by a TemplateProcessing post-processor
                            llama2  sp_llama2, the Llama-2 template, BOS <s> likewise
+                           qwen_gen   bl_qwen2, chatml_generation: {% generation %} around
+                                      each assistant reply and its <|im_end|>
+                           gen_edges  bl_qwen2 with a trimming ByteLevel post-processor,
+                                      generation_edges: blocks with whitespace control,
+                                      nested, empty, in a macro, in a {% set %} block
     FORMAT.jsonl         small inputs, one per format: messages, sharegpt, alpaca,
-                         prompt_completion (strings and conversations), text
+                         prompt_completion (strings and conversations), text; and
+                         generation.jsonl, chats (--format messages) for the models whose
+                         template has {% generation %}
     expected.json        {"records": {NAME: {FORMAT: [{"input_ids", "mask"}]}},
+                         FORMAT "generation" for those models only,
                           "offsets": {TOKENIZER: [{"text", "ids", "spans"}]},
                           "generate": {NAME: [{"system", "prompt", "ids"}]}}
 
 What the answers are (the rules `ctune prepare` follows, see src/text/prepare_text.h):
-  * chat formats (messages, sharegpt, alpaca): prepare_data.py's fallback mask,
-    its own code (HFTokenizer._chat_fallback): the conversation rendered by
+  * chat formats (messages, sharegpt, alpaca): prepare_data.py's mask, its own
+    code (HFTokenizer.chat): for a template with {% generation %} (qwen_gen,
+    gen_edges) apply_chat_template(..., return_assistant_tokens_mask=True), else
+    the fallback (HFTokenizer._chat_fallback): the conversation rendered by
     apply_chat_template, tokenized once with offsets, mask 1 on tokens that
     overlap an assistant turn;
   * text: prepare_data.py's HFTokenizer.text (add_special_tokens=True, then eos);
@@ -59,6 +69,13 @@ MODELS = {
     "qwen": ("bl_qwen2", "qwen2", None, "<|im_end|>", None),
     "llama3": ("bl_llama3", "llama3", "<|begin_of_text|>", "<|eot_id|>", "<|begin_of_text|>"),
     "llama2": ("sp_llama2", "llama2", "<s>", "</s>", "<s>"),
+    "qwen_gen": ("bl_qwen2", "chatml_generation", None, "<|im_end|>", None),
+    "gen_edges": ("bl_qwen2", "generation_edges", None, "<|im_end|>", None),
+}
+# Another post-processor than the fixture's: ByteLevel's trim_offsets leaves a token's edge spaces
+# outside its offsets, so a generation span can start or end on a character no token holds.
+POST_PROCESSORS = {
+    "gen_edges": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
 }
 
 MESSAGES = [
@@ -97,6 +114,25 @@ TEXT = [
     {"text": "A plain document. It has two sentences."},
     {"text": "Zeilen\nmit Umlauten: äöü, and emoji 🙂 at the end"},
     {"text": "  leading spaces and <|endoftext|> inside"},
+]
+
+
+# Chats for the templates with {% generation %} (generation.jsonl, read as --format messages), for
+# generation_edges' branches (by message index mod 4: 1 whitespace control, 3 the macro, else
+# nested blocks) and the trimmed offsets of gen_edges: a reply that ends in spaces (no token
+# holds its last character: the mask runs to the end), one that starts with them (no token holds
+# its first: that span and every later one are dropped), a chat that opens with the assistant.
+GENERATION = [
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."},
+     {"role": "user", "content": "And?"}, {"role": "assistant", "content": "Bye now  "}],
+    [{"role": "user", "content": "1"}, {"role": "assistant", "content": "one"},
+     {"role": "user", "content": "2"}, {"role": "assistant", "content": "two"},
+     {"role": "user", "content": "3"}, {"role": "assistant", "content": "  three"},
+     {"role": "user", "content": "4"}, {"role": "assistant", "content": "four"}],
+    [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "Done.  "},
+     {"role": "user", "content": "More?"}, {"role": "assistant", "content": "Yes."}],
+    [{"role": "assistant", "content": "I open."}, {"role": "user", "content": "ok"},
+     {"role": "assistant", "content": "fine"}],
 ]
 
 
@@ -148,6 +184,8 @@ def write_model(out, name):
                      {"SpecialToken": {"id": pp_bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
             "special_tokens": {pp_bos: {"id": pp_bos, "ids": [bos_id], "tokens": [pp_bos]}},
         }
+    if name in POST_PROCESSORS:
+        tj["post_processor"] = POST_PROCESSORS[name]
     with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(tj, f, ensure_ascii=False)
     with open(os.path.join(TEMPLATES, template + ".jinja"), encoding="utf-8") as f:
@@ -162,6 +200,7 @@ def write_model(out, name):
 def write_inputs(out):
     sets = {"messages": [{"messages": m} for m in MESSAGES], "sharegpt": SHAREGPT, "alpaca": ALPACA,
             "prompt_completion": PROMPT_COMPLETION, "text": TEXT}
+    sets["generation"] = [{"messages": m} for m in GENERATION]
     for fmt, rows in sets.items():
         with open(os.path.join(out, fmt + ".jsonl"), "w", encoding="utf-8", newline="\n") as f:
             for r in rows:
@@ -175,12 +214,14 @@ def expected_records(model_dir, sets):
     out = {}
 
     def chat(messages):
-        ids, mask = hf._chat_fallback(messages)
+        ids, mask = hf.chat(messages)
         return {"input_ids": ids, "mask": mask}
 
     out["messages"] = [chat(r["messages"]) for r in sets["messages"]]
     out["sharegpt"] = [chat(sharegpt_messages(r)) for r in sets["sharegpt"]]
     out["alpaca"] = [chat(alpaca_messages(r)) for r in sets["alpaca"]]
+    if hf.has_generation:
+        out["generation"] = [chat(r["messages"]) for r in sets["generation"]]
     out["prompt_completion"] = []
     for r in sets["prompt_completion"]:
         ids, mask = prompt_completion(tok, r)

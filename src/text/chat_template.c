@@ -19,10 +19,39 @@ struct ct_chat_template {
     jt_chunk *pool;           /* the syntax tree */
     jt_body body;
     char *bos, *eos;          /* NULL: undefined in the template */
+    bool has_generation;      /* chat_template_has_generation */
     bool has_date;
     struct tm date;
     ct_chat_limits limits;
 };
+
+/* Python's \s in a str pattern: the characters str.isspace() accepts. */
+static size_t skip_space(const char *s, size_t n, size_t i)
+{
+    while (i < n) {
+        size_t j = i;
+        if (!jt_is_space(jt_utf8_next(s, n, &j))) break;
+        i = j;
+    }
+    return i;
+}
+
+/* prepare_data.py's (and transformers') test for the tag: \{%-?\s*generation\s*-?%\} found in s. */
+static bool source_has_generation(const char *s, size_t n)
+{
+    static const char tag[] = "generation";
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (s[i] != '{' || s[i + 1] != '%') continue;
+        size_t j = i + 2;
+        if (j < n && s[j] == '-') j++;
+        j = skip_space(s, n, j);
+        if (n - j < sizeof tag - 1 || memcmp(s + j, tag, sizeof tag - 1)) continue;
+        j = skip_space(s, n, j + sizeof tag - 1);
+        if (j < n && s[j] == '-') j++;
+        if (n - j >= 2 && s[j] == '%' && s[j + 1] == '}') return true;
+    }
+    return false;
+}
 
 // ---- built-ins ----
 
@@ -201,6 +230,7 @@ static ct_chat_template *parse_as(const char *text, size_t len, const char *name
     jt_token *tokens = jt_lex(c, &n_tokens);
     t->body = jt_parse(c, tokens, n_tokens);
     t->pool = c->chunks;
+    t->has_generation = source_has_generation(t->text, t->len);
     free(c);
     return t;
 }
@@ -315,34 +345,7 @@ ct_chat_template *chat_template_load(const char *model_dir, const char *override
     return t;
 }
 
-/* Python's \s in a str pattern: the characters str.isspace() accepts. */
-static size_t skip_space(const char *s, size_t n, size_t i)
-{
-    while (i < n) {
-        size_t j = i;
-        if (!jt_is_space(jt_utf8_next(s, n, &j))) break;
-        i = j;
-    }
-    return i;
-}
-
-bool chat_template_has_generation(const ct_chat_template *t)
-{
-    static const char tag[] = "generation";
-    const char *s = t->text;
-    size_t n = t->len;
-    for (size_t i = 0; i + 1 < n; i++) {
-        if (s[i] != '{' || s[i + 1] != '%') continue;
-        size_t j = i + 2;
-        if (j < n && s[j] == '-') j++;
-        j = skip_space(s, n, j);
-        if (n - j < sizeof tag - 1 || memcmp(s + j, tag, sizeof tag - 1)) continue;
-        j = skip_space(s, n, j + sizeof tag - 1);
-        if (j < n && s[j] == '-') j++;
-        if (n - j >= 2 && s[j] == '%' && s[j + 1] == '}') return true;
-    }
-    return false;
-}
+bool chat_template_has_generation(const ct_chat_template *t) { return t->has_generation; }
 
 const char *chat_template_name(const ct_chat_template *t) { return t->name; }
 

@@ -295,13 +295,14 @@ static int add_messages(const prepare_text_cfg *c, prepare_worker *w, const json
     return CT_OK;
 }
 
-static int render(const prepare_text_cfg *c, const prepare_worker *w, int n, bool gen, const char *src, char **out,
-                  size_t *len, ct_error *err)
+/* w->msgs[0..n) rendered; spans (NULL: not wanted) gets the generation blocks' spans. */
+static int render_spans(const prepare_text_cfg *c, const prepare_worker *w, int n, bool gen, const char *src,
+                        char **out, size_t *len, ct_chat_span **spans, size_t *n_spans, ct_error *err)
 {
     if (!c->tmpl)
         return CT_FAIL_INPUT(err, "%s: a conversation needs a chat template: %s", src,
                              c->tmpl_error ? c->tmpl_error : "the model has none (see --chat-template)");
-    int rc = chat_template_render(c->tmpl, w->msgs, n, gen, out, len, err);
+    int rc = chat_template_render_spans(c->tmpl, w->msgs, n, gen, out, len, spans, n_spans, err);
     if (rc) {
         char why[sizeof err->msg];
         snprintf(why, sizeof why, "%s", err->msg);
@@ -309,6 +310,12 @@ static int render(const prepare_text_cfg *c, const prepare_worker *w, int n, boo
         return ct_fail(err, rc, "%s: chat template %s: %s", src, chat_template_name(c->tmpl), why);
     }
     return CT_OK;
+}
+
+static int render(const prepare_text_cfg *c, const prepare_worker *w, int n, bool gen, const char *src, char **out,
+                  size_t *len, ct_error *err)
+{
+    return render_spans(c, w, n, gen, src, out, len, NULL, NULL, err);
 }
 
 /* The assistant turns of w->msgs[0..n) in full[0..flen): w->turns, *n_turns. */
@@ -351,6 +358,37 @@ static int find_turns(const prepare_text_cfg *c, prepare_worker *w, int n, const
 
 static void mask_reserve(prepare_worker *w, size_t n) { w->mask = grow(w->mask, &w->mask_cap, n ? n : 1, 1); }
 
+/* HF's char_to_token: the first token whose span holds the character at byte b; -1 when none. */
+static ptrdiff_t token_at(const ct_spans *sp, size_t b)
+{
+    for (size_t j = 0; j < sp->len; j++)
+        if (sp->data[2 * j] <= b && b < sp->data[2 * j + 1]) return (ptrdiff_t)j;
+    return -1;
+}
+
+/* transformers' assistant mask (apply_chat_template, return_assistant_tokens_mask) over
+ * w->ids / w->spans of full[0..flen), from the generation spans g[0..n_g), as its loop has it. */
+static int generation_mask(prepare_worker *w, const char *full, size_t flen, const ct_chat_span *g, size_t n_g,
+                           const char *src, ct_error *err)
+{
+    memset(w->mask, 0, w->ids.len);
+    for (size_t k = 0; k < n_g; k++) {
+        if (g[k].end == 0)   /* char_to_token(-1): Python's OverflowError */
+            return CT_FAIL_INPUT(err, "%s: an empty generation block opens the rendering, where transformers' "
+                                 "assistant mask fails", src);
+        ptrdiff_t first = g[k].start < flen ? token_at(&w->spans, g[k].start) : -1, last = -1;
+        if (g[k].end <= flen) {
+            size_t c = g[k].end - 1;   /* the first byte of the span's last character */
+            while (c > 0 && ((unsigned char)full[c] & 0xC0) == 0x80) c--;
+            last = token_at(&w->spans, c);
+        }
+        if (first < 0) break;   /* HF: "out of bounds maybe due to truncation": no later span either */
+        size_t end = last > 0 ? (size_t)last + 1 : w->ids.len;   /* HF's `end_token + 1 if end_token`: 0 too */
+        for (size_t j = (size_t)first; j < end; j++) w->mask[j] = 1;
+    }
+    return CT_OK;
+}
+
 /* A conversation of w->msgs[0..n) rendered, encoded and masked into w->ids / w->mask. */
 static int chat_doc(const prepare_text_cfg *c, prepare_worker *w, int n, const char *src, ct_error *err)
 {
@@ -360,29 +398,35 @@ static int chat_doc(const prepare_text_cfg *c, prepare_worker *w, int n, const c
     if (!any_assistant && !c->train_on_inputs)
         return CT_FAIL_INPUT(err, "%s: no assistant message, so no token would carry loss (or --train-on-inputs)", src);
     char *full;
-    size_t flen, n_turns = 0;
-    int rc = render(c, w, n, false, src, &full, &flen, err);
+    size_t flen, n_turns = 0, n_gen = 0;
+    ct_chat_span *gen = NULL;
+    bool generation = !c->train_on_inputs && c->tmpl && chat_template_has_generation(c->tmpl);
+    int rc = render_spans(c, w, n, false, src, &full, &flen, generation ? &gen : NULL, generation ? &n_gen : NULL, err);
     if (rc) return rc;
     if (c->train_on_inputs) {
         rc = tokenizer_encode(c->enc->tok, full, flen, true, &w->ids, err);
         mask_reserve(w, w->ids.len);
         memset(w->mask, 1, w->ids.len);
     } else {
-        rc = find_turns(c, w, n, full, flen, src, &n_turns, err);
+        if (!generation) rc = find_turns(c, w, n, full, flen, src, &n_turns, err);
         if (!rc) rc = tokenizer_encode_offsets(c->enc->tok, full, flen, true, &w->ids, &w->spans, err);
         if (!rc) {
             text_encoder_trim_spans(c->enc, &w->ids, &w->spans, 0);
             mask_reserve(w, w->ids.len);
+            if (generation) rc = generation_mask(w, full, flen, gen, n_gen, src, err);
             size_t t = 0, labels = 0;
-            for (size_t j = 0; j < w->ids.len; j++) {
-                size_t s = w->spans.data[2 * j], e = w->spans.data[2 * j + 1];
-                while (t < n_turns && w->turns[2 * t + 1] <= s) t++;
-                w->mask[j] = t < n_turns && s < w->turns[2 * t + 1] && e > w->turns[2 * t];
+            for (size_t j = 0; j < w->ids.len && !rc; j++) {
+                if (!generation) {
+                    size_t s = w->spans.data[2 * j], e = w->spans.data[2 * j + 1];
+                    while (t < n_turns && w->turns[2 * t + 1] <= s) t++;
+                    w->mask[j] = t < n_turns && s < w->turns[2 * t + 1] && e > w->turns[2 * t];
+                }
                 labels += w->mask[j];
             }
-            if (!labels) rc = CT_FAIL_INPUT(err, "%s: the chat template marked no assistant token", src);
+            if (!rc && !labels) rc = CT_FAIL_INPUT(err, "%s: the chat template marked no assistant token", src);
         }
     }
+    free(gen);
     free(full);
     return rc;
 }

@@ -23,6 +23,20 @@
  * (special tokens in it matched, no others added: HF's tokenize of a
  * template's text) and a token whose offsets overlap a turn is a label.
  *
+ * A template with a {% generation %} tag (prepare_data.py's regex,
+ * chat_template_has_generation) takes prepare_data.py's other rule instead,
+ * transformers' apply_chat_template(..., return_assistant_tokens_mask=True):
+ * the conversation rendered once, with the spans of its generation blocks
+ * (chat_template_render_spans: where a block in a macro or a {% set %} block
+ * gets a span that is not where its text is, those are kept), and for each
+ * span in order, from the first token holding its first character to the one
+ * holding its last (HF's char_to_token over the offsets) every token is a
+ * label; when no token holds the first character (a span at the end of the
+ * text, or on a space that trim_offsets leaves out) that span and all later
+ * ones are dropped; when none holds the last, or it is token 0, the labels run
+ * to the last token. A conversation may then open with an assistant message;
+ * an empty span at byte 0 is an error (transformers fails there).
+ *
  * prompt_completion follows TRL's SFTTrainer: strings get the eos_token
  * appended to the completion (when it does not end with it) and are encoded
  * as tokenizer(text) (add_special_tokens: the post-processor's BOS); lists

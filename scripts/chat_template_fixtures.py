@@ -5,7 +5,8 @@ jinja2); CI has no Python and uses the stored expected.json.
     /work/venv-hf/bin/python scripts/chat_template_fixtures.py [--dir DIR]
 
 Reads, under --dir (default tests/fixtures/chat_templates):
-    NAME.jinja           a chat template (TEMPLATES below gives its bos/eos tokens)
+    NAME.jinja           a chat template (TEMPLATES below gives its bos/eos tokens); the
+                         COMPOSED ones are written first, from the parts COMPOSED names
     conversations.json   [{"name": ..., "messages": [{"role": ..., "content": ...}]}]
 Writes DIR/expected.json: the versions used, the fixed clock, each template's
 special tokens, and for every (template, conversation, add_generation_prompt)
@@ -54,6 +55,8 @@ TEMPLATES = {
     "mistral_v1": ("<s>", "</s>"),
     "mistral_v3": ("<s>", "</s>"),
     "mistral_small3": ("<s>", "</s>"),
+    "gpt_oss": ("<|startoftext|>", "<|return|>"),
+    "gpt_oss_tools": ("<|startoftext|>", "<|return|>"),
     "features_expr": ("<s>", None),
     "features_stmt": ("<s>", "</s>"),
     "features_ws": ("<s>", "</s>"),
@@ -61,6 +64,13 @@ TEMPLATES = {
     "features_str": ("<s>", "</s>"),
     "chatml_generation": (None, "<|im_end|>"),
     "generation_edges": (None, "<|im_end|>"),
+}
+
+# name: the files whose concatenation this script writes as NAME.jinja before rendering it.
+# ctune passes messages of role and content and tools=None, so what gpt_oss.jinja does with
+# tools, thinking and tool calls is reached through a prelude that sets them from the template.
+COMPOSED = {
+    "gpt_oss_tools": ("gpt_oss_tools.prelude", "gpt_oss.jinja"),
 }
 
 
@@ -97,6 +107,13 @@ def main():
     chat_template_utils.datetime = FixedDatetime
     with open(os.path.join(args.dir, "conversations.json"), encoding="utf-8") as f:
         conversations = json.load(f)
+    for name, parts in COMPOSED.items():
+        text = ""
+        for part in parts:
+            with open(os.path.join(args.dir, part), encoding="utf-8", newline="") as f:
+                text += f.read()
+        with open(os.path.join(args.dir, name + ".jinja"), "w", encoding="utf-8", newline="") as f:
+            f.write(text)
     cases = []
     for name, (bos, eos) in TEMPLATES.items():
         # newline="" keeps \r\n: jinja2 normalises newlines itself, as the C lexer does

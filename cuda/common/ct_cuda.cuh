@@ -169,6 +169,9 @@ void cuda_swiglu_bwd(ct_backend *be, void *dgu, const void *dh, const void *gu, 
 void cuda_add(ct_backend *be, void *y, const void *x, size_t n);
 void cuda_copy_2d(ct_backend *be, void *dst, int lddst, const void *src, int ldsrc, int rows, int cols);
 
+/* gdn_pointwise.cu: the Gated DeltaNet ops other than the delta rule */
+void cuda_fill_gdn_pointwise_ops(ct_backend *be);
+
 /* linear_lora.cu (+ the plain linear layers, which are one gemm each) */
 void cuda_linear_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const void *W,
                      const void *bias, int T, int in, int out, int accumulate);

@@ -490,6 +490,32 @@ TEST(a_target_modules_regex_for_some_layers_only_is_an_input_error)
     rmdir(dir);
 }
 
+TEST(a_target_modules_regex_finds_the_gated_deltanet_projections_under_linear_attn)
+{
+    char dir[] = "/tmp/ctune_adapter_XXXXXX", path[64];
+    REQUIRE(mkdtemp(dir), "temp dir");
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    FILE *f = fopen(path, "w");
+    REQUIRE(f, "%s", path);
+    fputs("{\"peft_type\": \"LORA\", \"r\": 4, "
+          "\"target_modules\": \".*\\\\.linear_attn\\\\.(in_proj_qkv|out_proj)\"}", f);
+    fclose(f);
+    ct_lora_config c;
+    ct_error err = {0};
+    int rc = adapter_read_config(dir, &c, &err);
+    CHECK(rc == CT_OK, "%s", err.msg);
+    bool qkv = false, out = false, other = false;
+    for (int i = 0; rc == CT_OK && i < c.n_target_modules; i++) {
+        qkv |= !strcmp(c.target_modules[i], "in_proj_qkv");
+        out |= !strcmp(c.target_modules[i], "out_proj");
+        other |= strcmp(c.target_modules[i], "in_proj_qkv") && strcmp(c.target_modules[i], "out_proj");
+    }
+    CHECK(rc != CT_OK || (qkv && out && !other), "targets read: %d (in_proj_qkv %d, out_proj %d, others %d)",
+          c.n_target_modules, qkv, out, other);
+    remove(path);
+    rmdir(dir);
+}
+
 /* The case folders named on the command line (see the file comment). */
 static struct {
     const char *dir;
@@ -564,5 +590,6 @@ int main(int argc, char **argv)
     RUN(rslora_on_fused_experts_is_written_as_its_scale);
     RUN(moe_expert_targets_peft_cannot_load_are_refused);
     RUN(a_target_modules_regex_for_some_layers_only_is_an_input_error);
+    RUN(a_target_modules_regex_finds_the_gated_deltanet_projections_under_linear_attn);
     return check_summary();
 }

@@ -67,7 +67,8 @@ static int expect_neutral(const json_value *root, const char *key, const char *s
 }
 
 /* Whether the regex re matches projection p of layer l at its home h: 0
- * attention, 1 a dense MLP, 2 qwen3_moe's experts, 3 mixtral's experts. */
+ * attention, 1 a dense MLP, 2 qwen3_moe's experts, 3 mixtral's experts, 4 a
+ * Gated DeltaNet layer (linear_attn). */
 static bool pattern_matches(const regex_t *re, int h, int l, int p)
 {
     static const char *const mixtral_names[] = {"w1", "w3", "w2"};
@@ -75,7 +76,8 @@ static bool pattern_matches(const regex_t *re, int h, int l, int p)
     if (h == 0) snprintf(name, sizeof name, "model.layers.%d.self_attn.%s", l, projection_names[p]);
     else if (h == 1) snprintf(name, sizeof name, "model.layers.%d.mlp.%s", l, projection_names[p]);
     else if (h == 2) snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s", l, l % 4, projection_names[p]);
-    else snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.%s", l, l % 4, mixtral_names[p - 4]);
+    else if (h == 3) snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.%s", l, l % 4, mixtral_names[p - 4]);
+    else snprintf(name, sizeof name, "model.layers.%d.linear_attn.%s", l, projection_names[p]);
     return regexec(re, name, 0, NULL, 0) == 0;
 }
 
@@ -101,7 +103,10 @@ static int add_pattern_targets(ct_lora_config *c, const char *pattern, const cha
     int rc = CT_OK;
     for (int p = 0; p < N_PROJECTIONS && !rc; p++) {
         bool targeted = false;
-        for (int h = p < 4 ? 0 : 1; h < (p < 4 ? 1 : 4) && !rc; h++) {
+        /* homes: attention for q, k, v, o; the MLP and both expert layouts for
+         * gate, up, down; linear_attn for the GDN projections */
+        int h0 = p < 4 ? 0 : p < 7 ? 1 : 4, h1 = p < 4 ? 1 : p < 7 ? 4 : 5;
+        for (int h = h0; h < h1 && !rc; h++) {
             int hits = 0;
             for (int l = 0; l < n_layers; l++) hits += pattern_matches(&re, h, layers[l], p);
             if (hits > 0 && hits < n_layers)

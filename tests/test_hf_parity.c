@@ -256,6 +256,19 @@ TEST(qwen3_5_packed_batch_matches_hf_peft)
 {
     check_parity_within("tests/fixtures/parity_qwen3_5", true, false, gdn_gap_bounds, NULL);
 }
+/* qwen3_5_moe_text (the same GDN/gated-attention layers, every MLP sparse: 4
+ * experts, top-2 renormalised, a shared expert behind its sigmoid gate; the
+ * MLP frozen, LoRA on the attention and linear_attn projections), judged
+ * against fp64 as parity_qwen3_5 and for the same reason. */
+static const parity_bounds gdn_moe_bounds = {1e-4, 1e-4};
+TEST(qwen3_5_moe_loss_and_lora_gradients_match_hf_peft_documents_one_by_one)
+{
+    check_parity_within("tests/fixtures/parity_qwen3_5_moe", false, false, gdn_moe_bounds, NULL);
+}
+TEST(qwen3_5_moe_packed_batch_matches_hf_peft)
+{
+    check_parity_within("tests/fixtures/parity_qwen3_5_moe", true, false, gdn_moe_bounds, NULL);
+}
 
 /* The router load-balancing loss of the base model on one document alone,
  * against HF's outputs.aux_loss (load_balancing_loss_func over the sparse
@@ -583,6 +596,8 @@ int main(int argc, char **argv)
     RUN(mixtral_packed_batch_matches_hf_peft);
     RUN(qwen3_5_loss_and_lora_gradients_match_hf_peft_documents_one_by_one);
     RUN(qwen3_5_packed_batch_matches_hf_peft);
+    RUN(qwen3_5_moe_loss_and_lora_gradients_match_hf_peft_documents_one_by_one);
+    RUN(qwen3_5_moe_packed_batch_matches_hf_peft);
     RUN(router_aux_loss_matches_hf_load_balancing_loss);
     RUN(qwen3_moe_dense_layers_mlp_lora_is_named_as_target_parameters_and_reads_back);
     RUN(qwen3_moe_attention_only_adapter_keeps_its_list_and_dropout);

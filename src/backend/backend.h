@@ -413,6 +413,15 @@ struct ct_backend {
      *   the counts, which have no gradient, act as constants). */
     void (*moe_aux_loss)(ct_backend *be, float *loss, float *aux_grad, const int32_t *counts,
                          const float *prob_sum, int n_layers, int T, int E, float coef);
+    /* A shared expert's output scaled by a scalar gate per token (qwen3_5_moe):
+     *   y[t, 0:H] += sigmoid(g[t]) * s[t, 0:H]
+     * y (T,H) ldy, s (T,H) lds, g (T) with stride ldg, act. */
+    void (*moe_shared_gate_fwd)(ct_backend *be, void *y, int ldy, const void *s, int lds, const void *g, int ldg,
+                                int T, int H);
+    /* Its backward given dy (T,H): ds (T,H) lds (overwritten) = sigmoid(g[t]) * dy[t];
+     * dg (T) ldg (overwritten) = sigmoid(g) (1 - sigmoid(g)) * (dy[t] . s[t]) (fp32 dot). */
+    void (*moe_shared_gate_bwd)(ct_backend *be, void *ds, int ldds, void *dg, int lddg, const void *dy, int lddy,
+                                const void *s, int lds, const void *g, int ldg, int T, int H);
 
 
     /* ---- Gated DeltaNet (qwen3_5, qwen3_5_moe, qwen3_next) ---- */

@@ -428,8 +428,41 @@ static void cpu_moe_aux_loss(ct_backend *be, float *loss, float *aux_grad, const
     loss[0] += (float)(coef * E * total);
 }
 
+static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static void cpu_moe_shared_gate_fwd(ct_backend *be, void *y, int ldy, const void *s, int lds, const void *g, int ldg,
+                                    int T, int H)
+{
+    #pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        float a = sigmoidf_(((const float *)g)[(size_t)t * ldg]);
+        float *yr = (float *)y + (size_t)t * ldy;
+        const float *sr = (const float *)s + (size_t)t * lds;
+        for (int h = 0; h < H; h++) yr[h] += a * sr[h];
+    }
+}
+
+static void cpu_moe_shared_gate_bwd(ct_backend *be, void *ds, int ldds, void *dg, int lddg, const void *dy, int lddy,
+                                    const void *s, int lds, const void *g, int ldg, int T, int H)
+{
+    #pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        float a = sigmoidf_(((const float *)g)[(size_t)t * ldg]);
+        const float *dyr = (const float *)dy + (size_t)t * lddy, *sr = (const float *)s + (size_t)t * lds;
+        float *dsr = (float *)ds + (size_t)t * ldds;
+        float dot = 0;
+        for (int h = 0; h < H; h++) {
+            dot += dyr[h] * sr[h];
+            dsr[h] = a * dyr[h];
+        }
+        ((float *)dg)[(size_t)t * lddg] = a * (1.0f - a) * dot;
+    }
+}
+
 void cpu_moe_install(ct_backend *be)
 {
+    be->moe_shared_gate_fwd = cpu_moe_shared_gate_fwd;
+    be->moe_shared_gate_bwd = cpu_moe_shared_gate_bwd;
     be->moe_route = cpu_moe_route;
     be->moe_count = cpu_moe_count;
     be->moe_offsets = cpu_moe_offsets;

@@ -1,6 +1,9 @@
 /* graph_moe.c — the sparse MLP block (see graph_moe.h) over the backend's MoE
  * ops. Sizes: T tokens, H hidden, E experts, K per token, I expert intermediate,
- * n = T*K expert rows.
+ * n = T*K expert rows. qwen3_5_moe adds a shared expert, a dense SwiGLU MLP of
+ * intermediate size Is on every token, scaled by sigmoid(hn . wsh_gate) per
+ * token (moe_shared_gate_fwd) and added to the routed sum; its weights are
+ * frozen and it has no LoRA yet.
  *
  * Backward, with out = h + sum_k w_k ye_k:
  *   dye = w * dout (per row), dw = dout . bias_e       (moe_scatter_bwd)
@@ -62,12 +65,18 @@ typedef struct moe_acts {
     void *act;           /* (n, I) */
     void *u_gu, *u_d;    /* (n, MOE_G_COLS): the fused forwards' u of gate|up and of down */
     bool u_gu_ok, u_d_ok; /* whether the last forward into this workspace wrote them */
+    /* the shared expert (qwen3_5_moe): NULL without one */
+    void *sgu;           /* (T, 2Is) */
+    void *sact;          /* (T, Is) */
+    void *s;             /* (T, H): its output before the gate */
+    void *sg;            /* (T, 1): the gate's logit */
 } moe_acts;
 
 struct ct_moe {
     const ct_model *m;
     ct_backend *be;
     int capacity, E, K, I, H, n_sparse, n_ws;
+    int Is;              /* the shared expert's intermediate size; 0: none */
     ct_moe_rule rule;
     bool fused_lora;     /* the fused expert LoRA ops may run (ct_graph_options.separate_expert_lora off) */
     bool lora_buffers;   /* the workspaces' u_gu, u_d and g exist (moe_new's expert_lora) */
@@ -84,6 +93,7 @@ struct ct_moe {
     float *dw;           /* (n) */
     void *dlogits;       /* (T, E) */
     void *g;             /* (n, MOE_G_COLS): the expert LoRA's dy B for the GEMM's input gradient */
+    void *ds, *dsact, *dsgu, *dsg; /* the shared expert's: (T,H), (T,Is), (T,2Is), (T,1) */
 };
 
 ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, bool expert_lora, bool fused_lora)
@@ -100,6 +110,7 @@ ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, bool expert_lora, boo
     mo->K = c->num_experts_per_tok;
     mo->I = c->moe_intermediate_size;
     mo->H = c->hidden_size;
+    mo->Is = c->shared_expert_intermediate_size;
     mo->n_sparse = n_sparse;
     mo->n_ws = n_ws;
     mo->fused_lora = fused_lora;
@@ -116,6 +127,7 @@ ct_moe *moe_new(const ct_model *m, int capacity, int n_ws, bool expert_lora, boo
 void moe_layout(ct_moe *mo, ct_arena *ar)
 {
     size_t T = mo->capacity, E = mo->E, n = T * mo->K, H = mo->H, I = mo->I, A = mo->be->act_bytes, F = 4;
+    size_t Is = mo->Is;
     for (int i = 0; i < mo->n_ws; i++) {
         moe_acts *a = &mo->ws[i];
         a->logits = arena_take(ar, T * E * A);
@@ -128,6 +140,10 @@ void moe_layout(ct_moe *mo, ct_arena *ar)
         a->act = arena_take(ar, n * I * A);
         a->u_gu = mo->lora_buffers ? arena_take(ar, n * MOE_G_COLS * A) : NULL;
         a->u_d = mo->lora_buffers ? arena_take(ar, n * MOE_G_COLS * A) : NULL;
+        a->sgu = Is ? arena_take(ar, T * 2 * Is * A) : NULL;
+        a->sact = Is ? arena_take(ar, T * Is * A) : NULL;
+        a->s = Is ? arena_take(ar, T * H * A) : NULL;
+        a->sg = Is ? arena_take(ar, T * A) : NULL;
     }
     mo->ye = arena_take(ar, n * H * A);
     mo->counts = arena_take(ar, (size_t)mo->n_sparse * E * 4);
@@ -140,6 +156,10 @@ void moe_layout(ct_moe *mo, ct_arena *ar)
     mo->dw = arena_take(ar, n * F);
     mo->dlogits = arena_take(ar, T * E * A);
     mo->g = mo->lora_buffers ? arena_take(ar, n * MOE_G_COLS * A) : NULL;
+    mo->ds = Is ? arena_take(ar, T * H * A) : NULL;
+    mo->dsact = Is ? arena_take(ar, T * Is * A) : NULL;
+    mo->dsgu = Is ? arena_take(ar, T * 2 * Is * A) : NULL;
+    mo->dsg = Is ? arena_take(ar, T * A) : NULL;
 }
 
 void moe_free(ct_moe *mo)
@@ -292,6 +312,13 @@ void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, 
     }
     if (gpt_oss) be->moe_clamped_swiglu_fwd(be, a->act, a->gu, n, I, GPT_OSS_ALPHA, (float)c->swiglu_limit);
     else be->swiglu_fwd(be, a->act, a->gu, n, I);
+    if (mo->Is) { /* the shared expert and its gate's logit, which backward reads (a recompute too) */
+        int Is = mo->Is;
+        be->linear_fwd(be, a->sgu, 2 * Is, hn, H, w->wsh_gu, NULL, T, H, 2 * Is, 0);
+        be->swiglu_fwd(be, a->sact, a->sgu, T, Is);
+        be->linear_fwd(be, a->s, H, a->sact, Is, w->wsh_down, NULL, T, Is, H, 0);
+        be->linear_fwd(be, a->sg, 1, hn, H, w->wsh_gate, NULL, T, H, 1, 0);
+    }
     if (!out) { /* a recompute for backward, which needs no ye (and so gets no u of down) */
         a->u_d_ok = false;
         return;
@@ -302,6 +329,7 @@ void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, 
         lora_fwd(mo, ml, l, CT_MOD_DOWN, a, mo->ye, H, a->act, I, NULL);
     }
     be->moe_scatter(be, out, H, mo->ye, a->slot_row, a->w, T, K, H, res, H);
+    if (mo->Is) be->moe_shared_gate_fwd(be, out, H, a->s, H, a->sg, 1, T, H);
 }
 
 void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dout, void *dhn, int T, bool aux)
@@ -335,6 +363,15 @@ void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dou
 
     be->moe_route_bwd(be, mo->dlogits, mo->dw, a->logits, a->idx, a->w, aux ? mo->aux_grad : NULL, T, E, K, mo->rule);
     be->linear_bwd_input(be, dhn, H, mo->dlogits, E, w->router, T, H, E, 1);
+
+    if (mo->Is) { /* the shared expert: out += sigmoid(sg) s, s = down(swiglu(gu(hn))), sg = hn . wsh_gate */
+        int Is = mo->Is;
+        be->moe_shared_gate_bwd(be, mo->ds, H, mo->dsg, 1, dout, H, a->s, H, a->sg, 1, T, H);
+        be->linear_bwd_input(be, mo->dsact, Is, mo->ds, H, w->wsh_down, T, Is, H, 0);
+        be->swiglu_bwd(be, mo->dsgu, mo->dsact, a->sgu, T, Is);
+        be->linear_bwd_input(be, dhn, H, mo->dsgu, 2 * Is, w->wsh_gu, T, H, 2 * Is, 1);
+        be->linear_bwd_input(be, dhn, H, mo->dsg, 1, w->wsh_gate, T, H, 1, 1);
+    }
 }
 
 void moe_aux_begin(ct_moe *mo)

@@ -45,6 +45,15 @@ int lora_init(ct_lora *lo, const ct_model *m, const ct_lora_config *cfg, uint64_
         if (mod >= CT_MOD_IN_QKV && !c->gdn) lo->targeted[mod] = false;
         model_module_shape(c, mod, &lo->in[mod], &lo->out[mod]);
     }
+    /* qwen3_5_moe: PEFT's all-linear adapts the shared expert's projections and
+     * shared_expert_gate, and gate_proj/up_proj/down_proj name both the shared
+     * expert and (as target_parameters) the experts; ctune adapts neither yet. */
+    if (c->arch == CT_ARCH_QWEN3_5_MOE &&
+        (cfg->target_all_linear || lo->targeted[CT_MOD_GATE] || lo->targeted[CT_MOD_UP] || lo->targeted[CT_MOD_DOWN]))
+        return CT_FAIL_INPUT(err, "lora.target_modules: %s: ctune adapts the attention and linear_attn projections "
+                             "of this model only (q_proj, k_proj, v_proj, o_proj, in_proj_qkv, in_proj_z, in_proj_b, "
+                             "in_proj_a, out_proj); its MLP (experts and shared expert) stays frozen for now, and "
+                             "all-linear would adapt the shared expert in PEFT", c->model_type);
     if (c->arch == CT_ARCH_GPT_OSS && any_sparse(c) && lo->targeted[CT_MOD_GATE] != lo->targeted[CT_MOD_UP])
         return CT_FAIL_INPUT(err, "lora.target_modules: gpt_oss fuses each expert's gate and up projections into "
                              "one gate_up_proj; target both gate_proj and up_proj, or neither");

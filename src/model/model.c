@@ -245,7 +245,8 @@ static int load_sparse(loader *ld, const ct_model_config *c, int l, ct_layer_wei
     size_t H = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts;
     char n[256];
 #define NAME(...) (snprintf(n, sizeof n, __VA_ARGS__), n)
-    if (c->gdn) return CT_FAIL_INPUT(ld->err, "model: sparse layers of a Gated DeltaNet hybrid are not supported yet");
+    if (c->gdn && c->arch != CT_ARCH_QWEN3_5_MOE)
+        return CT_FAIL_INPUT(ld->err, "model: sparse layers of %s are not supported yet", c->model_type);
     if (!(w->wgu_e = alloc_weight(ld, E * 2 * I * H)) || !(w->wdown_e = alloc_weight(ld, E * H * I)))
         return ld->err->code;
     if (c->arch == CT_ARCH_GPT_OSS) {
@@ -260,15 +261,25 @@ static int load_sparse(loader *ld, const ct_model_config *c, int l, ct_layer_wei
         return CT_OK;
     }
     bool mixtral = c->arch == CT_ARCH_MIXTRAL;
-    const char *block = mixtral ? "block_sparse_moe" : "mlp";
+    const char *block = mixtral ? "block_sparse_moe" : "mlp", *pre = c->tensor_prefix;
     const char *gate = mixtral ? "w1" : "gate_proj", *up = mixtral ? "w3" : "up_proj";
     const char *down = mixtral ? "w2" : "down_proj";
-    if (!(w->router = load_one(ld, NAME("model.layers.%d.%s.gate.weight", l, block), E * H))) return ld->err->code;
+    if (!(w->router = load_one(ld, NAME("%slayers.%d.%s.gate.weight", pre, l, block), E * H))) return ld->err->code;
     for (size_t e = 0; e < E; e++) {
         size_t gu = e * 2 * I * H;
-        if (put(ld, w->wgu_e, gu, NAME("model.layers.%d.%s.experts.%zu.%s.weight", l, block, e, gate)) ||
-            put(ld, w->wgu_e, gu + I * H, NAME("model.layers.%d.%s.experts.%zu.%s.weight", l, block, e, up)) ||
-            put(ld, w->wdown_e, e * H * I, NAME("model.layers.%d.%s.experts.%zu.%s.weight", l, block, e, down)))
+        if (put(ld, w->wgu_e, gu, NAME("%slayers.%d.%s.experts.%zu.%s.weight", pre, l, block, e, gate)) ||
+            put(ld, w->wgu_e, gu + I * H, NAME("%slayers.%d.%s.experts.%zu.%s.weight", pre, l, block, e, up)) ||
+            put(ld, w->wdown_e, e * H * I, NAME("%slayers.%d.%s.experts.%zu.%s.weight", pre, l, block, e, down)))
+            return ld->err->code;
+    }
+    if (c->shared_expert_intermediate_size > 0) {
+        size_t Is = c->shared_expert_intermediate_size;
+        if (!(w->wsh_gu = alloc_weight(ld, 2 * Is * H))) return ld->err->code;
+        if (put(ld, w->wsh_gu, 0, NAME("%slayers.%d.mlp.shared_expert.gate_proj.weight", pre, l)) ||
+            put(ld, w->wsh_gu, Is * H, NAME("%slayers.%d.mlp.shared_expert.up_proj.weight", pre, l)))
+            return ld->err->code;
+        if (!(w->wsh_down = load_one(ld, NAME("%slayers.%d.mlp.shared_expert.down_proj.weight", pre, l), H * Is)) ||
+            !(w->wsh_gate = load_one(ld, NAME("%slayers.%d.mlp.shared_expert_gate.weight", pre, l), H)))
             return ld->err->code;
     }
 #undef NAME

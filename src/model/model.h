@@ -50,6 +50,10 @@ typedef struct ct_layer_weights {
     void *bgu_e;       /* (E, 2I) or NULL, rows as wgu_e */
     void *wdown_e;     /* (E, H, I) */
     void *bdown_e;     /* (E, H) or NULL */
+    /* the shared expert of qwen3_5_moe's sparse layers (NULL elsewhere), Is its intermediate size */
+    void *wsh_gu;      /* (2Is, H): gate rows then up rows */
+    void *wsh_down;    /* (H, Is) */
+    void *wsh_gate;    /* (1, H): the scalar gate, sigmoid(hn . w) per token */
 } ct_layer_weights;   /* every field a backend pointer (model_free walks them) */
 
 typedef struct ct_model {

@@ -363,6 +363,62 @@ TEST(clamped_swiglu_bwd_matches_finite_differences_and_stops_at_the_limits)
     CHECK(check_max_rel_err(dgu, fd, N * 2 * I) <= 1e-3, "dgu vs finite differences");
 }
 
+/* The objective sum_t,h dy[t,h] * (y0[t,h] + sigmoid(g[t]) s[t,h]) in double. */
+static double shared_gate_obj(const double *s, const double *g, const float *dy, int T, int H)
+{
+    double f = 0;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) f += dy[t * H + h] * s[t * H + h] / (1 + exp(-g[t]));
+    return f;
+}
+
+TEST(shared_gate_adds_sigmoid_scaled_rows_and_its_bwd_matches_finite_differences)
+{
+    enum { T = 7, H = 5, LDS = 6, LDG = 2 };
+    float y[T * H], y0[T * H], s[T * LDS], g[T * LDG], dy[T * H], ds[T * LDS], dg[T * LDG];
+    double sd[T * H], gd[T];
+    for (int t = 0; t < T; t++) {
+        g[t * LDG] = 2.5f * ct_rng_normal(&rng);
+        g[t * LDG + 1] = 1e9f; /* padding: never read */
+        gd[t] = g[t * LDG];
+        for (int h = 0; h < H; h++) {
+            s[t * LDS + h] = ct_rng_normal(&rng);
+            sd[t * H + h] = s[t * LDS + h];
+            y[t * H + h] = y0[t * H + h] = ct_rng_normal(&rng);
+            dy[t * H + h] = ct_rng_normal(&rng);
+        }
+    }
+    be->moe_shared_gate_fwd(be, y, H, s, LDS, g, LDG, T, H);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            CHECK(fabs(y[t * H + h] - (y0[t * H + h] + sd[t * H + h] / (1 + exp(-gd[t])))) <= 1e-6, "forward");
+    be->moe_shared_gate_bwd(be, ds, LDS, dg, LDG, dy, H, s, LDS, g, LDG, T, H);
+    float fds[T * H], fdg[T], got_ds[T * H], got_dg[T];
+    const double e = 1e-6;
+    for (int t = 0; t < T; t++) {
+        double keep = gd[t];
+        gd[t] = keep + e;
+        double fp = shared_gate_obj(sd, gd, dy, T, H);
+        gd[t] = keep - e;
+        double fm = shared_gate_obj(sd, gd, dy, T, H);
+        gd[t] = keep;
+        fdg[t] = (float)((fp - fm) / (2 * e));
+        got_dg[t] = dg[t * LDG];
+        for (int h = 0; h < H; h++) {
+            double k2 = sd[t * H + h];
+            sd[t * H + h] = k2 + e;
+            fp = shared_gate_obj(sd, gd, dy, T, H);
+            sd[t * H + h] = k2 - e;
+            fm = shared_gate_obj(sd, gd, dy, T, H);
+            sd[t * H + h] = k2;
+            fds[t * H + h] = (float)((fp - fm) / (2 * e));
+            got_ds[t * H + h] = ds[t * LDS + h];
+        }
+    }
+    CHECK(check_max_rel_err(got_ds, fds, T * H) <= 1e-4, "ds vs finite differences");
+    CHECK(check_max_rel_err(got_dg, fdg, T) <= 1e-4, "dg vs finite differences");
+}
+
 int main(void)
 {
     be = backend_cpu_new();
@@ -378,6 +434,7 @@ int main(void)
     RUN(moe_linear_lora_fwd_equals_moe_linear_fwd_then_moe_lora_fwd_bit_for_bit);
     RUN(route_bwd_matches_finite_differences_for_every_rule);
     RUN(clamped_swiglu_bwd_matches_finite_differences_and_stops_at_the_limits);
+    RUN(shared_gate_adds_sigmoid_scaled_rows_and_its_bwd_matches_finite_differences);
     be->destroy(be);
     return check_summary();
 }

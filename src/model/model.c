@@ -394,7 +394,9 @@ int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
         return CT_FAIL_INPUT(err, "%s: model_type '%s' has Gated DeltaNet layers; the %s backend does not implement "
                              "the GDN ops yet (set device: cpu to train it on the CPU reference backend)",
                              dir, c->model_type, be->name);
-    if (c->num_experts > 0 && !backend_has_moe(be))
+    if (c->num_experts > 0 &&
+        (!backend_has_moe(be) ||
+         (c->shared_expert_intermediate_size > 0 && (!be->moe_shared_gate_fwd || !be->moe_shared_gate_bwd))))
         return CT_FAIL_INPUT(err, "%s: model_type '%s' is a mixture of experts; the %s backend does not implement "
                              "the MoE ops yet (set device: cpu to train it on the CPU reference backend)",
                              dir, c->model_type, be->name);

@@ -257,10 +257,14 @@ TEST(qwen3_5_packed_batch_matches_hf_peft)
     check_parity_within("tests/fixtures/parity_qwen3_5", true, false, gdn_gap_bounds, NULL);
 }
 /* qwen3_5_moe_text (the same GDN/gated-attention layers, every MLP sparse: 4
- * experts, top-2 renormalised, a shared expert behind its sigmoid gate; the
- * MLP frozen, LoRA on the attention and linear_attn projections), judged
- * against fp64 as parity_qwen3_5 and for the same reason. */
-static const parity_bounds gdn_moe_bounds = {1e-4, 1e-4};
+ * experts, top-2 renormalised, a shared expert behind its sigmoid gate; LoRA
+ * all-linear as PEFT reads it there: attention, linear_attn, the shared
+ * expert's gate/up/down and shared_expert_gate, the experts and router frozen),
+ * judged against fp64 as parity_qwen3_5 and for the same reason: HF's own fp32
+ * run is up to 2.25e-4 off that truth (layer 0's in_proj_a), ctune's 1.73e-4
+ * (layer 0's in_proj_qkv); the tensors past the last delta rule (layer 3) stay
+ * below 4.3e-5. So the gradient bound is parity_qwen3_5's 2.5e-4. */
+static const parity_bounds gdn_moe_bounds = {1e-4, 2.5e-4};
 TEST(qwen3_5_moe_loss_and_lora_gradients_match_hf_peft_documents_one_by_one)
 {
     check_parity_within("tests/fixtures/parity_qwen3_5_moe", false, false, gdn_moe_bounds, NULL);

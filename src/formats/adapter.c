@@ -36,8 +36,9 @@
 
 static const char *const projection_names[] = {"q_proj", "k_proj", "v_proj", "o_proj",
                                                "gate_proj", "up_proj", "down_proj",
-                                               "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"};
-#define N_PROJECTIONS 12
+                                               "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj",
+                                               "shared_expert_gate"};
+#define N_PROJECTIONS 13
 
 static int add_target(ct_lora_config *c, const char *name, const char *src, ct_error *err)
 {
@@ -47,7 +48,7 @@ static int add_target(ct_lora_config *c, const char *name, const char *src, ct_e
     if (!known)
         return CT_FAIL_INPUT(err, "%s: target_modules: '%s' is not one of q_proj, k_proj, v_proj, o_proj, "
                              "gate_proj, up_proj, down_proj (or a Gated DeltaNet layer's in_proj_qkv, in_proj_z, in_proj_b, "
-                             "in_proj_a, out_proj; ctune applies LoRA to those only)", src, name);
+                             "in_proj_a, out_proj, or qwen3_5_moe's shared_expert_gate; ctune applies LoRA to those only)", src, name);
     for (int i = 0; i < c->n_target_modules; i++)
         if (!strcmp(c->target_modules[i], name)) return CT_OK;
     strcpy(c->target_modules[c->n_target_modules++], name);

@@ -2,8 +2,9 @@
  * ops. Sizes: T tokens, H hidden, E experts, K per token, I expert intermediate,
  * n = T*K expert rows. qwen3_5_moe adds a shared expert, a dense SwiGLU MLP of
  * intermediate size Is on every token, scaled by sigmoid(hn . wsh_gate) per
- * token (moe_shared_gate_fwd) and added to the routed sum; its weights are
- * frozen and it has no LoRA yet.
+ * token (moe_shared_gate_fwd) and added to the routed sum; LoRA on its gate,
+ * up and down projections (qwen3_5_moe's CT_MOD_GATE/UP/DOWN, as PEFT's
+ * target_modules reads those names there) and on shared_expert_gate.
  *
  * Backward, with out = h + sum_k w_k ye_k:
  *   dye = w * dout (per row), dw = dout . bias_e       (moe_scatter_bwd)
@@ -176,8 +177,31 @@ static void *act_at(const ct_moe *mo, void *p, size_t elems) { return (char *)p 
 static const ct_lora_slot *expert_lora(const moe_lora *ml, int l, ct_module mod)
 {
     if (!ml->lo || !ml->lo->targeted[mod]) return NULL;
+    if (ml->lo->arch == CT_ARCH_QWEN3_5_MOE) return NULL; /* there gate/up/down are the shared expert's */
     const ct_lora_slot *s = lora_slot(ml->lo, l, mod);
     return s->experts ? s : NULL;
+}
+
+/* The LoRA of a shared-expert module over the T token rows (dense, no experts). */
+static void shared_lora_fwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod, void *y, int ldy, const void *x,
+                            int ldx, int T)
+{
+    if (!ml->lo || !ml->lo->targeted[mod]) return;
+    const ct_lora_slot *s = lora_slot(ml->lo, l, mod);
+    if (!s->experts) return;
+    mo->be->lora_fwd(mo->be, y, ldy, x, ldx, lora_A(ml->lo, l, mod), lora_B(ml->lo, l, mod), T, s->in, s->out,
+                     ml->lo->R, ml->lo->scale, ml->dropout, graph_module_seed(ml->step_seed, l, mod));
+}
+
+static void shared_lora_bwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod, void *dx, int lddx, const void *dy,
+                            int lddy, const void *x, int ldx, int T)
+{
+    if (!ml->lo || !ml->lo->targeted[mod]) return;
+    const ct_lora_slot *s = lora_slot(ml->lo, l, mod);
+    if (!s->experts) return;
+    mo->be->lora_bwd(mo->be, dx, lddx, lora_grad_A(ml->lo, l, mod), lora_grad_B(ml->lo, l, mod), dy, lddy, x, ldx,
+                     lora_A(ml->lo, l, mod), lora_B(ml->lo, l, mod), T, s->in, s->out, ml->lo->R, ml->lo->scale,
+                     ml->dropout, graph_module_seed(ml->step_seed, l, mod));
 }
 
 /* x: expert-ordered rows, or (gather non-NULL) token rows read through gather. */
@@ -315,9 +339,13 @@ void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, 
     if (mo->Is) { /* the shared expert and its gate's logit, which backward reads (a recompute too) */
         int Is = mo->Is;
         be->linear_fwd(be, a->sgu, 2 * Is, hn, H, w->wsh_gu, NULL, T, H, 2 * Is, 0);
+        shared_lora_fwd(mo, ml, l, CT_MOD_GATE, a->sgu, 2 * Is, hn, H, T);
+        shared_lora_fwd(mo, ml, l, CT_MOD_UP, act_at(mo, a->sgu, Is), 2 * Is, hn, H, T);
         be->swiglu_fwd(be, a->sact, a->sgu, T, Is);
         be->linear_fwd(be, a->s, H, a->sact, Is, w->wsh_down, NULL, T, Is, H, 0);
+        shared_lora_fwd(mo, ml, l, CT_MOD_DOWN, a->s, H, a->sact, Is, T);
         be->linear_fwd(be, a->sg, 1, hn, H, w->wsh_gate, NULL, T, H, 1, 0);
+        shared_lora_fwd(mo, ml, l, CT_MOD_SH_GATE, a->sg, 1, hn, H, T);
     }
     if (!out) { /* a recompute for backward, which needs no ye (and so gets no u of down) */
         a->u_d_ok = false;
@@ -368,9 +396,13 @@ void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dou
         int Is = mo->Is;
         be->moe_shared_gate_bwd(be, mo->ds, H, mo->dsg, 1, dout, H, a->s, H, a->sg, 1, T, H);
         be->linear_bwd_input(be, mo->dsact, Is, mo->ds, H, w->wsh_down, T, Is, H, 0);
+        shared_lora_bwd(mo, ml, l, CT_MOD_DOWN, mo->dsact, Is, mo->ds, H, a->sact, Is, T);
         be->swiglu_bwd(be, mo->dsgu, mo->dsact, a->sgu, T, Is);
         be->linear_bwd_input(be, dhn, H, mo->dsgu, 2 * Is, w->wsh_gu, T, H, 2 * Is, 1);
+        shared_lora_bwd(mo, ml, l, CT_MOD_GATE, dhn, H, mo->dsgu, 2 * Is, a->hn, H, T);
+        shared_lora_bwd(mo, ml, l, CT_MOD_UP, dhn, H, act_at(mo, mo->dsgu, Is), 2 * Is, a->hn, H, T);
         be->linear_bwd_input(be, dhn, H, mo->dsg, 1, w->wsh_gate, T, H, 1, 1);
+        shared_lora_bwd(mo, ml, l, CT_MOD_SH_GATE, dhn, H, mo->dsg, 1, a->hn, H, T);
     }
 }
 

@@ -43,17 +43,10 @@ int lora_init(ct_lora *lo, const ct_model *m, const ct_lora_config *cfg, uint64_
          * those are targeted only in a model that has them. */
         lo->targeted[mod] = target_named(cfg, mod) || (cfg->target_all_linear && mod >= CT_MOD_IN_QKV);
         if (mod >= CT_MOD_IN_QKV && !c->gdn) lo->targeted[mod] = false;
+        /* shared_expert_gate: qwen3_5_moe's (PEFT's all-linear takes it: an nn.Linear) */
+        if (mod == CT_MOD_SH_GATE && c->arch != CT_ARCH_QWEN3_5_MOE) lo->targeted[mod] = false;
         model_module_shape(c, mod, &lo->in[mod], &lo->out[mod]);
     }
-    /* qwen3_5_moe: PEFT's all-linear adapts the shared expert's projections and
-     * shared_expert_gate, and gate_proj/up_proj/down_proj name both the shared
-     * expert and (as target_parameters) the experts; ctune adapts neither yet. */
-    if (c->arch == CT_ARCH_QWEN3_5_MOE &&
-        (cfg->target_all_linear || lo->targeted[CT_MOD_GATE] || lo->targeted[CT_MOD_UP] || lo->targeted[CT_MOD_DOWN]))
-        return CT_FAIL_INPUT(err, "lora.target_modules: %s: ctune adapts the attention and linear_attn projections "
-                             "of this model only (q_proj, k_proj, v_proj, o_proj, in_proj_qkv, in_proj_z, in_proj_b, "
-                             "in_proj_a, out_proj); its MLP (experts and shared expert) stays frozen for now, and "
-                             "all-linear would adapt the shared expert in PEFT", c->model_type);
     if (c->arch == CT_ARCH_GPT_OSS && any_sparse(c) && lo->targeted[CT_MOD_GATE] != lo->targeted[CT_MOD_UP])
         return CT_FAIL_INPUT(err, "lora.target_modules: gpt_oss fuses each expert's gate and up projections into "
                              "one gate_up_proj; target both gate_proj and up_proj, or neither");
@@ -73,8 +66,8 @@ int lora_init(ct_lora *lo, const ct_model *m, const ct_lora_config *cfg, uint64_
     }
     bool experts_adapted = false;
     for (int l = 0; l < c->num_hidden_layers; l++)
-        experts_adapted |= c->layer_sparse[l] && (lo->targeted[CT_MOD_GATE] || lo->targeted[CT_MOD_UP] ||
-                                                  lo->targeted[CT_MOD_DOWN]);
+        experts_adapted |= c->layer_sparse[l] && c->arch != CT_ARCH_QWEN3_5_MOE &&
+                           (lo->targeted[CT_MOD_GATE] || lo->targeted[CT_MOD_UP] || lo->targeted[CT_MOD_DOWN]);
     if (experts_adapted && be->max_expert_lora_rank > 0 && lo->R > be->max_expert_lora_rank) {
         int R = lo->R;
         lora_free(lo, be);
@@ -182,7 +175,7 @@ static size_t peft_tensors(const ct_lora *lo, const ct_model_config *c, peft_ten
         for (int mod = 0; mod < CT_MOD_COUNT; mod++) {
             const ct_lora_slot *s = lora_slot(lo, l, mod);
             if (!s->experts) continue;
-            bool experts = c->layer_sparse[l] && model_module_is_mlp(mod);
+            bool experts = c->layer_sparse[l] && model_module_is_mlp(mod) && c->arch != CT_ARCH_QWEN3_5_MOE;
             bool fused = experts && c->arch == CT_ARCH_GPT_OSS;
             int count = experts && !fused ? s->experts : 1;
             size_t b0 = s->offset + (size_t)s->experts * R * s->in;
@@ -202,7 +195,12 @@ static size_t peft_tensors(const ct_lora *lo, const ct_model_config *c, peft_ten
                         t->fused_B_E = is_B ? s->experts : 0;
                     } else {
                         if (experts) lora_expert_tensor_name(t->name, sizeof t->name, c->arch, l, e, mod, is_B);
-                        else lora_tensor_name(t->name, sizeof t->name, l, mod, is_B);
+                        else {
+                            char path[64];
+                            model_module_path(path, sizeof path, c->arch, mod);
+                            snprintf(t->name, sizeof t->name, "base_model.model.model.layers.%d.%s.lora_%c.weight", l,
+                                     path, is_B ? 'B' : 'A');
+                        }
                         t->shape[0] = is_B ? s->out : R;
                         t->shape[1] = is_B ? R : s->in;
                         t->offset = is_B ? b0 + (size_t)e * s->out * R : s->offset + (size_t)e * R * s->in;

@@ -10,13 +10,19 @@
 
 static const char *const module_names[CT_MOD_COUNT] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-    "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"};
+    "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj", "shared_expert_gate"};
 
 const char *model_module_name(ct_module mod) { return module_names[mod]; }
 
 const char *model_module_parent(ct_module mod)
 {
-    return mod <= CT_MOD_O ? "self_attn" : model_module_is_mlp(mod) ? "mlp" : "linear_attn";
+    return mod <= CT_MOD_O ? "self_attn" : model_module_is_mlp(mod) || mod == CT_MOD_SH_GATE ? "mlp" : "linear_attn";
+}
+
+void model_module_path(char *out, size_t len, ct_arch arch, ct_module mod)
+{
+    bool shared = arch == CT_ARCH_QWEN3_5_MOE && model_module_is_mlp(mod);
+    snprintf(out, len, "%s.%s%s", model_module_parent(mod), shared ? "shared_expert." : "", model_module_name(mod));
 }
 
 void model_module_shape(const ct_model_config *c, ct_module mod, int *in, int *out)
@@ -36,6 +42,7 @@ void model_module_shape(const ct_model_config *c, ct_module mod, int *in, int *o
     case CT_MOD_IN_B:
     case CT_MOD_IN_A:   *in = H; *out = Hv; break;
     case CT_MOD_OUT:    *in = Vd; *out = H; break;
+    case CT_MOD_SH_GATE: *in = H; *out = 1; break;
     default:            *in = I; *out = H;  break;
     }
 }
@@ -43,10 +50,17 @@ void model_module_shape(const ct_model_config *c, ct_module mod, int *in, int *o
 int model_module_layer_shape(const ct_model_config *c, int l, ct_module mod, int *in, int *out)
 {
     model_module_shape(c, mod, in, out);
-    bool gdn_mod = mod >= CT_MOD_IN_QKV;
+    bool gdn_mod = mod >= CT_MOD_IN_QKV && mod <= CT_MOD_OUT;
+    int H = c->hidden_size, I = c->moe_intermediate_size, Is = c->shared_expert_intermediate_size;
+    bool shared = c->arch == CT_ARCH_QWEN3_5_MOE && c->layer_sparse[l] && Is > 0;
+    if (mod == CT_MOD_SH_GATE) return shared ? 1 : 0;
     if (!model_module_is_mlp(mod)) return (c->gdn && c->layer_linear[l]) == gdn_mod ? 1 : 0;
     if (!c->layer_sparse[l]) return 1;
-    int H = c->hidden_size, I = c->moe_intermediate_size;
+    if (c->arch == CT_ARCH_QWEN3_5_MOE) { /* the shared expert's projections */
+        *in = mod == CT_MOD_DOWN ? Is : H;
+        *out = mod == CT_MOD_DOWN ? H : Is;
+        return shared ? 1 : 0;
+    }
     bool fused = c->arch == CT_ARCH_GPT_OSS;
     switch (mod) {
     case CT_MOD_GATE: *in = H; *out = fused ? 2 * I : I; break;

@@ -80,9 +80,11 @@ void model_free(ct_model *m);
 typedef enum {
     CT_MOD_Q, CT_MOD_K, CT_MOD_V, CT_MOD_O, CT_MOD_GATE, CT_MOD_UP, CT_MOD_DOWN,
     /* Gated DeltaNet layers' projections (linear_attn.*) */
-    CT_MOD_IN_QKV, CT_MOD_IN_Z, CT_MOD_IN_B, CT_MOD_IN_A, CT_MOD_OUT, CT_MOD_COUNT
+    CT_MOD_IN_QKV, CT_MOD_IN_Z, CT_MOD_IN_B, CT_MOD_IN_A, CT_MOD_OUT,
+    /* qwen3_5_moe's mlp.shared_expert_gate (1, H) */
+    CT_MOD_SH_GATE, CT_MOD_COUNT
 } ct_module;
-/* The MLP modules (dense or experts): gate, up, down. */
+/* The MLP modules (dense, experts, or qwen3_5_moe's shared expert): gate, up, down. */
 static inline bool model_module_is_mlp(ct_module mod) { return mod >= CT_MOD_GATE && mod <= CT_MOD_DOWN; }
 /* Gated DeltaNet sizes: key_dim = Hk dk, value_dim = Hv dv, conv_dim = 2 key_dim + value_dim. */
 static inline int model_gdn_key_dim(const ct_model_config *c) { return c->linear_num_key_heads * c->linear_key_head_dim; }
@@ -108,10 +110,15 @@ static inline int model_q_row(int r, int D, int Q)
 static inline bool model_attn_gated(const ct_model_config *c) { return c->attn_output_gate; }
 const char *model_module_name(ct_module mod);           /* "q_proj" */
 const char *model_module_parent(ct_module mod);         /* "self_attn", "linear_attn" or "mlp" */
+/* The module's path under a layer as PEFT names it: "self_attn.q_proj";
+ * qwen3_5_moe's gate/up/down are its shared expert's, "mlp.shared_expert.gate_proj". */
+void model_module_path(char *out, size_t len, ct_arch arch, ct_module mod);
 /* in/out of a module of a dense layer (the MLP with intermediate_size). */
 void model_module_shape(const ct_model_config *cfg, ct_module mod, int *in, int *out);
 /* in/out of one matrix of module mod in layer l; returns how many there are:
- * 1, or E for gate/up/down of a sparse layer (one per expert), or 0 where the
+ * 1, or E for gate/up/down of a sparse layer (one per expert; qwen3_5_moe:
+ * its shared expert's, 1, as PEFT's target_modules reads them there, the
+ * experts being parameters), or 0 where the
  * module does not exist: gpt_oss fuses gate and up into one gate_up_proj per
  * expert, which is its GATE module (out = 2I, interleaved rows), and has no UP;
  * a GDN hybrid's linear-attention layers have no q/k/v/o and its attention

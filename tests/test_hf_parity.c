@@ -339,6 +339,9 @@ TEST(router_aux_loss_matches_hf_load_balancing_loss)
     check_aux_loss("tests/fixtures/parity_mixtral", 0, 2.4459047317504883);
     check_aux_loss("tests/fixtures/parity_mixtral", 5, 2.467245101928711);
     check_aux_loss("tests/fixtures/parity_qwen3_moe", 3, 2.758314847946167);
+    /* qwen3_5_moe_text: the same load_balancing_loss_func over its gate's logits (fp32, as above) */
+    check_aux_loss("tests/fixtures/parity_qwen3_5_moe", 0, 2.102974892);
+    check_aux_loss("tests/fixtures/parity_qwen3_5_moe", 3, 2.009290695);
 }
 
 /* ---- adapter_config.json: the forms PEFT loads completely ---- */

@@ -536,6 +536,32 @@ TEST(a_target_modules_regex_finds_the_gated_deltanet_projections_under_linear_at
     rmdir(dir);
 }
 
+TEST(a_target_modules_regex_finds_the_shared_expert_and_its_gate)
+{
+    char dir[] = "/tmp/ctune_adapter_XXXXXX", path[64];
+    REQUIRE(mkdtemp(dir), "temp dir");
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    FILE *f = fopen(path, "w");
+    REQUIRE(f, "%s", path);
+    fputs("{\"peft_type\": \"LORA\", \"r\": 4, "
+          "\"target_modules\": \".*\\\\.shared_expert\\\\.up_proj|.*\\\\.mlp\\\\.shared_expert_gate\"}", f);
+    fclose(f);
+    ct_lora_config c;
+    ct_error err = {0};
+    int rc = adapter_read_config(dir, &c, &err);
+    CHECK(rc == CT_OK, "%s", err.msg);
+    bool up = false, sg = false, other = false;
+    for (int i = 0; rc == CT_OK && i < c.n_target_modules; i++) {
+        up |= !strcmp(c.target_modules[i], "up_proj");
+        sg |= !strcmp(c.target_modules[i], "shared_expert_gate");
+        other |= strcmp(c.target_modules[i], "up_proj") && strcmp(c.target_modules[i], "shared_expert_gate");
+    }
+    CHECK(rc != CT_OK || (up && sg && !other), "targets read: %d (up_proj %d, shared_expert_gate %d, others %d)",
+          c.n_target_modules, up, sg, other);
+    remove(path);
+    rmdir(dir);
+}
+
 /* The case folders named on the command line (see the file comment). */
 static struct {
     const char *dir;
@@ -613,5 +639,6 @@ int main(int argc, char **argv)
     RUN(moe_expert_targets_peft_cannot_load_are_refused);
     RUN(a_target_modules_regex_for_some_layers_only_is_an_input_error);
     RUN(a_target_modules_regex_finds_the_gated_deltanet_projections_under_linear_attn);
+    RUN(a_target_modules_regex_finds_the_shared_expert_and_its_gate);
     return check_summary();
 }

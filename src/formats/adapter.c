@@ -68,8 +68,9 @@ static int expect_neutral(const json_value *root, const char *key, const char *s
 }
 
 /* Whether the regex re matches projection p of layer l at its home h: 0
- * attention, 1 a dense MLP, 2 qwen3_moe's experts, 3 mixtral's experts, 4 a
- * Gated DeltaNet layer (linear_attn). */
+ * attention, 1 a dense MLP (and qwen3_5_moe's shared_expert_gate), 2
+ * qwen3_moe's experts, 3 mixtral's experts, 4 a Gated DeltaNet layer
+ * (linear_attn), 5 qwen3_5_moe's shared expert. */
 static bool pattern_matches(const regex_t *re, int h, int l, int p)
 {
     static const char *const mixtral_names[] = {"w1", "w3", "w2"};
@@ -78,7 +79,8 @@ static bool pattern_matches(const regex_t *re, int h, int l, int p)
     else if (h == 1) snprintf(name, sizeof name, "model.layers.%d.mlp.%s", l, projection_names[p]);
     else if (h == 2) snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s", l, l % 4, projection_names[p]);
     else if (h == 3) snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.%s", l, l % 4, mixtral_names[p - 4]);
-    else snprintf(name, sizeof name, "model.layers.%d.linear_attn.%s", l, projection_names[p]);
+    else if (h == 4) snprintf(name, sizeof name, "model.layers.%d.linear_attn.%s", l, projection_names[p]);
+    else snprintf(name, sizeof name, "model.layers.%d.mlp.shared_expert.%s", l, projection_names[p]);
     return regexec(re, name, 0, NULL, 0) == 0;
 }
 
@@ -104,10 +106,14 @@ static int add_pattern_targets(ct_lora_config *c, const char *pattern, const cha
     int rc = CT_OK;
     for (int p = 0; p < N_PROJECTIONS && !rc; p++) {
         bool targeted = false;
-        /* homes: attention for q, k, v, o; the MLP and both expert layouts for
-         * gate, up, down; linear_attn for the GDN projections */
-        int h0 = p < 4 ? 0 : p < 7 ? 1 : 4, h1 = p < 4 ? 1 : p < 7 ? 4 : 5;
-        for (int h = h0; h < h1 && !rc; h++) {
+        /* homes (pattern_matches): attention for q, k, v, o; the MLP, both
+         * expert layouts and the shared expert for gate, up, down; linear_attn
+         * for the GDN projections; the MLP for shared_expert_gate */
+        static const int mlp_homes[] = {1, 2, 3, 5, -1}, attn_home[] = {0, -1}, gdn_home[] = {4, -1},
+                         mlp_home[] = {1, -1};
+        const int *homes = p < 4 ? attn_home : p < 7 ? mlp_homes : p < 12 ? gdn_home : mlp_home;
+        for (int hi = 0; homes[hi] >= 0 && !rc; hi++) {
+            int h = homes[hi];
             int hits = 0;
             for (int l = 0; l < n_layers; l++) hits += pattern_matches(&re, h, layers[l], p);
             if (hits > 0 && hits < n_layers)
@@ -121,7 +127,8 @@ static int add_pattern_targets(ct_lora_config *c, const char *pattern, const cha
     regfree(&re);
     if (!rc && c->n_target_modules == 0)
         return CT_FAIL_INPUT(err, "%s: target_modules: the pattern '%s' matches none of q_proj, k_proj, v_proj, "
-                             "o_proj, gate_proj, up_proj, down_proj", src, pattern);
+                             "o_proj, gate_proj, up_proj, down_proj, in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, "
+                             "out_proj, shared_expert_gate", src, pattern);
     return rc;
 }
 

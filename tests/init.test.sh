@@ -94,6 +94,20 @@ gdn_train_eval_generate_refuse_with_exit_2() {
     grep -q "n/config.json: model_type qwen3_next: ctune cannot train this Gated DeltaNet hybrid yet" err.txt
 }
 
+# A qwen3_5 wrapper trains on the CPU, and merge finds its weights under model.language_model.
+gdn_wrapper_trains_and_merges() {
+    "$CTUNE" init --config "$ROOT/configs/models/tiny-qwen3_5" --out w --seed 3 >/dev/null
+    "$CTUNE" train "$ROOT/configs/tiny.yaml" --set model=w --set output_dir=run --set device=cpu \
+        --set training.max_steps=2 --set training.warmup_steps=0 --set training.eval_steps=0 \
+        --set training.save_steps=0 --set data.tokens_per_micro_batch=256 --set data.max_length=256 \
+        --set "data.train_files=[$ROOT/data/arith/train.shard]" --set "data.eval_files=[]" >train.txt 2>&1
+    test -f run/final/adapter_model.safetensors
+    "$CTUNE" merge --model w --adapter run/final --out merged >merge.txt 2>&1
+    grep -q "merged .* LoRA modules" merge.txt
+    "$CTUNE" inspect merged | grep -q "weights: ok"
+    ! cmp -s w/model.safetensors merged/model.safetensors
+}
+
 run_test init_tiny_writes_config_and_weights
 run_test inspect_reports_weights_ok
 run_test same_seed_gives_identical_bytes
@@ -106,4 +120,5 @@ run_test existing_model_is_not_overwritten
 run_test small_shard_limit_writes_index_and_same_tensors
 run_test gdn_families_init_and_inspect_ok
 run_test gdn_train_eval_generate_refuse_with_exit_2
+run_test gdn_wrapper_trains_and_merges
 summary

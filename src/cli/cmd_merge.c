@@ -160,6 +160,13 @@ static int match_pairs(const st_reader *base, const st_reader *ad, const char *a
         const st_tensor *B = st_find(ad, name);
         snprintf(name, sizeof name, "%s.weight", module);
         const st_tensor *W = st_find(base, name);
+        /* A multimodal wrapper (qwen3_5, qwen3_5_moe) keeps its language model under
+         * model.language_model.; PEFT names the modules of its causal-LM class,
+         * which loads that prefix as model. (transformers' key mapping). */
+        if (!W && !strncmp(module, "model.", 6)) {
+            snprintf(name, sizeof name, "model.language_model.%s.weight", module + 6);
+            if (!(W = st_find(base, name))) snprintf(name, sizeof name, "%s.weight", module);
+        }
         const char *leaf = strrchr(module, '.') ? strrchr(module, '.') + 1 : module;
         const char *projection = config_canonical_module(leaf);
         if (!W) {

@@ -1,8 +1,15 @@
-/* test_cuda_gdn.c — the Gated DeltaNet ops of the CUDA backend that are element-
- * or row-wise (cuda/gdn/gdn_pointwise.cu: conv1d + SiLU, gates, gated RMSNorm,
- * sigmoid output gate) against the CPU reference, on random bf16-representable
- * inputs, packed documents of 1, 5, 63, 64, 65 and 300 tokens, strided column
- * slices and the aliasing the contracts allow.
+/* test_cuda_gdn.c — the Gated DeltaNet ops of the CUDA backend against the CPU
+ * reference: the element- and row-wise ones (cuda/gdn/gdn_pointwise.cu: conv1d +
+ * SiLU, gates, gated RMSNorm, sigmoid output gate) on packed documents of 1, 5,
+ * 63, 64, 65 and 300 tokens, strided column slices and the aliasing the contracts
+ * allow; the chunked delta rule (cuda/gdn/gdn_delta.cu) forward and backward on
+ * documents of 1, 63, 64, 65 and more tokens up to a 16k-token one, GVA head
+ * groups, strong and weak decays, padding rows past the last document (left
+ * untouched) and bit-identical repeated backwards. All inputs bf16-representable.
+ *
+ * The delta rule's bounds: bf16 outputs (o, dq, dk, dv) 2e-2, the chunked form
+ * regrouping the token loop's fp32 sums before one rounding; dg and dbeta (fp32)
+ * 2e-3, sums over 64-token chunks of products whose terms cancel.
  *
  * Tolerances (normwise, check_max_norm_err; test_backend_cuda.c argues them):
  * bf16 outputs of elementwise math 1e-2, of short sums (the conv's W or W^2
@@ -15,6 +22,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 static const int DOCS[] = {1, 5, 63, 64, 65, 300};
 #define N_DOCS (int)(sizeof DOCS / sizeof DOCS[0])
@@ -149,6 +157,78 @@ TEST(sigmoid_gate_fwd_bwd_match_cpu_interleaved_and_contiguous)
     sigmoid_gate_case(31, 3, 256, 256); /* ctune's permuted layout: gates contiguous */
 }
 
+/* q, k, v as one (T, 2 Hk Dk + Hv Dv) buffer (the conv's output layout), documents
+ * lens[0..n) packed from row 0, pad rows after them; g in [gmin, -0.001]. */
+static void delta_case(const int *lens, int n, int pad, int Hk, int Hv, int Dk, int Dv, float gmin)
+{
+    int32_t cu[16] = {0};
+    for (int d = 0; d < n; d++) cu[d + 1] = cu[d] + lens[d];
+    int T = cu[n] + pad, ld = 2 * Hk * Dk + Hv * Dv, lo = Hv * Dv;
+    size_t nq = (size_t)T * ld, ng = (size_t)T * Hv, no = (size_t)T * lo;
+    float *qkv = rnd(nq, 1.0f), *dout = rnd(no, 1.0f), *g = ct_malloc(ng * sizeof(float)), *beta = ct_malloc(ng * sizeof(float));
+    for (size_t i = 0; i < ng; i++) {
+        g[i] = gmin + (-0.001f - gmin) * (float)ct_rng_uniform(&rng);
+        beta[i] = 0.02f + 0.96f * (float)ct_rng_uniform(&rng);
+    }
+    pair pq = put_act(qkv, nq), pdo = put_act(dout, no), pg = put_raw(g, ng * sizeof(float));
+    pair pb = put_raw(beta, ng * sizeof(float)), pcu = put_raw(cu, sizeof(int32_t) * (n + 1));
+    pair po = put_act(dout, no), pd = put_act(qkv, nq); /* any contents: pad rows must keep them */
+    pair pdg = put_raw(g, ng * sizeof(float)), pdb = put_raw(beta, ng * sizeof(float));
+    size_t eb[2] = {cpu->act_bytes, gpu->act_bytes};
+    void *qc[3], *qg[3], *dc[3], *dgp[3];
+    for (int i = 0; i < 3; i++) {
+        size_t off = (size_t)i * Hk * Dk;
+        qc[i] = (char *)pq.c + off * eb[0]; qg[i] = (char *)pq.g + off * eb[1];
+        dc[i] = (char *)pd.c + off * eb[0]; dgp[i] = (char *)pd.g + off * eb[1];
+    }
+    float scale = 1.0f / sqrtf((float)Dk);
+    cpu->gdn_delta_fwd(cpu, po.c, lo, qc[0], ld, qc[1], ld, qc[2], ld, pg.c, pb.c, pcu.c, n, T, Hk, Hv, Dk, Dv, scale);
+    gpu->gdn_delta_fwd(gpu, po.g, lo, qg[0], ld, qg[1], ld, qg[2], ld, pg.g, pb.g, pcu.g, n, T, Hk, Hv, Dk, Dv, scale);
+    double eo = act_err(po, T, lo, lo);
+    cpu->gdn_delta_bwd(cpu, dc[0], ld, dc[1], ld, dc[2], ld, pdg.c, pdb.c, pdo.c, lo, qc[0], ld, qc[1], ld, qc[2], ld,
+                       pg.c, pb.c, pcu.c, n, T, Hk, Hv, Dk, Dv, scale);
+    gpu->gdn_delta_bwd(gpu, dgp[0], ld, dgp[1], ld, dgp[2], ld, pdg.g, pdb.g, pdo.g, lo, qg[0], ld, qg[1], ld, qg[2], ld,
+                       pg.g, pb.g, pcu.g, n, T, Hk, Hv, Dk, Dv, scale);
+    double eq = act_err((pair){dc[0], dgp[0]}, T, (size_t)Hk * Dk, ld);
+    double ek = act_err((pair){dc[1], dgp[1]}, T, (size_t)Hk * Dk, ld);
+    double ev = act_err((pair){dc[2], dgp[2]}, T, (size_t)Hv * Dv, ld);
+    double eg = f32_err(pdg, ng), ebt = f32_err(pdb, ng);
+    /* A second backward gives the same bits. */
+    size_t bytes = nq * gpu->act_bytes;
+    char *first = ct_malloc(bytes), *again = ct_malloc(bytes);
+    gpu->download(gpu, first, pd.g, bytes);
+    gpu->gdn_delta_bwd(gpu, dgp[0], ld, dgp[1], ld, dgp[2], ld, pdg.g, pdb.g, pdo.g, lo, qg[0], ld, qg[1], ld, qg[2], ld,
+                       pg.g, pb.g, pcu.g, n, T, Hk, Hv, Dk, Dv, scale);
+    gpu->download(gpu, again, pd.g, bytes);
+    bool same = memcmp(first, again, bytes) == 0;
+    CHECK(eo <= 2e-2, "delta fwd (T %d, Hk %d Hv %d, Dk %d Dv %d, gmin %g): rel err %g", T, Hk, Hv, Dk, Dv, gmin, eo);
+    CHECK(eq <= 2e-2 && ek <= 2e-2 && ev <= 2e-2, "delta bwd dq/dk/dv (T %d, Dk %d Dv %d, gmin %g): %g %g %g", T, Dk,
+          Dv, gmin, eq, ek, ev);
+    CHECK(eg <= 2e-3 && ebt <= 2e-3, "delta bwd dg/dbeta (T %d, Dk %d Dv %d, gmin %g): %g %g", T, Dk, Dv, gmin, eg, ebt);
+    CHECK(same, "delta bwd (T %d): a second run differs", T);
+    free(first); free(again);
+    drop(pq); drop(pdo); drop(pg); drop(pb); drop(pcu); drop(po); drop(pd); drop(pdg); drop(pdb);
+    free(qkv); free(dout); free(g); free(beta);
+}
+
+TEST(delta_rule_fwd_bwd_match_cpu_over_documents)
+{
+    NEED_GPU();
+    const int docs[] = {1, 63, 64, 65, 130, 7};
+    delta_case(docs, 6, 5, 2, 4, 32, 32, -1.0f);    /* the tiny models' shape */
+    delta_case(docs, 6, 0, 2, 4, 32, 32, -30.0f);   /* decays that underflow inside a chunk */
+    delta_case(docs, 4, 3, 1, 3, 64, 96, -2.0f);
+    const int big[] = {65, 1, 200};
+    delta_case(big, 3, 2, 2, 4, 128, 128, -0.5f);   /* Qwen3.5's head dims */
+}
+
+TEST(delta_rule_fwd_bwd_match_cpu_on_a_16k_document)
+{
+    NEED_GPU();
+    const int docs[] = {16384};
+    delta_case(docs, 1, 0, 1, 2, 128, 128, -0.2f);
+}
+
 int main(void)
 {
     ct_error err = {0};
@@ -159,6 +239,8 @@ int main(void)
     RUN(gates_fwd_bwd_match_cpu);
     RUN(gated_rmsnorm_fwd_bwd_match_cpu);
     RUN(sigmoid_gate_fwd_bwd_match_cpu_interleaved_and_contiguous);
+    RUN(delta_rule_fwd_bwd_match_cpu_over_documents);
+    RUN(delta_rule_fwd_bwd_match_cpu_on_a_16k_document);
     if (gpu) gpu->destroy(gpu);
     cpu->destroy(cpu);
     return check_summary();

@@ -154,7 +154,7 @@ static void delta_fwd(const delta_in *in, const float *qkv, float *o)
 {
     int ld = qkv_ld(in);
     be->gdn_delta_fwd(be, o, in->Hv * in->Dv, qp(in, qkv), ld, kp(in, qkv), ld, vp(in, qkv), ld, in->g, in->beta,
-                      in->cu, in->n_docs, in->Hk, in->Hv, in->Dk, in->Dv, in->scale);
+                      in->cu, in->n_docs, in->T, in->Hk, in->Hv, in->Dk, in->Dv, in->scale);
 }
 
 /* dqkv in qkv's layout. */
@@ -164,7 +164,7 @@ static void delta_bwd(const delta_in *in, float *dqkv, float *dg, float *dbeta)
     be->gdn_delta_bwd(be, dqkv, ld, dqkv + (size_t)in->Hk * in->Dk, ld, dqkv + 2 * (size_t)in->Hk * in->Dk, ld,
                       dg, dbeta, in->dout, in->Hv * in->Dv, qp(in, in->qkv), ld, kp(in, in->qkv), ld,
                       vp(in, in->qkv), ld, in->g, in->beta, in->cu, in->n_docs,
-                      in->Hk, in->Hv, in->Dk, in->Dv, in->scale);
+                      in->T, in->Hk, in->Hv, in->Dk, in->Dv, in->scale);
 }
 
 /* Random inputs over documents len[0..n_docs): q, k, v ~ U(-1, 1); g in [-1, -0.01]
@@ -713,7 +713,7 @@ static float *run_all_ops(int threads, const delta_in *in, const float *cx, cons
     delta_fwd(in, in->qkv, p); p += no;
     be->gdn_delta_bwd(be, p, ld, p + in->Hk * in->Dk, ld, p + 2 * in->Hk * in->Dk, ld, p + nq, p + nq + ng,
                       in->dout, lo, qp(in, in->qkv), ld, kp(in, in->qkv), ld, vp(in, in->qkv), ld, in->g, in->beta,
-                      in->cu, in->n_docs, in->Hk, in->Hv, in->Dk, in->Dv, in->scale);
+                      in->cu, in->n_docs, in->T, in->Hk, in->Hv, in->Dk, in->Dv, in->scale);
     p += nq + 2 * ng;
     be->gdn_gates_fwd(be, p, p + ng, in->g, Hv, in->beta, Hv, in->beta, in->g, in->T, Hv);
     be->gdn_gates_bwd(be, p + 2 * ng, Hv, p + 3 * ng, Hv, in->g, in->beta, in->g, Hv, in->beta, Hv, in->beta, in->g,

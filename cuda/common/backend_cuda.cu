@@ -183,6 +183,14 @@ static int cuda_check_model(ct_backend *be, const ct_model_config *c, const char
     else if (c->num_experts > 0 && c->num_experts_per_tok > 32)
         snprintf(buf, sizeof buf, "%d experts per token (the CUDA routing covers up to 32)", c->num_experts_per_tok),
             why = buf;
+    else if (c->gdn && c->linear_key_head_dim != 32 && c->linear_key_head_dim != 64 && c->linear_key_head_dim != 128)
+        snprintf(buf, sizeof buf, "linear_key_head_dim %d (the CUDA delta rule covers 32, 64 and 128)",
+                 c->linear_key_head_dim), why = buf;
+    else if (c->gdn && c->linear_value_head_dim % 32)
+        snprintf(buf, sizeof buf, "linear_value_head_dim %d is not a multiple of 32", c->linear_value_head_dim),
+            why = buf;
+    else if (c->norm_zero_centred)
+        why = "zero-centred RMSNorm (1 + w) in bf16 is not written yet";
     if (!why) return CT_OK;
     return CT_FAIL_INPUT(err, "%s/config.json: %s: not supported by the CUDA backend (set device: cpu to train it "
                          "on the CPU reference backend)", dir, why);
@@ -301,6 +309,7 @@ extern "C" ct_backend *backend_cuda_new_with(const ct_cuda_options *opt, ct_erro
     /* Gated DeltaNet: the delta rule is not written yet, so model_load still
      * refuses GDN hybrids on CUDA (it needs every op). */
     cuda_fill_gdn_pointwise_ops(be);
+    cuda_fill_gdn_delta_ops(be);
     return be;
 }
 

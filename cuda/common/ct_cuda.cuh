@@ -171,6 +171,8 @@ void cuda_copy_2d(ct_backend *be, void *dst, int lddst, const void *src, int lds
 
 /* gdn_pointwise.cu: the Gated DeltaNet ops other than the delta rule */
 void cuda_fill_gdn_pointwise_ops(ct_backend *be);
+/* gdn_delta.cu: the chunked gated delta rule, forward and backward */
+void cuda_fill_gdn_delta_ops(ct_backend *be);
 
 /* linear_lora.cu (+ the plain linear layers, which are one gemm each) */
 void cuda_linear_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const void *W,

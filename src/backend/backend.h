@@ -471,13 +471,14 @@ struct ct_backend {
      *   S (Dk x Dv, fp32) = 0 at the document start; per token t:
      *   S = exp(g[t,h]) S ; u = beta[t,h] (v[t,h] - S^T kn) ; S += kn u^T ; o[t,h] = S^T qn
      * q, k (T,Hk,Dk) with token strides ldq, ldk; v (T,Hv,Dv) ldv; o (T,Hv,Dv) ldo; g, beta (T,Hv) dense.
-     * scale is Dk^-1/2 in HF. cu_seqlens (n_docs+1) int32, nondecreasing from 0.
+     * scale is Dk^-1/2 in HF. cu_seqlens (n_docs+1) int32, nondecreasing from 0, cu_seqlens[n_docs] <= T
+     * (T: the rows of the buffers, which bounds the work a backend plans without reading cu_seqlens).
      * Documents never share state. Tokens outside [0, cu_seqlens[n_docs]) are not touched.
      * o must not alias an input. The order per token is HF's torch_recurrent_gated_delta_rule's
      * (decay, read, write, output), which its chunked form computes too. */
     void (*gdn_delta_fwd)(ct_backend *be, void *o, int ldo, const void *q, int ldq, const void *k, int ldk,
                           const void *v, int ldv, const float *g, const float *beta, const int32_t *cu_seqlens,
-                          int n_docs, int Hk, int Hv, int Dk, int Dv, float scale);
+                          int n_docs, int T, int Hk, int Hv, int Dk, int Dv, float scale);
     /* Its backward (recomputing what it needs; nothing saved by the forward): dq, dk, dv overwritten
      * (dq, dk summed over the Hv/Hk value heads of each key head), dg, dbeta (T,Hv) overwritten,
      * given dout (T,Hv,Dv) with token stride lddo. As in the forward, rows of tokens outside
@@ -488,7 +489,7 @@ struct ct_backend {
     void (*gdn_delta_bwd)(ct_backend *be, void *dq, int lddq, void *dk, int lddk, void *dv, int lddv,
                           float *dg, float *dbeta, const void *dout, int lddo, const void *q, int ldq,
                           const void *k, int ldk, const void *v, int ldv, const float *g, const float *beta,
-                          const int32_t *cu_seqlens, int n_docs, int Hk, int Hv, int Dk, int Dv, float scale);
+                          const int32_t *cu_seqlens, int n_docs, int T, int Hk, int Hv, int Dk, int Dv, float scale);
 
     /* The gated RMSNorm of a GDN layer's output, rows r = (t, h) of D elements:
      *   y = w * (x * rsqrt(mean(x^2) + eps)) * silu(z)     (w not offset: HF initialises it to 1)

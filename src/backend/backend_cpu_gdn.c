@@ -136,13 +136,14 @@ static void cpu_gdn_gates_bwd(ct_backend *be, void *da_, int ldda, void *db_, in
 
 // ---- gated delta rule ----
 
-static void check_delta(const int32_t *cu, int n_docs, int Hk, int Hv, int Dk, int Dv)
+static void check_delta(const int32_t *cu, int n_docs, int T, int Hk, int Hv, int Dk, int Dv)
 {
     CT_ASSERT(Hk > 0 && Hv % Hk == 0, "gdn_delta: Hv %d is not a multiple of Hk %d", Hv, Hk);
     CT_ASSERT(Dk > 0 && Dv > 0, "gdn_delta: head dims %d, %d", Dk, Dv);
     CT_ASSERT(n_docs >= 0 && (n_docs == 0 || cu[0] == 0), "gdn_delta: cu_seqlens must start at 0");
     for (int d = 0; d < n_docs; d++)
         CT_ASSERT(cu[d] <= cu[d + 1], "gdn_delta: document %d spans [%d, %d)", d, cu[d], cu[d + 1]);
+    CT_ASSERT(n_docs == 0 || cu[n_docs] <= T, "gdn_delta: documents end at %d, past the %d rows", cu[n_docs], T);
 }
 
 /* out = x * r * mul with r = (sum x^2 + 1e-6)^-1/2 (HF: l2norm, then the scale); returns r. */
@@ -205,12 +206,12 @@ static int max_doc_len(const int32_t *cu, int n_docs)
 /* Work items of both passes: the (document d, value head h) pairs n = d * Hv + h. */
 static void cpu_gdn_delta_fwd(ct_backend *be, void *o_, int ldo, const void *q_, int ldq, const void *k_,
                               int ldk, const void *v_, int ldv, const float *g, const float *beta,
-                              const int32_t *cu_seqlens, int n_docs, int Hk, int Hv, int Dk, int Dv,
+                              const int32_t *cu_seqlens, int n_docs, int T, int Hk, int Hv, int Dk, int Dv,
                               float scale)
 {
     float *o = o_;
     const float *q = q_, *k = k_, *v = v_;
-    check_delta(cu_seqlens, n_docs, Hk, Hv, Dk, Dv);
+    check_delta(cu_seqlens, n_docs, T, Hk, Hv, Dk, Dv);
     int group = Hv / Hk;
     #pragma omp parallel
     {
@@ -354,14 +355,15 @@ static void delta_bwd_one(delta_scratch *w, float *dqn, float *dkn, float *dv, i
 static void cpu_gdn_delta_bwd(ct_backend *be, void *dq_, int lddq, void *dk_, int lddk, void *dv_, int lddv,
                               float *dg, float *dbeta, const void *dout_, int lddo, const void *q_, int ldq,
                               const void *k_, int ldk, const void *v_, int ldv, const float *g,
-                              const float *beta, const int32_t *cu_seqlens, int n_docs, int Hk, int Hv, int Dk,
+                              const float *beta, const int32_t *cu_seqlens, int n_docs, int T, int Hk, int Hv, int Dk,
                               int Dv, float scale)
 {
     float *dq = dq_, *dk = dk_, *dv = dv_;
     const float *dout = dout_, *q = q_, *k = k_, *v = v_;
-    check_delta(cu_seqlens, n_docs, Hk, Hv, Dk, Dv);
+    check_delta(cu_seqlens, n_docs, T, Hk, Hv, Dk, Dv);
     if (n_docs == 0) return;
-    int group = Hv / Hk, T = cu_seqlens[n_docs];
+    int group = Hv / Hk;
+    T = cu_seqlens[n_docs]; /* the rows this pass touches */
     int nb_max = (max_doc_len(cu_seqlens, n_docs) + DELTA_BLOCK - 1) / DELTA_BLOCK;
     size_t DS = (size_t)Dk * Dv, nqk = (size_t)T * Hv * Dk;
     /* Per value head: the gradients of the normalised q and k, (T, Hv, Dk) each. */

@@ -520,7 +520,7 @@ static void gdn_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x, l
     be->gdn_gates_fwd(be, a->gg, a->beta, act_at(g, a->proj, CD + Vd + Hv), NP, act_at(g, a->proj, CD + Vd), NP,
                       w->A_log, w->dt_bias, T, Hv);
     be->gdn_delta_fwd(be, a->core, Vd, a->conv, CD, act_at(g, a->conv, Kd), CD, act_at(g, a->conv, 2 * Kd), CD,
-                      a->gg, a->beta, g->cu_seqlens, g->n_docs, Hk, Hv, Dk, Dv, 1.0f / sqrtf((float)Dk));
+                      a->gg, a->beta, g->cu_seqlens, g->n_docs, T, Hk, Hv, Dk, Dv, 1.0f / sqrtf((float)Dk));
     be->gated_rmsnorm_fwd(be, a->normed, Vd, a->core, Vd, act_at(g, a->proj, CD), NP, w->gdn_norm, T, Hv, Dv,
                           (float)c->rms_norm_eps);
     be->linear_fwd_residual(be, a->h, H, x, a->normed, Vd, w->wout, NULL, T, Vd, H);
@@ -542,7 +542,7 @@ static void gdn_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_act
                           act_at(g, a->proj, CD), NP, w->gdn_norm, T, Hv, Dv, (float)c->rms_norm_eps);
     be->gdn_delta_bwd(be, g->dconv, CD, act_at(g, g->dconv, Kd), CD, act_at(g, g->dconv, 2 * Kd), CD, g->dgg,
                       g->dbeta, g->dcore, Vd, a->conv, CD, act_at(g, a->conv, Kd), CD, act_at(g, a->conv, 2 * Kd),
-                      CD, a->gg, a->beta, g->cu_seqlens, g->n_docs, Hk, Hv, Dk, Dv, 1.0f / sqrtf((float)Dk));
+                      CD, a->gg, a->beta, g->cu_seqlens, g->n_docs, T, Hk, Hv, Dk, Dv, 1.0f / sqrtf((float)Dk));
     be->gdn_gates_bwd(be, act_at(g, g->dproj, CD + Vd + Hv), NP, act_at(g, g->dproj, CD + Vd), NP, g->dgg, g->dbeta,
                       act_at(g, a->proj, CD + Vd + Hv), NP, act_at(g, a->proj, CD + Vd), NP, w->A_log, w->dt_bias,
                       T, Hv);

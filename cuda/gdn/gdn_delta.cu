@@ -1,0 +1,843 @@
+/* gdn_delta.cu — the gated delta rule of a Gated DeltaNet layer, forward and
+ * backward (backend.h, gdn_delta_fwd / gdn_delta_bwd), in chunks of 64 tokens
+ * that never span two documents. The oracle is the CPU's token loop
+ * (src/backend/backend_cpu_gdn.c); docs/kernels/gdn.md derives every formula.
+ *
+ * Per (document, value head) with q, k L2-normed (q also scaled), chunk of L <= 64
+ * tokens, state S0 (Dk x Dv, fp32) at its start, and γ_i the chunk-local
+ * inclusive cumsum of g (so every exponent below, γ_i - γ_j with j <= i, γ_i and
+ * γ_L - γ_j, is <= 0: it is formed before exp and never factored as e^a e^-b):
+ *   M_ij = e^(γ_i - γ_j) for j <= i, else 0 ;  A_ij = β_i M_ij (k_i . k_j), j < i
+ *   T = (I + A)^-1 ;  W = T diag(β e^γ) K ;  U' = T diag(β) V
+ *   u = U' - W S0                               (the tokens' writes, "v_new")
+ *   o_i = e^γ_i S0^T q_i + sum_{j<=i} M_ij (q_i . k_j) u_j
+ *   S_L = e^γ_L S0 + sum_j e^(γ_L - γ_j) k_j u_j^T
+ * which is the token recurrence (S = e^g S; u = β (v - S^T k); S += k u^T;
+ * o = S^T q) regrouped. The backward is its exact derivative with the chunk
+ * end's state gradient dS_L carried from the next chunk:
+ *   du_j = sum_{i>=j} M_ij (q_i . k_j) do_i + e^(γ_L - γ_j) dS_L^T k_j ; db = T^T du
+ *   dS0 = e^γ_L dS_L + sum_i e^γ_i q_i do_i^T - sum_i β_i e^γ_i k_i db_i^T
+ * and the per-token dq, dk, dv, dβ, dγ of one chunk given S0, dS_L, u and db.
+ *
+ * Passes (every one deterministic: fixed-order sums, no atomics):
+ *   chunks     one block: the (start, length) table of every chunk, documents cut
+ *              at 64 tokens, and each document's first chunk;
+ *   normalize  q, k L2-normed into fp32 (T, Hk, Dk), one warp per row;
+ *   prep       per (chunk, value head): γ, M (q.k), M (k.k), the solve T by
+ *              forward substitution, W and U' (fp32);
+ *   scan       per (document, value head, 32 state columns): the only
+ *              sequential loop, over the document's chunks: stores each chunk's
+ *              S0 and its u;
+ *   output     per (chunk, value head, 32 columns): o, rounded once to bf16.
+ * The backward reruns normalize, prep and scan (nothing is saved between the two
+ * calls), then:
+ *   scan_bwd   per (document, value head, 32 columns), chunks in reverse: stores
+ *              each chunk's dS_L and db;
+ *   grads      per (chunk, value head, 32 columns): dv, and the 32 columns' share
+ *              of dq, dk, dβ, dγ;
+ *   finish     dγ summed over column tiles and turned into dg (reverse cumsum in
+ *              the chunk), dβ summed; dq, dk summed over column tiles and the
+ *              value heads of each key head, then through the L2 norm, to bf16.
+ * Everything between passes is fp32 scratch (cuda_scratch): at Hv 48, Dk = Dv =
+ * 128 and 16k tokens about 8 GB for the backward.
+ *
+ * This is the first, correct version: fp32 SIMT math in shared memory (no tensor
+ * cores), Dk 32, 64 or 128, Dv a multiple of 32. */
+#include "ct_cuda.cuh"
+
+#define CHUNK 64     /* tokens per chunk */
+#define VT 32        /* state columns per block of the column-tiled passes */
+#define THREADS 256
+#define L2NORM_EPS 1e-6f
+
+// ---- kernels ----
+
+/* chunks[c] = {first token, length, document, 0} for c < the chunk count, zeros up
+ * to n_slots; chunk_off (n_docs + 1): each document's first chunk, then the total. */
+__global__ void __launch_bounds__(1024)
+delta_chunks_kernel(int4 *chunks, int *chunk_off, const int32_t *cu, int n_docs, int n_slots)
+{
+    __shared__ int warp_sum[32];
+    __shared__ int carry;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (threadIdx.x == 0) carry = 0;
+    __syncthreads();
+    for (int d0 = 0; d0 < n_docs; d0 += 1024) {
+        int d = d0 + threadIdx.x;
+        int n = d < n_docs ? (cu[d + 1] - cu[d] + CHUNK - 1) / CHUNK : 0;
+        int x = n; /* inclusive scan: lanes, then warps */
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        if (lane == 31) warp_sum[warp] = x;
+        __syncthreads();
+        if (warp == 0) {
+            int w = warp_sum[lane];
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                int y = __shfl_up_sync(0xffffffffu, w, o);
+                if (lane >= o) w += y;
+            }
+            warp_sum[lane] = w;
+        }
+        __syncthreads();
+        int incl = carry + x + (warp > 0 ? warp_sum[warp - 1] : 0);
+        if (d < n_docs) {
+            int off = incl - n, s = cu[d], len = cu[d + 1] - s;
+            chunk_off[d] = off;
+            for (int i = 0; i < n; i++) chunks[off + i] = make_int4(s + i * CHUNK, min(CHUNK, len - i * CHUNK), d, 0);
+        }
+        __syncthreads(); /* carry and warp_sum are read */
+        if (threadIdx.x == 1023) carry = incl;
+        __syncthreads();
+    }
+    const int total = carry;
+    if (threadIdx.x == 0) chunk_off[n_docs] = total;
+    for (int c = total + threadIdx.x; c < n_slots; c += 1024) chunks[c] = make_int4(0, 0, 0, 0);
+}
+
+__device__ __forceinline__ float warp_sum_f(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* qn = q r scale, kn = k r (r = (sum x^2 + eps)^-1/2), (T, Hk, DK) fp32; one warp per
+ * (token, key head), tokens past the last document skipped. */
+template <int DK>
+__global__ void __launch_bounds__(THREADS)
+delta_normalize_kernel(float *qn, float *kn, const bf16 *q, int ldq, const bf16 *k, int ldk,
+                       const int32_t *cu, int n_docs, int T, int Hk, float scale)
+{
+    size_t row = (size_t)blockIdx.x * (THREADS / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= (size_t)T * Hk) return;
+    int t = (int)(row / Hk), kh = (int)(row % Hk);
+    if (t >= cu[n_docs]) return;
+    const bf16 *src[2] = {q + (size_t)t * ldq + (size_t)kh * DK, k + (size_t)t * ldk + (size_t)kh * DK};
+    float *dst[2] = {qn + row * DK, kn + row * DK};
+    const float mul[2] = {scale, 1.0f};
+    for (int w = 0; w < 2; w++) {
+        float x[DK / 32], ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DK / 32; i++) {
+            x[i] = __bfloat162float(src[w][lane + 32 * i]);
+            ss += x[i] * x[i];
+        }
+        float r = rsqrtf(warp_sum_f(ss) + L2NORM_EPS) * mul[w];
+#pragma unroll
+        for (int i = 0; i < DK / 32; i++) dst[w][lane + 32 * i] = x[i] * r;
+    }
+}
+
+/* Rows [0, L) of a (rows, cols) fp32 matrix with row stride ld into shared memory
+ * with row stride sld, rows [L, CHUNK) zero. */
+__device__ __forceinline__ void load_rows(float *dst, int sld, const float *src, size_t ld, int L, int cols)
+{
+    for (int e = threadIdx.x; e < CHUNK * cols; e += THREADS) {
+        int i = e / cols, c = e % cols;
+        dst[i * sld + c] = i < L ? src[(size_t)i * ld + c] : 0.0f;
+    }
+}
+__device__ __forceinline__ void load_rows_bf16(float *dst, int sld, const bf16 *src, size_t ld, int L, int cols)
+{
+    for (int e = threadIdx.x; e < CHUNK * cols; e += THREADS) {
+        int i = e / cols, c = e % cols;
+        dst[i * sld + c] = i < L ? __bfloat162float(src[(size_t)i * ld + c]) : 0.0f;
+    }
+}
+
+/* Shared-memory strides: one float of padding per row keeps column walks off a
+ * single bank. */
+template <int DK> struct Lay {
+    static constexpr int KP = DK + 1;    /* (CHUNK, DK) rows */
+    static constexpr int CP = CHUNK + 1; /* (CHUNK, CHUNK) rows */
+    static constexpr int VP = VT + 1;    /* (CHUNK, VT) and (DK, VT) rows */
+};
+
+/* The chunk's gates: gs = γ (inclusive cumsum of g inside the chunk), bs = β, both
+ * zero past L. Thread 0 sums in token order, as the recurrence multiplies. */
+__device__ __forceinline__ void load_gates(float *gs, float *bs, const float *g, const float *beta, int t0, int L,
+                                           int Hv, int h)
+{
+    if (threadIdx.x < CHUNK) {
+        int i = threadIdx.x;
+        gs[i] = i < L ? g[(size_t)(t0 + i) * Hv + h] : 0.0f;
+        bs[i] = i < L ? beta[(size_t)(t0 + i) * Hv + h] : 0.0f;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int i = 1; i < L; i++) gs[i] += gs[i - 1];
+    __syncthreads();
+}
+
+/* prep, one block per (chunk, value head): Tm = (I + A)^-1, QKM_ij = M_ij (q_i.k_j)
+ * (j <= i), KKM_ij = M_ij (k_i.k_j) (j < i), each (CHUNK, CHUNK) per (chunk, head);
+ * W (T, Hv, DK) and U' (T, Hv, Dv) at the chunk's token rows; gam (T, Hv) = γ. */
+template <int DK>
+__global__ void __launch_bounds__(THREADS)
+delta_prep_kernel(float *Tm, float *QKM, float *KKM, float *Wb, float *Ub, float *gam, const float *qn,
+                  const float *kn, const bf16 *v, int ldv, const float *g, const float *beta, const int4 *chunks,
+                  int Hk, int Hv, int Dv)
+{
+    using Ly = Lay<DK>;
+    const int c = blockIdx.x / Hv, h = blockIdx.x % Hv, kh = h / (Hv / Hk);
+    const int4 ch = chunks[c];
+    const int t0 = ch.x, L = ch.y;
+    if (L == 0) return;
+    extern __shared__ float sm[];
+    float *Qs = sm, *Ks = Qs + CHUNK * Ly::KP, *As = Ks + CHUNK * Ly::KP, *Ts = As + CHUNK * Ly::CP;
+    float *Vs = Ts + CHUNK * Ly::CP, *gs = Vs + CHUNK * Ly::VP, *bs = gs + CHUNK;
+    const int tid = threadIdx.x;
+    load_rows(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
+    load_rows(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
+    load_gates(gs, bs, g, beta, t0, L, Hv, h); /* syncs */
+    const size_t mat = (size_t)blockIdx.x * CHUNK * CHUNK;
+    for (int p = tid; p < CHUNK * CHUNK; p += THREADS) {
+        int i = p / CHUNK, j = p % CHUNK;
+        float qk = 0.0f, kk = 0.0f;
+        if (j <= i && i < L) {
+            for (int x = 0; x < DK; x++) {
+                qk += Qs[i * Ly::KP + x] * Ks[j * Ly::KP + x];
+                kk += Ks[i * Ly::KP + x] * Ks[j * Ly::KP + x];
+            }
+            float m = expf(gs[i] - gs[j]);
+            qk *= m;
+            kk = j < i ? kk * m : 0.0f;
+        } else {
+            kk = 0.0f;
+        }
+        QKM[mat + p] = qk;
+        KKM[mat + p] = kk;
+        As[i * Ly::CP + j] = bs[i] * kk;
+        Ts[i * Ly::CP + j] = i == j ? 1.0f : 0.0f;
+    }
+    __syncthreads();
+    /* Forward substitution, row by row: T_i = e_i - sum_{j<i} A_ij T_j. Four
+     * threads per column share the sum over j (fixed order: stride 4, then a
+     * two-step shuffle). */
+    for (int i = 1; i < L; i++) {
+        int col = tid / 4, part = tid % 4;
+        float s = 0.0f;
+        if (col < i)
+            for (int j = col + part; j < i; j += 4) s += As[i * Ly::CP + j] * Ts[j * Ly::CP + col];
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        if (col < i && part == 0) Ts[i * Ly::CP + col] = -s;
+        __syncthreads();
+    }
+    for (int p = tid; p < CHUNK * CHUNK; p += THREADS) Tm[mat + p] = Ts[(p / CHUNK) * Ly::CP + p % CHUNK];
+    /* W_i = sum_{j<=i} T_ij β_j e^γ_j k_j ; thread (i = tid / 4, x = tid % 4 + 4 m). */
+    {
+        int i = tid / 4;
+        for (int x = tid % 4; x < DK; x += 4) {
+            float s = 0.0f;
+            for (int j = 0; j <= i; j++) s += Ts[i * Ly::CP + j] * bs[j] * expf(gs[j]) * Ks[j * Ly::KP + x];
+            if (i < L) Wb[((size_t)(t0 + i) * Hv + h) * DK + x] = s;
+        }
+    }
+    /* U'_i = sum_{j<=i} T_ij β_j v_j, VT columns at a time. */
+    for (int c0 = 0; c0 < Dv; c0 += VT) {
+        __syncthreads();
+        load_rows_bf16(Vs, Ly::VP, v + (size_t)t0 * ldv + (size_t)h * Dv + c0, (size_t)ldv, L, VT);
+        __syncthreads();
+        int col = tid % VT;
+        for (int i = tid / VT; i < L; i += THREADS / VT) {
+            float s = 0.0f;
+            for (int j = 0; j <= i; j++) s += Ts[i * Ly::CP + j] * bs[j] * Vs[j * Ly::VP + col];
+            Ub[((size_t)(t0 + i) * Hv + h) * Dv + c0 + col] = s;
+        }
+    }
+    if (tid < L) gam[(size_t)(t0 + tid) * Hv + h] = gs[tid];
+}
+
+/* scan, one block per (document, value head, column tile): state columns
+ * [c0, c0 + VT) of S through the document's chunks; Hbuf (slots, Hv, DK, Dv) gets
+ * each chunk's S0, Un (T, Hv, Dv) its u. */
+template <int DK>
+__global__ void __launch_bounds__(THREADS)
+delta_scan_kernel(float *Hbuf, float *Un, const float *Wb, const float *Ub, const float *kn, const float *gam,
+                  const int4 *chunks, const int *chunk_off, int Hk, int Hv, int Dv)
+{
+    using Ly = Lay<DK>;
+    const int ntile = Dv / VT;
+    const int d = blockIdx.x / (Hv * ntile), h = (blockIdx.x / ntile) % Hv, c0 = (blockIdx.x % ntile) * VT;
+    const int kh = h / (Hv / Hk), tid = threadIdx.x, col = tid % VT;
+    extern __shared__ float sm[];
+    float *Ws = sm, *Ks = Ws + CHUNK * Ly::KP, *Hs = Ks + CHUNK * Ly::KP, *Vs = Hs + DK * Ly::VP;
+    float *gs = Vs + CHUNK * Ly::VP, *dec = gs + CHUNK;
+    for (int e = tid; e < DK * VT; e += THREADS) Hs[(e / VT) * Ly::VP + e % VT] = 0.0f;
+    for (int ci = chunk_off[d]; ci < chunk_off[d + 1]; ci++) {
+        const int4 ch = chunks[ci];
+        const int t0 = ch.x, L = ch.y;
+        __syncthreads(); /* Hs final, the previous chunk's reads of Ws/Ks/Vs done */
+        float *H0 = Hbuf + ((size_t)ci * Hv + h) * DK * Dv + c0;
+        for (int e = tid; e < DK * VT; e += THREADS) H0[(size_t)(e / VT) * Dv + e % VT] = Hs[(e / VT) * Ly::VP + e % VT];
+        load_rows(Ws, Ly::KP, Wb + ((size_t)t0 * Hv + h) * DK, (size_t)Hv * DK, L, DK);
+        load_rows(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
+        if (tid < CHUNK) gs[tid] = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
+        __syncthreads();
+        if (tid < CHUNK) dec[tid] = tid < L ? expf(gs[L - 1] - gs[tid]) : 0.0f;
+        /* u = U' - W S0 */
+        for (int i = tid / VT; i < L; i += THREADS / VT) {
+            float s = Ub[((size_t)(t0 + i) * Hv + h) * Dv + c0 + col];
+            for (int x = 0; x < DK; x++) s -= Ws[i * Ly::KP + x] * Hs[x * Ly::VP + col];
+            Vs[i * Ly::VP + col] = s;
+            Un[((size_t)(t0 + i) * Hv + h) * Dv + c0 + col] = s;
+        }
+        __syncthreads();
+        /* S_L = e^γ_L S0 + sum_i e^(γ_L - γ_i) k_i u_i^T */
+        const float aL = expf(gs[L - 1]);
+        for (int x = tid / VT; x < DK; x += THREADS / VT) {
+            float s = aL * Hs[x * Ly::VP + col];
+            for (int i = 0; i < L; i++) s += dec[i] * Ks[i * Ly::KP + x] * Vs[i * Ly::VP + col];
+            Hs[x * Ly::VP + col] = s;
+        }
+    }
+}
+
+/* output, one block per (chunk, value head, column tile):
+ * o_i = e^γ_i S0^T q_i + sum_{j<=i} QKM_ij u_j, rounded once to bf16. */
+template <int DK>
+__global__ void __launch_bounds__(THREADS)
+delta_output_kernel(bf16 *o, int ldo, const float *Hbuf, const float *Un, const float *QKM, const float *qn,
+                    const float *gam, const int4 *chunks, int Hk, int Hv, int Dv)
+{
+    using Ly = Lay<DK>;
+    const int ntile = Dv / VT;
+    const int c = blockIdx.x / (Hv * ntile), h = (blockIdx.x / ntile) % Hv, c0 = (blockIdx.x % ntile) * VT;
+    const int4 ch = chunks[c];
+    const int t0 = ch.x, L = ch.y;
+    if (L == 0) return;
+    const int kh = h / (Hv / Hk), tid = threadIdx.x, col = tid % VT;
+    extern __shared__ float sm[];
+    float *Qs = sm, *Hs = Qs + CHUNK * Ly::KP, *Ps = Hs + DK * Ly::VP, *Vs = Ps + CHUNK * Ly::CP;
+    float *gs = Vs + CHUNK * Ly::VP;
+    load_rows(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
+    const float *H0 = Hbuf + ((size_t)c * Hv + h) * DK * Dv + c0;
+    for (int e = tid; e < DK * VT; e += THREADS) Hs[(e / VT) * Ly::VP + e % VT] = H0[(size_t)(e / VT) * Dv + e % VT];
+    const float *P = QKM + ((size_t)c * Hv + h) * CHUNK * CHUNK;
+    for (int p = tid; p < CHUNK * CHUNK; p += THREADS) Ps[(p / CHUNK) * Ly::CP + p % CHUNK] = P[p];
+    load_rows(Vs, Ly::VP, Un + ((size_t)t0 * Hv + h) * Dv + c0, (size_t)Hv * Dv, L, VT);
+    if (tid < CHUNK) gs[tid] = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
+    __syncthreads();
+    for (int i = tid / VT; i < L; i += THREADS / VT) {
+        float a = 0.0f, b = 0.0f;
+        for (int x = 0; x < DK; x++) a += Qs[i * Ly::KP + x] * Hs[x * Ly::VP + col];
+        for (int j = 0; j <= i; j++) b += Ps[i * Ly::CP + j] * Vs[j * Ly::VP + col];
+        o[(size_t)(t0 + i) * ldo + (size_t)h * Dv + c0 + col] = __float2bfloat16(expf(gs[i]) * a + b);
+    }
+}
+
+/* scan_bwd, one block per (document, value head, column tile), the document's
+ * chunks in reverse: dHbuf (slots, Hv, DK, Dv) gets each chunk's dS_L, DB (T, Hv, Dv)
+ * its db; the carried dS goes to the previous chunk's end. */
+template <int DK>
+__global__ void __launch_bounds__(THREADS)
+delta_scan_bwd_kernel(float *dHbuf, float *DB, const bf16 *dout, int lddo, const float *Tm, const float *QKM,
+                      const float *qn, const float *kn, const float *gam, const float *beta, const int4 *chunks,
+                      const int *chunk_off, int Hk, int Hv, int Dv)
+{
+    using Ly = Lay<DK>;
+    const int ntile = Dv / VT;
+    const int d = blockIdx.x / (Hv * ntile), h = (blockIdx.x / ntile) % Hv, c0 = (blockIdx.x % ntile) * VT;
+    const int kh = h / (Hv / Hk), tid = threadIdx.x, col = tid % VT;
+    extern __shared__ float sm[];
+    float *Qs = sm, *Ks = Qs + CHUNK * Ly::KP, *Ps = Ks + CHUNK * Ly::KP, *Ts = Ps + CHUNK * Ly::CP;
+    float *dH = Ts + CHUNK * Ly::CP, *dO = dH + DK * Ly::VP, *du = dO + CHUNK * Ly::VP, *db = du + CHUNK * Ly::VP;
+    float *gs = db + CHUNK * Ly::VP, *bs = gs + CHUNK;
+    for (int e = tid; e < DK * VT; e += THREADS) dH[(e / VT) * Ly::VP + e % VT] = 0.0f;
+    for (int ci = chunk_off[d + 1] - 1; ci >= chunk_off[d]; ci--) {
+        const int4 ch = chunks[ci];
+        const int t0 = ch.x, L = ch.y;
+        __syncthreads();
+        float *dH0 = dHbuf + ((size_t)ci * Hv + h) * DK * Dv + c0;
+        for (int e = tid; e < DK * VT; e += THREADS) dH0[(size_t)(e / VT) * Dv + e % VT] = dH[(e / VT) * Ly::VP + e % VT];
+        load_rows(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
+        load_rows(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
+        const size_t mat = ((size_t)ci * Hv + h) * CHUNK * CHUNK;
+        for (int p = tid; p < CHUNK * CHUNK; p += THREADS) {
+            Ps[(p / CHUNK) * Ly::CP + p % CHUNK] = QKM[mat + p];
+            Ts[(p / CHUNK) * Ly::CP + p % CHUNK] = Tm[mat + p];
+        }
+        load_rows_bf16(dO, Ly::VP, dout + (size_t)t0 * lddo + (size_t)h * Dv + c0, (size_t)lddo, L, VT);
+        if (tid < CHUNK) {
+            gs[tid] = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
+            bs[tid] = tid < L ? beta[(size_t)(t0 + tid) * Hv + h] : 0.0f;
+        }
+        __syncthreads();
+        const float gL = gs[L - 1];
+        /* du_j = sum_{i>=j} QKM_ij do_i + e^(γ_L - γ_j) dS_L^T k_j */
+        for (int j = tid / VT; j < L; j += THREADS / VT) {
+            float a = 0.0f, b = 0.0f;
+            for (int i = j; i < L; i++) a += Ps[i * Ly::CP + j] * dO[i * Ly::VP + col];
+            for (int x = 0; x < DK; x++) b += Ks[j * Ly::KP + x] * dH[x * Ly::VP + col];
+            du[j * Ly::VP + col] = a + expf(gL - gs[j]) * b;
+        }
+        __syncthreads();
+        /* db = T^T du */
+        for (int j = tid / VT; j < L; j += THREADS / VT) {
+            float s = 0.0f;
+            for (int i = j; i < L; i++) s += Ts[i * Ly::CP + j] * du[i * Ly::VP + col];
+            db[j * Ly::VP + col] = s;
+            DB[((size_t)(t0 + j) * Hv + h) * Dv + c0 + col] = s;
+        }
+        __syncthreads();
+        /* dS0 = e^γ_L dS_L + sum_i e^γ_i q_i do_i^T - sum_i β_i e^γ_i k_i db_i^T */
+        const float aL = expf(gL);
+        for (int x = tid / VT; x < DK; x += THREADS / VT) {
+            float s = aL * dH[x * Ly::VP + col];
+            for (int i = 0; i < L; i++) {
+                float e = expf(gs[i]);
+                s += e * (Qs[i * Ly::KP + x] * dO[i * Ly::VP + col] - bs[i] * Ks[i * Ly::KP + x] * db[i * Ly::VP + col]);
+            }
+            dH[x * Ly::VP + col] = s;
+        }
+    }
+}
+
+/* Sum over the block in a fixed order (warps, then warp 0); every thread gets it. */
+__device__ __forceinline__ float block_sum(float v, float *red)
+{
+    v = warp_sum_f(v);
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int w = 0; w < THREADS / 32; w++) s += red[w];
+    return s;
+}
+
+/* grads, one block per (chunk, value head, column tile): dv (bf16, complete), and
+ * this tile's share of dqn, dkn (tile, T, Hv, DK) and dγ, dβ (tile, T, Hv), from
+ * S0 (Hbuf), dS_L (dHbuf), u (Un) and db (DB) of the chunk. */
+template <int DK>
+__global__ void __launch_bounds__(THREADS)
+delta_grads_kernel(bf16 *dv, int lddv, float *dqp, float *dkp, float *dgp, float *dbp, const bf16 *dout, int lddo,
+                   const bf16 *v, int ldv, const float *Hbuf, const float *dHbuf, const float *Un, const float *DB,
+                   const float *QKM, const float *KKM, const float *qn, const float *kn, const float *gam,
+                   const float *beta, const int4 *chunks, int T, int Hk, int Hv, int Dv)
+{
+    using Ly = Lay<DK>;
+    const int ntile = Dv / VT;
+    const int c = blockIdx.x / (Hv * ntile), h = (blockIdx.x / ntile) % Hv, tile = blockIdx.x % ntile;
+    const int c0 = tile * VT;
+    const int4 ch = chunks[c];
+    const int t0 = ch.x, L = ch.y;
+    if (L == 0) return;
+    const int kh = h / (Hv / Hk), tid = threadIdx.x, col = tid % VT;
+    extern __shared__ float sm[];
+    float *Qs = sm, *Ks = Qs + CHUNK * Ly::KP;
+    float *Xs = Ks + CHUNK * Ly::KP, *KKs = Xs + CHUNK * Ly::CP, *DU = KKs + CHUNK * Ly::CP, *DA = DU + CHUNK * Ly::CP;
+    float *Hs = DA + CHUNK * Ly::CP, *dHs = Hs + DK * Ly::VP;
+    float *us = dHs + DK * Ly::VP, *dOs = us + CHUNK * Ly::VP, *dbs = dOs + CHUNK * Ly::VP, *vs = dbs + CHUNK * Ly::VP;
+    float *gs = vs + CHUNK * Ly::VP, *bs = gs + CHUNK, *dgam = bs + CHUNK, *red = dgam + CHUNK;
+
+    load_rows(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
+    load_rows(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
+    const size_t mat = ((size_t)c * Hv + h) * CHUNK * CHUNK;
+    for (int p = tid; p < CHUNK * CHUNK; p += THREADS) {
+        Xs[(p / CHUNK) * Ly::CP + p % CHUNK] = QKM[mat + p];
+        KKs[(p / CHUNK) * Ly::CP + p % CHUNK] = KKM[mat + p];
+    }
+    const size_t hoff = ((size_t)c * Hv + h) * DK * Dv + c0;
+    for (int e = tid; e < DK * VT; e += THREADS) {
+        Hs[(e / VT) * Ly::VP + e % VT] = Hbuf[hoff + (size_t)(e / VT) * Dv + e % VT];
+        dHs[(e / VT) * Ly::VP + e % VT] = dHbuf[hoff + (size_t)(e / VT) * Dv + e % VT];
+    }
+    const size_t roff = ((size_t)t0 * Hv + h) * Dv + c0;
+    load_rows(us, Ly::VP, Un + roff, (size_t)Hv * Dv, L, VT);
+    load_rows(dbs, Ly::VP, DB + roff, (size_t)Hv * Dv, L, VT);
+    load_rows_bf16(dOs, Ly::VP, dout + (size_t)t0 * lddo + (size_t)h * Dv + c0, (size_t)lddo, L, VT);
+    load_rows_bf16(vs, Ly::VP, v + (size_t)t0 * ldv + (size_t)h * Dv + c0, (size_t)ldv, L, VT);
+    if (tid < CHUNK) {
+        gs[tid] = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
+        bs[tid] = tid < L ? beta[(size_t)(t0 + tid) * Hv + h] : 0.0f;
+    }
+    __syncthreads();
+    const float gL = gs[L - 1];
+
+    /* DU_ij = do_i . u_j (j <= i), DA_ij = -db_i . u_j (j < i): the gradients of
+     * the pair terms of o and of A, this tile's columns. */
+    for (int p = tid; p < CHUNK * CHUNK; p += THREADS) {
+        int i = p / CHUNK, j = p % CHUNK;
+        float a = 0.0f, b = 0.0f;
+        if (j <= i && i < L)
+            for (int x = 0; x < VT; x++) {
+                a += dOs[i * Ly::VP + x] * us[j * Ly::VP + x];
+                b += dbs[i * Ly::VP + x] * us[j * Ly::VP + x];
+            }
+        DU[i * Ly::CP + j] = a;
+        DA[i * Ly::CP + j] = j < i ? -b : 0.0f;
+    }
+    /* dβ_j = db_j . (v_j - e^γ_j S0^T k_j - sum_{l<j} KKM_jl u_l) ; dv_j = β_j db_j.
+     * A warp holds one token j across the tile's 32 columns. */
+    for (int j = tid / VT; j < CHUNK; j += THREADS / VT) {
+        float w = 0.0f;
+        if (j < L) {
+            float sk = 0.0f, su = 0.0f;
+            for (int x = 0; x < DK; x++) sk += Ks[j * Ly::KP + x] * Hs[x * Ly::VP + col];
+            for (int l = 0; l < j; l++) su += KKs[j * Ly::CP + l] * us[l * Ly::VP + col];
+            w = vs[j * Ly::VP + col] - expf(gs[j]) * sk - su;
+            dv[(size_t)(t0 + j) * lddv + (size_t)h * Dv + c0 + col] = __float2bfloat16(bs[j] * dbs[j * Ly::VP + col]);
+        }
+        float s = warp_sum_f(dbs[j * Ly::VP + col] * w);
+        if (col == 0 && j < L) dbp[((size_t)tile * T + t0 + j) * Hv + h] = s;
+    }
+    __syncthreads();
+    /* Per pair: X = QKM DU + β_i KKM DA (the pair's share of dγ: + to γ_i, - to γ_j),
+     * then DU := M DU and DA := β_i M DA, the weights of the k, q rows in dq and dk. */
+    for (int p = tid; p < CHUNK * CHUNK; p += THREADS) {
+        int i = p / CHUNK, j = p % CHUNK, e = i * Ly::CP + j;
+        float m = (j <= i && i < L) ? expf(gs[i] - gs[j]) : 0.0f;
+        float x = Xs[e] * DU[e] + bs[i] * KKs[e] * DA[e];
+        Xs[e] = x;
+        DU[e] *= m;
+        DA[e] *= bs[i] * m;
+    }
+    __syncthreads();
+    if (tid < CHUNK) {
+        float rs = 0.0f, cs = 0.0f;
+        for (int j = 0; j < CHUNK; j++) {
+            rs += Xs[tid * Ly::CP + j];
+            cs += Xs[j * Ly::CP + tid];
+        }
+        dgam[tid] = rs - cs;
+    }
+    __syncthreads();
+    /* dq_i = e^γ_i S0 do_i + sum_{j<=i} DU_ij k_j ; dk_j = sum_{i>=j} DU_ij q_i
+     * + e^(γ_L - γ_j) dS_L u_j - β_j e^γ_j S0 db_j + sum_l (DA_jl + DA_lj) k_l.
+     * Thread (i = tid / 4, x = tid % 4 + 4 m); the four threads of a token reduce
+     * its dγ terms with two shuffles. */
+    const int i = tid / 4;
+    float gq = 0.0f, gk = 0.0f, qsum = 0.0f;
+    const float ei = expf(gs[i]), eLi = i < L ? expf(gL - gs[i]) : 0.0f;
+    for (int x = tid % 4; x < DK; x += 4) {
+        float inter = 0.0f, y = 0.0f, z = 0.0f;
+        for (int cc = 0; cc < VT; cc++) {
+            float hv = Hs[x * Ly::VP + cc];
+            inter += hv * dOs[i * Ly::VP + cc];
+            y += hv * dbs[i * Ly::VP + cc];
+            z += dHs[x * Ly::VP + cc] * us[i * Ly::VP + cc];
+        }
+        inter *= ei;
+        y *= -bs[i] * ei;
+        z *= eLi;
+        float dq = inter, dk = y + z;
+        for (int j = 0; j < CHUNK; j++) {
+            dq += DU[i * Ly::CP + j] * Ks[j * Ly::KP + x];
+            dk += DU[j * Ly::CP + i] * Qs[j * Ly::KP + x] + (DA[i * Ly::CP + j] + DA[j * Ly::CP + i]) * Ks[j * Ly::KP + x];
+        }
+        float kx = Ks[i * Ly::KP + x];
+        gq += Qs[i * Ly::KP + x] * inter;
+        gk += kx * (y - z);
+        qsum += kx * z;
+        if (i < L) {
+            size_t r = ((size_t)tile * T + t0 + i) * Hv + h;
+            dqp[r * DK + x] = dq;
+            dkp[r * DK + x] = dk;
+        }
+    }
+    float gi = gq + gk;
+    gi += __shfl_xor_sync(0xffffffffu, gi, 1);
+    gi += __shfl_xor_sync(0xffffffffu, gi, 2);
+    /* The chunk end's terms, all on γ_L: e^γ_L <S0, dS_L> + sum_j e^(γ_L - γ_j) k_j . (dS_L u_j). */
+    float hd = 0.0f;
+    for (int e = tid; e < DK * VT; e += THREADS) hd += Hs[(e / VT) * Ly::VP + e % VT] * dHs[(e / VT) * Ly::VP + e % VT];
+    float endsum = block_sum(qsum, red) + expf(gL) * block_sum(hd, red);
+    if (tid % 4 == 0 && i < L) {
+        float dgi = dgam[i] + gi + (i == L - 1 ? endsum : 0.0f);
+        dgp[((size_t)tile * T + t0 + i) * Hv + h] = dgi;
+    }
+}
+
+/* finish_gates, one block of CHUNK threads per (chunk, value head): dβ and dγ summed
+ * over the ntile column tiles, dg = the reverse cumsum of dγ inside the chunk. */
+__global__ void __launch_bounds__(CHUNK)
+delta_finish_gates_kernel(float *dg, float *dbeta, const float *dgp, const float *dbp, const int4 *chunks, int T,
+                          int Hv, int ntile)
+{
+    __shared__ float s[CHUNK];
+    const int c = blockIdx.x / Hv, h = blockIdx.x % Hv, i = threadIdx.x;
+    const int4 ch = chunks[c];
+    const int t0 = ch.x, L = ch.y;
+    if (L == 0) return;
+    float a = 0.0f, b = 0.0f;
+    if (i < L)
+        for (int tile = 0; tile < ntile; tile++) {
+            size_t r = ((size_t)tile * T + t0 + i) * Hv + h;
+            a += dgp[r];
+            b += dbp[r];
+        }
+    s[i] = a;
+    __syncthreads();
+    if (i == 0)
+        for (int j = L - 2; j >= 0; j--) s[j] += s[j + 1];
+    __syncthreads();
+    if (i < L) {
+        dg[(size_t)(t0 + i) * Hv + h] = s[i];
+        dbeta[(size_t)(t0 + i) * Hv + h] = b;
+    }
+}
+
+/* finish_qk, one warp per (token, key head): dqn, dkn summed over the column tiles
+ * and the key head's value heads, then the L2 norm's backward
+ * dx = mul (r dy - r^3 (x . dy) x) on the raw bf16 row, to bf16. */
+template <int DK>
+__global__ void __launch_bounds__(THREADS)
+delta_finish_qk_kernel(bf16 *dq, int lddq, bf16 *dk, int lddk, const float *dqp, const float *dkp, const bf16 *q,
+                       int ldq, const bf16 *k, int ldk, const int32_t *cu, int n_docs, int T, int Hk, int Hv,
+                       int ntile, float scale)
+{
+    size_t row = (size_t)blockIdx.x * (THREADS / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32, group = Hv / Hk;
+    if (row >= (size_t)T * Hk) return;
+    int t = (int)(row / Hk), kh = (int)(row % Hk);
+    if (t >= cu[n_docs]) return;
+    const float *part[2] = {dqp, dkp};
+    const bf16 *src[2] = {q + (size_t)t * ldq + (size_t)kh * DK, k + (size_t)t * ldk + (size_t)kh * DK};
+    bf16 *dst[2] = {dq + (size_t)t * lddq + (size_t)kh * DK, dk + (size_t)t * lddk + (size_t)kh * DK};
+    const float mul[2] = {scale, 1.0f};
+    for (int w = 0; w < 2; w++) {
+        float dy[DK / 32], x[DK / 32], ss = 0.0f, xdy = 0.0f;
+#pragma unroll
+        for (int e = 0; e < DK / 32; e++) dy[e] = 0.0f;
+        for (int tile = 0; tile < ntile; tile++)
+            for (int j = 0; j < group; j++) {
+                const float *p = part[w] + (((size_t)tile * T + t) * Hv + kh * group + j) * DK;
+#pragma unroll
+                for (int e = 0; e < DK / 32; e++) dy[e] += p[lane + 32 * e];
+            }
+#pragma unroll
+        for (int e = 0; e < DK / 32; e++) {
+            x[e] = __bfloat162float(src[w][lane + 32 * e]);
+            ss += x[e] * x[e];
+            xdy += x[e] * dy[e];
+        }
+        ss = warp_sum_f(ss);
+        xdy = warp_sum_f(xdy);
+        float r = rsqrtf(ss + L2NORM_EPS);
+#pragma unroll
+        for (int e = 0; e < DK / 32; e++)
+            dst[w][lane + 32 * e] = __float2bfloat16(mul[w] * (r * dy[e] - r * r * r * xdy * x[e]));
+    }
+}
+
+// ---- launchers ----
+
+template <int DK> static size_t prep_smem()
+{
+    using Ly = Lay<DK>;
+    return sizeof(float) * (2 * CHUNK * Ly::KP + 2 * CHUNK * Ly::CP + CHUNK * Ly::VP + 2 * CHUNK);
+}
+template <int DK> static size_t scan_smem()
+{
+    using Ly = Lay<DK>;
+    return sizeof(float) * (2 * CHUNK * Ly::KP + DK * Ly::VP + CHUNK * Ly::VP + 2 * CHUNK);
+}
+template <int DK> static size_t output_smem()
+{
+    using Ly = Lay<DK>;
+    return sizeof(float) * (CHUNK * Ly::KP + DK * Ly::VP + CHUNK * Ly::CP + CHUNK * Ly::VP + CHUNK);
+}
+template <int DK> static size_t scan_bwd_smem()
+{
+    using Ly = Lay<DK>;
+    return sizeof(float) * (2 * CHUNK * Ly::KP + 2 * CHUNK * Ly::CP + DK * Ly::VP + 3 * CHUNK * Ly::VP + 2 * CHUNK);
+}
+template <int DK> static size_t grads_smem()
+{
+    using Ly = Lay<DK>;
+    return sizeof(float) *
+           (2 * CHUNK * Ly::KP + 4 * CHUNK * Ly::CP + 2 * DK * Ly::VP + 4 * CHUNK * Ly::VP + 3 * CHUNK + THREADS / 32);
+}
+
+template <int DK> static void delta_init_dk()
+{
+    CUDA_CHECK(cudaFuncSetAttribute(delta_prep_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem<DK>()));
+    CUDA_CHECK(cudaFuncSetAttribute(delta_scan_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)scan_smem<DK>()));
+    CUDA_CHECK(cudaFuncSetAttribute(delta_output_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)output_smem<DK>()));
+    CUDA_CHECK(cudaFuncSetAttribute(delta_scan_bwd_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)scan_bwd_smem<DK>()));
+    CUDA_CHECK(cudaFuncSetAttribute(delta_grads_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)grads_smem<DK>()));
+}
+
+/* The scratch both passes share (fp32 unless noted), carved in this order. */
+struct delta_bufs {
+    int4 *chunks;         /* (slots) */
+    int *chunk_off;       /* (n_docs + 1) */
+    float *qn, *kn;       /* (T, Hk, Dk) */
+    float *Tm, *QKM, *KKM; /* (slots, Hv, CHUNK, CHUNK) */
+    float *W;             /* (T, Hv, Dk) */
+    float *U, *Un;        /* (T, Hv, Dv): U', then u */
+    float *gam;           /* (T, Hv) */
+    float *H;             /* (slots, Hv, Dk, Dv): each chunk's S0 */
+    /* backward only */
+    float *dH;            /* (slots, Hv, Dk, Dv): each chunk's dS_L */
+    float *DB;            /* (T, Hv, Dv) */
+    float *dqp, *dkp;     /* (ntile, T, Hv, Dk) */
+    float *dgp, *dbp;     /* (ntile, T, Hv) */
+};
+
+struct delta_dims {
+    int T, n_docs, slots, Hk, Hv, Dk, Dv, ntile;
+};
+
+static size_t delta_carve(delta_bufs *b, char *base, const delta_dims &d, bool bwd)
+{
+    size_t used = 0; /* base NULL: only measure */
+    auto take = [&](size_t bytes) -> void * {
+        void *p = base ? base + used : nullptr;
+        used += scratch_round(bytes);
+        return p;
+    };
+    size_t T = d.T, slots = d.slots, Hv = d.Hv, Dk = d.Dk, Dv = d.Dv, F = sizeof(float);
+    size_t mats = slots * Hv * CHUNK * CHUNK * F, states = slots * Hv * Dk * Dv * F;
+#define TAKE(p, bytes) (b->p = (decltype(b->p))take(bytes))
+    TAKE(chunks, slots * sizeof(int4));
+    TAKE(chunk_off, ((size_t)d.n_docs + 1) * sizeof(int));
+    TAKE(qn, T * d.Hk * Dk * F);
+    TAKE(kn, T * d.Hk * Dk * F);
+    TAKE(Tm, mats);
+    TAKE(QKM, mats);
+    TAKE(KKM, mats);
+    TAKE(W, T * Hv * Dk * F);
+    TAKE(U, T * Hv * Dv * F);
+    TAKE(Un, T * Hv * Dv * F);
+    TAKE(gam, T * Hv * F);
+    TAKE(H, states);
+    if (bwd) {
+        TAKE(dH, states);
+        TAKE(DB, T * Hv * Dv * F);
+        TAKE(dqp, d.ntile * T * Hv * Dk * F);
+        TAKE(dkp, d.ntile * T * Hv * Dk * F);
+        TAKE(dgp, d.ntile * T * Hv * F);
+        TAKE(dbp, d.ntile * T * Hv * F);
+    }
+#undef TAKE
+    return used;
+}
+
+/* The passes both calls run: chunks, normalize, prep, scan. */
+template <int DK>
+static void delta_forward_passes(cudaStream_t st, const delta_bufs &b, const delta_dims &d, const bf16 *q, int ldq,
+                                 const bf16 *k, int ldk, const bf16 *v, int ldv, const float *g, const float *beta,
+                                 const int32_t *cu, float scale)
+{
+    delta_chunks_kernel<<<1, 1024, 0, st>>>(b.chunks, b.chunk_off, cu, d.n_docs, d.slots);
+    LAUNCH_CHECK();
+    delta_normalize_kernel<DK><<<grid_for((size_t)d.T * d.Hk, THREADS / 32), THREADS, 0, st>>>(
+        b.qn, b.kn, q, ldq, k, ldk, cu, d.n_docs, d.T, d.Hk, scale);
+    LAUNCH_CHECK();
+    delta_prep_kernel<DK><<<(unsigned)((size_t)d.slots * d.Hv), THREADS, prep_smem<DK>(), st>>>(
+        b.Tm, b.QKM, b.KKM, b.W, b.U, b.gam, b.qn, b.kn, v, ldv, g, beta, b.chunks, d.Hk, d.Hv, d.Dv);
+    LAUNCH_CHECK();
+    delta_scan_kernel<DK><<<(unsigned)((size_t)d.n_docs * d.Hv * d.ntile), THREADS, scan_smem<DK>(), st>>>(
+        b.H, b.Un, b.W, b.U, b.kn, b.gam, b.chunks, b.chunk_off, d.Hk, d.Hv, d.Dv);
+    LAUNCH_CHECK();
+}
+
+static delta_dims delta_check(const char *op, int T, int n_docs, int Hk, int Hv, int Dk, int Dv)
+{
+    CT_ASSERT(Hk > 0 && Hv % Hk == 0, "%s: Hv %d is not a multiple of Hk %d", op, Hv, Hk);
+    CT_ASSERT(Dk == 32 || Dk == 64 || Dk == 128, "%s: key head dim %d is not supported (32, 64, 128 are)", op, Dk);
+    CT_ASSERT(Dv > 0 && Dv % VT == 0, "%s: value head dim %d is not a multiple of %d", op, Dv, VT);
+    CT_ASSERT(T >= 0 && n_docs >= 0, "%s: T %d, n_docs %d", op, T, n_docs);
+    delta_dims d;
+    d.T = T; d.n_docs = n_docs; d.Hk = Hk; d.Hv = Hv; d.Dk = Dk; d.Dv = Dv; d.ntile = Dv / VT;
+    /* Each document adds at most one partial chunk to the T / CHUNK full ones. */
+    d.slots = T / CHUNK + n_docs;
+    CT_ASSERT((size_t)d.slots * Hv * d.ntile <= 0x7fffffffu, "%s: %d tokens x %d heads is too large for the grid",
+              op, T, Hv);
+    return d;
+}
+
+template <int DK>
+static void delta_fwd_dk(cuda_ctx *c, const delta_dims &d, bf16 *o, int ldo, const bf16 *q, int ldq, const bf16 *k,
+                         int ldk, const bf16 *v, int ldv, const float *g, const float *beta, const int32_t *cu,
+                         float scale)
+{
+    delta_bufs b;
+    size_t bytes = delta_carve(&b, nullptr, d, false);
+    delta_carve(&b, (char *)cuda_scratch(c, bytes), d, false);
+    cudaStream_t st = c->stream;
+    delta_forward_passes<DK>(st, b, d, q, ldq, k, ldk, v, ldv, g, beta, cu, scale);
+    delta_output_kernel<DK><<<(unsigned)((size_t)d.slots * d.Hv * d.ntile), THREADS, output_smem<DK>(), st>>>(
+        o, ldo, b.H, b.Un, b.QKM, b.qn, b.gam, b.chunks, d.Hk, d.Hv, d.Dv);
+    LAUNCH_CHECK();
+}
+
+template <int DK>
+static void delta_bwd_dk(cuda_ctx *c, const delta_dims &d, bf16 *dq, int lddq, bf16 *dk, int lddk, bf16 *dv,
+                         int lddv, float *dg, float *dbeta, const bf16 *dout, int lddo, const bf16 *q, int ldq,
+                         const bf16 *k, int ldk, const bf16 *v, int ldv, const float *g, const float *beta,
+                         const int32_t *cu, float scale)
+{
+    delta_bufs b;
+    size_t bytes = delta_carve(&b, nullptr, d, true);
+    delta_carve(&b, (char *)cuda_scratch(c, bytes), d, true);
+    cudaStream_t st = c->stream;
+    delta_forward_passes<DK>(st, b, d, q, ldq, k, ldk, v, ldv, g, beta, cu, scale);
+    const unsigned tiles = (unsigned)((size_t)d.slots * d.Hv * d.ntile);
+    delta_scan_bwd_kernel<DK><<<(unsigned)((size_t)d.n_docs * d.Hv * d.ntile), THREADS, scan_bwd_smem<DK>(), st>>>(
+        b.dH, b.DB, dout, lddo, b.Tm, b.QKM, b.qn, b.kn, b.gam, beta, b.chunks, b.chunk_off, d.Hk, d.Hv, d.Dv);
+    LAUNCH_CHECK();
+    delta_grads_kernel<DK><<<tiles, THREADS, grads_smem<DK>(), st>>>(
+        dv, lddv, b.dqp, b.dkp, b.dgp, b.dbp, dout, lddo, v, ldv, b.H, b.dH, b.Un, b.DB, b.QKM, b.KKM, b.qn, b.kn,
+        b.gam, beta, b.chunks, d.T, d.Hk, d.Hv, d.Dv);
+    LAUNCH_CHECK();
+    delta_finish_gates_kernel<<<(unsigned)((size_t)d.slots * d.Hv), CHUNK, 0, st>>>(dg, dbeta, b.dgp, b.dbp, b.chunks,
+                                                                                    d.T, d.Hv, d.ntile);
+    LAUNCH_CHECK();
+    delta_finish_qk_kernel<DK><<<grid_for((size_t)d.T * d.Hk, THREADS / 32), THREADS, 0, st>>>(
+        dq, lddq, dk, lddk, b.dqp, b.dkp, q, ldq, k, ldk, cu, d.n_docs, d.T, d.Hk, d.Hv, d.ntile, scale);
+    LAUNCH_CHECK();
+}
+
+static void cuda_gdn_delta_fwd(ct_backend *be, void *o, int ldo, const void *q, int ldq, const void *k, int ldk,
+                               const void *v, int ldv, const float *g, const float *beta, const int32_t *cu_seqlens,
+                               int n_docs, int T, int Hk, int Hv, int Dk, int Dv, float scale)
+{
+    delta_dims d = delta_check("gdn_delta_fwd", T, n_docs, Hk, Hv, Dk, Dv);
+    if (T == 0 || n_docs == 0) return;
+    cuda_ctx *c = ctx_of(be);
+    bf16 *ob = (bf16 *)o;
+    const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
+    if (Dk == 32) delta_fwd_dk<32>(c, d, ob, ldo, qb, ldq, kb, ldk, vb, ldv, g, beta, cu_seqlens, scale);
+    else if (Dk == 64) delta_fwd_dk<64>(c, d, ob, ldo, qb, ldq, kb, ldk, vb, ldv, g, beta, cu_seqlens, scale);
+    else delta_fwd_dk<128>(c, d, ob, ldo, qb, ldq, kb, ldk, vb, ldv, g, beta, cu_seqlens, scale);
+}
+
+static void cuda_gdn_delta_bwd(ct_backend *be, void *dq, int lddq, void *dk, int lddk, void *dv, int lddv, float *dg,
+                               float *dbeta, const void *dout, int lddo, const void *q, int ldq, const void *k,
+                               int ldk, const void *v, int ldv, const float *g, const float *beta,
+                               const int32_t *cu_seqlens, int n_docs, int T, int Hk, int Hv, int Dk, int Dv,
+                               float scale)
+{
+    delta_dims d = delta_check("gdn_delta_bwd", T, n_docs, Hk, Hv, Dk, Dv);
+    if (T == 0 || n_docs == 0) return;
+    cuda_ctx *c = ctx_of(be);
+    bf16 *dqb = (bf16 *)dq, *dkb = (bf16 *)dk, *dvb = (bf16 *)dv;
+    const bf16 *dob = (const bf16 *)dout, *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
+#define DELTA_BWD(DK)                                                                                              \
+    delta_bwd_dk<DK>(c, d, dqb, lddq, dkb, lddk, dvb, lddv, dg, dbeta, dob, lddo, qb, ldq, kb, ldk, vb, ldv, g, beta, \
+                     cu_seqlens, scale)
+    if (Dk == 32) DELTA_BWD(32);
+    else if (Dk == 64) DELTA_BWD(64);
+    else DELTA_BWD(128);
+#undef DELTA_BWD
+}
+
+void cuda_fill_gdn_delta_ops(ct_backend *be)
+{
+    delta_init_dk<32>();
+    delta_init_dk<64>();
+    delta_init_dk<128>();
+    be->gdn_delta_fwd = cuda_gdn_delta_fwd;
+    be->gdn_delta_bwd = cuda_gdn_delta_bwd;
+}

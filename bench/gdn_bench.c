@@ -3,9 +3,10 @@
  * flash-linear-attention's chunk_gated_delta_rule on the same shapes
  * (scripts/gdn_bench_fla.py prints the same table).
  *
- *   build/bench/gdn_bench [reps]
+ *   build/bench/gdn_bench [reps [shape]]
  *
- * reps: calls per timed trial (default 10). Shapes: the GDN layers of Qwen3.5-27B
+ * reps: calls per timed trial (default 10); shape: run only that row of the table
+ * (0-based; for profilers). Shapes: the GDN layers of Qwen3.5-27B
  * (16 key / 48 value heads) and Qwen3.5-35B-A3B (16 / 32), head dims 128, 16384
  * tokens per batch as documents of 4k or 16k tokens. q, k, v are column slices of
  * one (T, 2 Hk Dk + Hv Dv) buffer as the conv writes them; g in [-1, 0), beta in
@@ -134,9 +135,9 @@ static void bench_shape(ct_backend *be, const gdn_shape *s, int reps)
 
 int main(int argc, char **argv)
 {
-    int reps = argc > 1 ? atoi(argv[1]) : 10;
-    if (reps < 1) {
-        fprintf(stderr, "usage: gdn_bench [reps >= 1]\n");
+    int reps = argc > 1 ? atoi(argv[1]) : 10, only = argc > 2 ? atoi(argv[2]) : -1;
+    if (reps < 1 || only < -1 || only > 3) {
+        fprintf(stderr, "usage: gdn_bench [reps >= 1 [shape 0..3]]\n");
         return 2;
     }
     ct_error err = {0};
@@ -150,7 +151,8 @@ int main(int argc, char **argv)
         {"35b-a3b", 16, 32, 128, 16384, 4096}, {"35b-a3b", 16, 32, 128, 16384, 16384},
     };
     printf("%-8s %7s %4s %6s %6s %9s %9s %10s\n", "shape", "Hk/Hv", "D", "T", "doc", "fwd ms", "bwd ms", "bwd Mtok*h/s");
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) bench_shape(be, &shapes[i], reps);
+    for (int i = 0; i < (int)(sizeof shapes / sizeof shapes[0]); i++)
+        if (only < 0 || only == i) bench_shape(be, &shapes[i], reps);
     be->destroy(be);
     return 0;
 }

@@ -13,6 +13,8 @@
 #             must fail them
 #   parity50moe  the same on tiny qwen3_moe and gpt_oss models (experts adapted), and on
 #             tiny qwen3_moe at widths 256 (the grouped GEMMs with the expert LoRA fused in)
+#   parity50gdn  the same on tiny qwen3_5 (the multimodal wrapper) and qwen3_5_moe, the
+#             Gated DeltaNet hybrids (HF runs its torch GDN path)
 #   sanitize  compute-sanitizer memcheck (2 steps) and racecheck (1 step) of training
 #             on the qwen3-0.6b shape cut to 2 layers (head_dim 128: the wgmma
 #             attention kernels; the tiny models' head_dim 32 runs mma.sync), with
@@ -35,7 +37,7 @@ set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 B=${BUILD:-build}
-SECTIONS=${GPU_SECTIONS:-"kernels firststep firststep-sanitize faults fixtures random parity50 parity50moe sanitize bench"}
+SECTIONS=${GPU_SECTIONS:-"kernels firststep firststep-sanitize faults fixtures random parity50 parity50moe parity50gdn sanitize bench"}
 FAILED=() # the checks that failed; the script's exit status is their count
 has() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -195,6 +197,13 @@ if has parity50moe; then
     echo "== 50-step parity, tiny qwen3_moe at widths 256 (fused expert LoRA)"
     python3 -c "import json; c=json.load(open('configs/models/tiny-moe/config.json')); c['hidden_size']=256; c['moe_intermediate_size']=256; json.dump(c, open('/tmp/tiny-moe-256.json','w'))"
     parity50 qwen3_moe_256 /tmp/tiny-moe-256.json configs/tiny.yaml data/arith/train.shard 2048 2e-3 2e-2 0.1
+fi
+
+if has parity50gdn; then
+    echo "== 50-step parity, tiny qwen3_5 (Gated DeltaNet hybrid, multimodal wrapper)"
+    parity50 qwen3_5 configs/models/tiny-qwen3_5/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3 2e-2 2e-2
+    echo "== 50-step parity, tiny qwen3_5_moe (GDN hybrid, shared expert)"
+    parity50 qwen3_5_moe configs/models/tiny-qwen3_5-moe/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3 2e-2 6e-2
 fi
 
 # sanitize_run NAME TOOL STEPS MODEL_DIR: a short training run under compute-sanitizer

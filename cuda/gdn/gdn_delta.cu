@@ -41,8 +41,9 @@
  * Everything between passes is fp32 scratch (cuda_scratch): at Hv 48, Dk = Dv =
  * 128 and 16k tokens about 8 GB for the backward.
  *
- * This is the first, correct version: fp32 SIMT math in shared memory (no tensor
- * cores), Dk 32, 64 or 128, Dv a multiple of 32. */
+ * The products inside a chunk are fp32 on the CUDA cores, register-tiled (Tile:
+ * each thread a 4 x 8 or smaller block of the output); no tensor cores yet.
+ * Dk 32, 64 or 128, Dv a multiple of 32. */
 #include "ct_cuda.cuh"
 
 #define CHUNK 64     /* tokens per chunk */
@@ -174,6 +175,51 @@ __device__ __forceinline__ void load_gates(float *gs, float *bs, const float *g,
     __syncthreads();
 }
 
+/* A register tile of a (TR RM) x (TC RN) product held across the block: thread
+ * (tr, tc) = (tid / TC, tid % TC) owns rows tr + TR i and columns tc + TC j, so the
+ * lanes of a warp walk consecutive columns and share rows (shared-memory
+ * broadcasts), and every operand a thread loads feeds RM or RN multiply-adds. */
+template <int TR, int TC, int RM, int RN> struct Tile {
+    static_assert(TR * TC == THREADS, "a tile spans the block");
+    float acc[RM][RN];
+    int tr, tc;
+    __device__ Tile() : tr(threadIdx.x / TC), tc(threadIdx.x % TC)
+    {
+#pragma unroll
+        for (int i = 0; i < RM; i++)
+#pragma unroll
+            for (int j = 0; j < RN; j++) acc[i][j] = 0.0f;
+    }
+    __device__ int row(int i) const { return tr + TR * i; }
+    __device__ int col(int j) const { return tc + TC * j; }
+    /* acc += sum_{k < K} A(row, k) B(k, col), A(r, k) = A[r sar + k sak], B(k, c) =
+     * B[k sbk + c sbc]: the strides say which operand is read transposed. */
+    __device__ void mma(const float *A, int sar, int sak, const float *B, int sbk, int sbc, int K)
+    {
+        for (int k = 0; k < K; k++) {
+            float a[RM], b[RN];
+#pragma unroll
+            for (int i = 0; i < RM; i++) a[i] = A[row(i) * sar + k * sak];
+#pragma unroll
+            for (int j = 0; j < RN; j++) b[j] = B[k * sbk + col(j) * sbc];
+#pragma unroll
+            for (int i = 0; i < RM; i++)
+#pragma unroll
+                for (int j = 0; j < RN; j++) acc[i][j] += a[i] * b[j];
+        }
+    }
+    /* Row i's sum over the TC threads of its row (RN columns each), fixed order. */
+    __device__ float row_sum(int i, const float *w, int sw) const
+    {
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < RN; j++) s += acc[i][j] * w[col(j) * sw];
+#pragma unroll
+        for (int o = 1; o < TC; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        return s;
+    }
+};
+
 /* prep, one block per (chunk, value head): Tm = (I + A)^-1, QKM_ij = M_ij (q_i.k_j)
  * (j <= i), KKM_ij = M_ij (k_i.k_j) (j < i), each (CHUNK, CHUNK) per (chunk, head);
  * W (T, Hv, DK) and U' (T, Hv, Dv) at the chunk's token rows; gam (T, Hv) = γ. */
@@ -196,24 +242,22 @@ delta_prep_kernel(float *Tm, float *QKM, float *KKM, float *Wb, float *Ub, float
     load_rows(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
     load_gates(gs, bs, g, beta, t0, L, Hv, h); /* syncs */
     const size_t mat = (size_t)blockIdx.x * CHUNK * CHUNK;
-    for (int p = tid; p < CHUNK * CHUNK; p += THREADS) {
-        int i = p / CHUNK, j = p % CHUNK;
-        float qk = 0.0f, kk = 0.0f;
-        if (j <= i && i < L) {
-            for (int x = 0; x < DK; x++) {
-                qk += Qs[i * Ly::KP + x] * Ks[j * Ly::KP + x];
-                kk += Ks[i * Ly::KP + x] * Ks[j * Ly::KP + x];
+    {
+        Tile<16, 16, 4, 4> qk, kk;
+        qk.mma(Qs, Ly::KP, 1, Ks, 1, Ly::KP, DK);
+        kk.mma(Ks, Ly::KP, 1, Ks, 1, Ly::KP, DK);
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                int i = qk.row(a), j = qk.col(b);
+                float m = (j <= i && i < L) ? expf(gs[i] - gs[j]) : 0.0f;
+                float x = m * qk.acc[a][b], y = j < i ? m * kk.acc[a][b] : 0.0f;
+                QKM[mat + i * CHUNK + j] = x;
+                KKM[mat + i * CHUNK + j] = y;
+                As[i * Ly::CP + j] = bs[i] * y;
+                Ts[i * Ly::CP + j] = i == j ? 1.0f : 0.0f;
             }
-            float m = expf(gs[i] - gs[j]);
-            qk *= m;
-            kk = j < i ? kk * m : 0.0f;
-        } else {
-            kk = 0.0f;
-        }
-        QKM[mat + p] = qk;
-        KKM[mat + p] = kk;
-        As[i * Ly::CP + j] = bs[i] * kk;
-        Ts[i * Ly::CP + j] = i == j ? 1.0f : 0.0f;
     }
     __syncthreads();
     /* Forward substitution, row by row: T_i = e_i - sum_{j<i} A_ij T_j. Four
@@ -230,26 +274,32 @@ delta_prep_kernel(float *Tm, float *QKM, float *KKM, float *Wb, float *Ub, float
         __syncthreads();
     }
     for (int p = tid; p < CHUNK * CHUNK; p += THREADS) Tm[mat + p] = Ts[(p / CHUNK) * Ly::CP + p % CHUNK];
-    /* W_i = sum_{j<=i} T_ij β_j e^γ_j k_j ; thread (i = tid / 4, x = tid % 4 + 4 m). */
+    /* W = T (β e^γ K): K's rows scaled in place first. */
+    for (int e = tid; e < CHUNK * DK; e += THREADS) Ks[(e / DK) * Ly::KP + e % DK] *= bs[e / DK] * expf(gs[e / DK]);
+    __syncthreads();
     {
-        int i = tid / 4;
-        for (int x = tid % 4; x < DK; x += 4) {
-            float s = 0.0f;
-            for (int j = 0; j <= i; j++) s += Ts[i * Ly::CP + j] * bs[j] * expf(gs[j]) * Ks[j * Ly::KP + x];
-            if (i < L) Wb[((size_t)(t0 + i) * Hv + h) * DK + x] = s;
-        }
+        Tile<16, 16, 4, DK / 16> w;
+        w.mma(Ts, Ly::CP, 1, Ks, Ly::KP, 1, CHUNK);
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+            if (w.row(a) < L)
+#pragma unroll
+                for (int b = 0; b < DK / 16; b++) Wb[((size_t)(t0 + w.row(a)) * Hv + h) * DK + w.col(b)] = w.acc[a][b];
     }
-    /* U'_i = sum_{j<=i} T_ij β_j v_j, VT columns at a time. */
+    /* U' = T (β V), VT columns at a time. */
     for (int c0 = 0; c0 < Dv; c0 += VT) {
         __syncthreads();
         load_rows_bf16(Vs, Ly::VP, v + (size_t)t0 * ldv + (size_t)h * Dv + c0, (size_t)ldv, L, VT);
         __syncthreads();
-        int col = tid % VT;
-        for (int i = tid / VT; i < L; i += THREADS / VT) {
-            float s = 0.0f;
-            for (int j = 0; j <= i; j++) s += Ts[i * Ly::CP + j] * bs[j] * Vs[j * Ly::VP + col];
-            Ub[((size_t)(t0 + i) * Hv + h) * Dv + c0 + col] = s;
-        }
+        for (int e = tid; e < CHUNK * VT; e += THREADS) Vs[(e / VT) * Ly::VP + e % VT] *= bs[e / VT];
+        __syncthreads();
+        Tile<32, 8, 2, 4> u;
+        u.mma(Ts, Ly::CP, 1, Vs, Ly::VP, 1, CHUNK);
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+            if (u.row(a) < L)
+#pragma unroll
+                for (int b = 0; b < 4; b++) Ub[((size_t)(t0 + u.row(a)) * Hv + h) * Dv + c0 + u.col(b)] = u.acc[a][b];
     }
     if (tid < L) gam[(size_t)(t0 + tid) * Hv + h] = gs[tid];
 }
@@ -265,10 +315,10 @@ delta_scan_kernel(float *Hbuf, float *Un, const float *Wb, const float *Ub, cons
     using Ly = Lay<DK>;
     const int ntile = Dv / VT;
     const int d = blockIdx.x / (Hv * ntile), h = (blockIdx.x / ntile) % Hv, c0 = (blockIdx.x % ntile) * VT;
-    const int kh = h / (Hv / Hk), tid = threadIdx.x, col = tid % VT;
+    const int kh = h / (Hv / Hk), tid = threadIdx.x;
     extern __shared__ float sm[];
     float *Ws = sm, *Ks = Ws + CHUNK * Ly::KP, *Hs = Ks + CHUNK * Ly::KP, *Vs = Hs + DK * Ly::VP;
-    float *gs = Vs + CHUNK * Ly::VP, *dec = gs + CHUNK;
+    float *gs = Vs + CHUNK * Ly::VP;
     for (int e = tid; e < DK * VT; e += THREADS) Hs[(e / VT) * Ly::VP + e % VT] = 0.0f;
     for (int ci = chunk_off[d]; ci < chunk_off[d + 1]; ci++) {
         const int4 ch = chunks[ci];
@@ -280,21 +330,38 @@ delta_scan_kernel(float *Hbuf, float *Un, const float *Wb, const float *Ub, cons
         load_rows(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
         if (tid < CHUNK) gs[tid] = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
         __syncthreads();
-        if (tid < CHUNK) dec[tid] = tid < L ? expf(gs[L - 1] - gs[tid]) : 0.0f;
-        /* u = U' - W S0 */
-        for (int i = tid / VT; i < L; i += THREADS / VT) {
-            float s = Ub[((size_t)(t0 + i) * Hv + h) * Dv + c0 + col];
-            for (int x = 0; x < DK; x++) s -= Ws[i * Ly::KP + x] * Hs[x * Ly::VP + col];
-            Vs[i * Ly::VP + col] = s;
-            Un[((size_t)(t0 + i) * Hv + h) * Dv + c0 + col] = s;
+        const float gL = gs[L - 1];
+        {   /* u = U' - W S0; Vs keeps e^(γ_L - γ_i) u_i for the state update */
+            Tile<32, 8, 2, 4> u;
+            u.mma(Ws, Ly::KP, 1, Hs, Ly::VP, 1, DK);
+#pragma unroll
+            for (int a = 0; a < 2; a++) {
+                int i = u.row(a);
+                float dec = i < L ? expf(gL - gs[i]) : 0.0f;
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    float x = 0.0f;
+                    if (i < L) {
+                        size_t r = ((size_t)(t0 + i) * Hv + h) * Dv + c0 + u.col(b);
+                        x = Ub[r] - u.acc[a][b];
+                        Un[r] = x;
+                    }
+                    Vs[i * Ly::VP + u.col(b)] = dec * x;
+                }
+            }
         }
         __syncthreads();
-        /* S_L = e^γ_L S0 + sum_i e^(γ_L - γ_i) k_i u_i^T */
-        const float aL = expf(gs[L - 1]);
-        for (int x = tid / VT; x < DK; x += THREADS / VT) {
-            float s = aL * Hs[x * Ly::VP + col];
-            for (int i = 0; i < L; i++) s += dec[i] * Ks[i * Ly::KP + x] * Vs[i * Ly::VP + col];
-            Hs[x * Ly::VP + col] = s;
+        {   /* S_L = e^γ_L S0 + K^T (decayed u) */
+            Tile<32, 8, DK / 32, 4> s;
+            s.mma(Ks, 1, Ly::KP, Vs, Ly::VP, 1, CHUNK);
+            const float aL = expf(gL);
+#pragma unroll
+            for (int a = 0; a < DK / 32; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    float *p = Hs + s.row(a) * Ly::VP + s.col(b);
+                    *p = aL * *p + s.acc[a][b];
+                }
         }
     }
 }
@@ -312,7 +379,7 @@ delta_output_kernel(bf16 *o, int ldo, const float *Hbuf, const float *Un, const 
     const int4 ch = chunks[c];
     const int t0 = ch.x, L = ch.y;
     if (L == 0) return;
-    const int kh = h / (Hv / Hk), tid = threadIdx.x, col = tid % VT;
+    const int kh = h / (Hv / Hk), tid = threadIdx.x;
     extern __shared__ float sm[];
     float *Qs = sm, *Hs = Qs + CHUNK * Ly::KP, *Ps = Hs + DK * Ly::VP, *Vs = Ps + CHUNK * Ly::CP;
     float *gs = Vs + CHUNK * Ly::VP;
@@ -324,12 +391,19 @@ delta_output_kernel(bf16 *o, int ldo, const float *Hbuf, const float *Un, const 
     load_rows(Vs, Ly::VP, Un + ((size_t)t0 * Hv + h) * Dv + c0, (size_t)Hv * Dv, L, VT);
     if (tid < CHUNK) gs[tid] = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
     __syncthreads();
-    for (int i = tid / VT; i < L; i += THREADS / VT) {
-        float a = 0.0f, b = 0.0f;
-        for (int x = 0; x < DK; x++) a += Qs[i * Ly::KP + x] * Hs[x * Ly::VP + col];
-        for (int j = 0; j <= i; j++) b += Ps[i * Ly::CP + j] * Vs[j * Ly::VP + col];
-        o[(size_t)(t0 + i) * ldo + (size_t)h * Dv + c0 + col] = __float2bfloat16(expf(gs[i]) * a + b);
-    }
+    Tile<32, 8, 2, 4> out;
+    out.mma(Qs, Ly::KP, 1, Hs, Ly::VP, 1, DK);
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) out.acc[a][b] *= expf(gs[out.row(a)]);
+    out.mma(Ps, Ly::CP, 1, Vs, Ly::VP, 1, CHUNK);
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+        if (out.row(a) < L)
+#pragma unroll
+            for (int b = 0; b < 4; b++)
+                o[(size_t)(t0 + out.row(a)) * ldo + (size_t)h * Dv + c0 + out.col(b)] = __float2bfloat16(out.acc[a][b]);
 }
 
 /* scan_bwd, one block per (document, value head, column tile), the document's
@@ -344,7 +418,7 @@ delta_scan_bwd_kernel(float *dHbuf, float *DB, const bf16 *dout, int lddo, const
     using Ly = Lay<DK>;
     const int ntile = Dv / VT;
     const int d = blockIdx.x / (Hv * ntile), h = (blockIdx.x / ntile) % Hv, c0 = (blockIdx.x % ntile) * VT;
-    const int kh = h / (Hv / Hk), tid = threadIdx.x, col = tid % VT;
+    const int kh = h / (Hv / Hk), tid = threadIdx.x;
     extern __shared__ float sm[];
     float *Qs = sm, *Ks = Qs + CHUNK * Ly::KP, *Ps = Ks + CHUNK * Ly::KP, *Ts = Ps + CHUNK * Ly::CP;
     float *dH = Ts + CHUNK * Ly::CP, *dO = dH + DK * Ly::VP, *du = dO + CHUNK * Ly::VP, *db = du + CHUNK * Ly::VP;
@@ -370,31 +444,49 @@ delta_scan_bwd_kernel(float *dHbuf, float *DB, const bf16 *dout, int lddo, const
         }
         __syncthreads();
         const float gL = gs[L - 1];
-        /* du_j = sum_{i>=j} QKM_ij do_i + e^(γ_L - γ_j) dS_L^T k_j */
-        for (int j = tid / VT; j < L; j += THREADS / VT) {
-            float a = 0.0f, b = 0.0f;
-            for (int i = j; i < L; i++) a += Ps[i * Ly::CP + j] * dO[i * Ly::VP + col];
-            for (int x = 0; x < DK; x++) b += Ks[j * Ly::KP + x] * dH[x * Ly::VP + col];
-            du[j * Ly::VP + col] = a + expf(gL - gs[j]) * b;
+        /* Qs rows scaled by e^γ for the state gradient */
+        for (int e = tid; e < CHUNK * DK; e += THREADS) Qs[(e / DK) * Ly::KP + e % DK] *= expf(gs[e / DK]);
+        {   /* du = e^(γ_L - γ) K dS_L + QKM^T do */
+            Tile<32, 8, 2, 4> t;
+            t.mma(Ks, Ly::KP, 1, dH, Ly::VP, 1, DK);
+#pragma unroll
+            for (int a = 0; a < 2; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) t.acc[a][b] *= t.row(a) < L ? expf(gL - gs[t.row(a)]) : 0.0f;
+            t.mma(Ps, 1, Ly::CP, dO, Ly::VP, 1, CHUNK);
+#pragma unroll
+            for (int a = 0; a < 2; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) du[t.row(a) * Ly::VP + t.col(b)] = t.row(a) < L ? t.acc[a][b] : 0.0f;
         }
         __syncthreads();
-        /* db = T^T du */
-        for (int j = tid / VT; j < L; j += THREADS / VT) {
-            float s = 0.0f;
-            for (int i = j; i < L; i++) s += Ts[i * Ly::CP + j] * du[i * Ly::VP + col];
-            db[j * Ly::VP + col] = s;
-            DB[((size_t)(t0 + j) * Hv + h) * Dv + c0 + col] = s;
-        }
-        __syncthreads();
-        /* dS0 = e^γ_L dS_L + sum_i e^γ_i q_i do_i^T - sum_i β_i e^γ_i k_i db_i^T */
-        const float aL = expf(gL);
-        for (int x = tid / VT; x < DK; x += THREADS / VT) {
-            float s = aL * dH[x * Ly::VP + col];
-            for (int i = 0; i < L; i++) {
-                float e = expf(gs[i]);
-                s += e * (Qs[i * Ly::KP + x] * dO[i * Ly::VP + col] - bs[i] * Ks[i * Ly::KP + x] * db[i * Ly::VP + col]);
+        {   /* db = T^T du; db keeps -β e^γ db for the state gradient */
+            Tile<32, 8, 2, 4> t;
+            t.mma(Ts, 1, Ly::CP, du, Ly::VP, 1, CHUNK);
+#pragma unroll
+            for (int a = 0; a < 2; a++) {
+                int j = t.row(a);
+                float sc = j < L ? -bs[j] * expf(gs[j]) : 0.0f;
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    if (j < L) DB[((size_t)(t0 + j) * Hv + h) * Dv + c0 + t.col(b)] = t.acc[a][b];
+                    db[j * Ly::VP + t.col(b)] = sc * t.acc[a][b];
+                }
             }
-            dH[x * Ly::VP + col] = s;
+        }
+        __syncthreads();
+        {   /* dS0 = e^γ_L dS_L + (e^γ Q)^T do - (β e^γ K)^T db */
+            Tile<32, 8, DK / 32, 4> s;
+            s.mma(Qs, 1, Ly::KP, dO, Ly::VP, 1, CHUNK);
+            s.mma(Ks, 1, Ly::KP, db, Ly::VP, 1, CHUNK);
+            const float aL = expf(gL);
+#pragma unroll
+            for (int a = 0; a < DK / 32; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    float *p = dH + s.row(a) * Ly::VP + s.col(b);
+                    *p = aL * *p + s.acc[a][b];
+                }
         }
     }
 }
@@ -428,7 +520,7 @@ delta_grads_kernel(bf16 *dv, int lddv, float *dqp, float *dkp, float *dgp, float
     const int4 ch = chunks[c];
     const int t0 = ch.x, L = ch.y;
     if (L == 0) return;
-    const int kh = h / (Hv / Hk), tid = threadIdx.x, col = tid % VT;
+    const int kh = h / (Hv / Hk), tid = threadIdx.x;
     extern __shared__ float sm[];
     float *Qs = sm, *Ks = Qs + CHUNK * Ly::KP;
     float *Xs = Ks + CHUNK * Ly::KP, *KKs = Xs + CHUNK * Ly::CP, *DU = KKs + CHUNK * Ly::CP, *DA = DU + CHUNK * Ly::CP;
@@ -460,32 +552,38 @@ delta_grads_kernel(bf16 *dv, int lddv, float *dqp, float *dkp, float *dgp, float
     __syncthreads();
     const float gL = gs[L - 1];
 
-    /* DU_ij = do_i . u_j (j <= i), DA_ij = -db_i . u_j (j < i): the gradients of
-     * the pair terms of o and of A, this tile's columns. */
-    for (int p = tid; p < CHUNK * CHUNK; p += THREADS) {
-        int i = p / CHUNK, j = p % CHUNK;
-        float a = 0.0f, b = 0.0f;
-        if (j <= i && i < L)
-            for (int x = 0; x < VT; x++) {
-                a += dOs[i * Ly::VP + x] * us[j * Ly::VP + x];
-                b += dbs[i * Ly::VP + x] * us[j * Ly::VP + x];
+    {   /* DU_ij = do_i . u_j (j <= i), DA_ij = -db_i . u_j (j < i): the gradients of
+         * the pair terms of o and of A, this tile's columns. */
+        Tile<16, 16, 4, 4> pu, pa;
+        pu.mma(dOs, Ly::VP, 1, us, 1, Ly::VP, VT);
+        pa.mma(dbs, Ly::VP, 1, us, 1, Ly::VP, VT);
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                int i = pu.row(a), j = pu.col(b);
+                DU[i * Ly::CP + j] = (j <= i && i < L) ? pu.acc[a][b] : 0.0f;
+                DA[i * Ly::CP + j] = (j < i && i < L) ? -pa.acc[a][b] : 0.0f;
             }
-        DU[i * Ly::CP + j] = a;
-        DA[i * Ly::CP + j] = j < i ? -b : 0.0f;
     }
-    /* dβ_j = db_j . (v_j - e^γ_j S0^T k_j - sum_{l<j} KKM_jl u_l) ; dv_j = β_j db_j.
-     * A warp holds one token j across the tile's 32 columns. */
-    for (int j = tid / VT; j < CHUNK; j += THREADS / VT) {
-        float w = 0.0f;
-        if (j < L) {
-            float sk = 0.0f, su = 0.0f;
-            for (int x = 0; x < DK; x++) sk += Ks[j * Ly::KP + x] * Hs[x * Ly::VP + col];
-            for (int l = 0; l < j; l++) su += KKs[j * Ly::CP + l] * us[l * Ly::VP + col];
-            w = vs[j * Ly::VP + col] - expf(gs[j]) * sk - su;
-            dv[(size_t)(t0 + j) * lddv + (size_t)h * Dv + c0 + col] = __float2bfloat16(bs[j] * dbs[j * Ly::VP + col]);
+    {   /* dβ_j = db_j . (v_j - e^γ_j S0^T k_j - sum_{l<j} KKM_jl u_l) ; dv_j = β_j db_j. */
+        Tile<32, 8, 2, 4> sk, su;
+        sk.mma(Ks, Ly::KP, 1, Hs, Ly::VP, 1, DK);
+        su.mma(KKs, Ly::CP, 1, us, Ly::VP, 1, CHUNK);
+#pragma unroll
+        for (int a = 0; a < 2; a++) {
+            int j = sk.row(a);
+            float e = expf(gs[j]);
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                int cc = sk.col(b);
+                sk.acc[a][b] = vs[j * Ly::VP + cc] - e * sk.acc[a][b] - su.acc[a][b];
+                if (j < L)
+                    dv[(size_t)(t0 + j) * lddv + (size_t)h * Dv + c0 + cc] = __float2bfloat16(bs[j] * dbs[j * Ly::VP + cc]);
+            }
+            float s = sk.row_sum(a, dbs + j * Ly::VP, 1);
+            if (sk.tc == 0 && j < L) dbp[((size_t)tile * T + t0 + j) * Hv + h] = s;
         }
-        float s = warp_sum_f(dbs[j * Ly::VP + col] * w);
-        if (col == 0 && j < L) dbp[((size_t)tile * T + t0 + j) * Hv + h] = s;
     }
     __syncthreads();
     /* Per pair: X = QKM DU + β_i KKM DA (the pair's share of dγ: + to γ_i, - to γ_j),
@@ -508,49 +606,77 @@ delta_grads_kernel(bf16 *dv, int lddv, float *dqp, float *dkp, float *dgp, float
         dgam[tid] = rs - cs;
     }
     __syncthreads();
-    /* dq_i = e^γ_i S0 do_i + sum_{j<=i} DU_ij k_j ; dk_j = sum_{i>=j} DU_ij q_i
-     * + e^(γ_L - γ_j) dS_L u_j - β_j e^γ_j S0 db_j + sum_l (DA_jl + DA_lj) k_l.
-     * Thread (i = tid / 4, x = tid % 4 + 4 m); the four threads of a token reduce
-     * its dγ terms with two shuffles. */
-    const int i = tid / 4;
-    float gq = 0.0f, gk = 0.0f, qsum = 0.0f;
-    const float ei = expf(gs[i]), eLi = i < L ? expf(gL - gs[i]) : 0.0f;
-    for (int x = tid % 4; x < DK; x += 4) {
-        float inter = 0.0f, y = 0.0f, z = 0.0f;
-        for (int cc = 0; cc < VT; cc++) {
-            float hv = Hs[x * Ly::VP + cc];
-            inter += hv * dOs[i * Ly::VP + cc];
-            y += hv * dbs[i * Ly::VP + cc];
-            z += dHs[x * Ly::VP + cc] * us[i * Ly::VP + cc];
-        }
-        inter *= ei;
-        y *= -bs[i] * ei;
-        z *= eLi;
-        float dq = inter, dk = y + z;
-        for (int j = 0; j < CHUNK; j++) {
-            dq += DU[i * Ly::CP + j] * Ks[j * Ly::KP + x];
-            dk += DU[j * Ly::CP + i] * Qs[j * Ly::KP + x] + (DA[i * Ly::CP + j] + DA[j * Ly::CP + i]) * Ks[j * Ly::KP + x];
-        }
-        float kx = Ks[i * Ly::KP + x];
-        gq += Qs[i * Ly::KP + x] * inter;
-        gk += kx * (y - z);
-        qsum += kx * z;
-        if (i < L) {
-            size_t r = ((size_t)tile * T + t0 + i) * Hv + h;
-            dqp[r * DK + x] = dq;
-            dkp[r * DK + x] = dk;
-        }
+    /* Xs := DA + DA^T, the symmetric weight of the k rows in dk. */
+    for (int p = tid; p < CHUNK * CHUNK; p += THREADS) {
+        int i = p / CHUNK, j = p % CHUNK;
+        Xs[i * Ly::CP + j] = DA[i * Ly::CP + j] + DA[j * Ly::CP + i];
     }
-    float gi = gq + gk;
-    gi += __shfl_xor_sync(0xffffffffu, gi, 1);
-    gi += __shfl_xor_sync(0xffffffffu, gi, 2);
+    __syncthreads();
+    /* dq = e^γ S0 do + DU K ; dk = -β e^γ S0 db + e^(γ_L - γ) dS_L u + DU^T Q + (DA + DA^T) K,
+     * with each token's dγ terms: + q.(e^γ S0 do) + k.(-β e^γ S0 db) - k.(e^(γ_L - γ) dS_L u),
+     * and the last token's + sum_j k_j.(e^(γ_L - γ_j) dS_L u_j). */
+    using QT = Tile<16, 16, 4, DK / 16>;
+    float gi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qsum = 0.0f;
+    {
+        QT t;
+        t.mma(dOs, Ly::VP, 1, Hs, 1, Ly::VP, VT);
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            float e = expf(gs[t.row(a)]);
+#pragma unroll
+            for (int b = 0; b < DK / 16; b++) t.acc[a][b] *= e;
+            gi[a] += t.row_sum(a, Qs + t.row(a) * Ly::KP, 1);
+        }
+        t.mma(DU, Ly::CP, 1, Ks, Ly::KP, 1, CHUNK);
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+            if (t.row(a) < L) {
+                float *p = dqp + (((size_t)tile * T + t0 + t.row(a)) * Hv + h) * DK;
+#pragma unroll
+                for (int b = 0; b < DK / 16; b++) p[t.col(b)] = t.acc[a][b];
+            }
+    }
+    {
+        QT y, z;
+        y.mma(dbs, Ly::VP, 1, Hs, 1, Ly::VP, VT);
+        z.mma(us, Ly::VP, 1, dHs, 1, Ly::VP, VT);
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            int i = y.row(a);
+            float sy = -bs[i] * expf(gs[i]), sz = i < L ? expf(gL - gs[i]) : 0.0f;
+#pragma unroll
+            for (int b = 0; b < DK / 16; b++) {
+                y.acc[a][b] *= sy;
+                z.acc[a][b] *= sz;
+            }
+            float kz = z.row_sum(a, Ks + i * Ly::KP, 1);
+            gi[a] += y.row_sum(a, Ks + i * Ly::KP, 1) - kz;
+            qsum += y.tc == 0 ? kz : 0.0f;
+#pragma unroll
+            for (int b = 0; b < DK / 16; b++) y.acc[a][b] += z.acc[a][b];
+        }
+        y.mma(DU, 1, Ly::CP, Qs, Ly::KP, 1, CHUNK);
+        y.mma(Xs, Ly::CP, 1, Ks, Ly::KP, 1, CHUNK);
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+            if (y.row(a) < L) {
+                float *p = dkp + (((size_t)tile * T + t0 + y.row(a)) * Hv + h) * DK;
+#pragma unroll
+                for (int b = 0; b < DK / 16; b++) p[y.col(b)] = y.acc[a][b];
+            }
+    }
     /* The chunk end's terms, all on γ_L: e^γ_L <S0, dS_L> + sum_j e^(γ_L - γ_j) k_j . (dS_L u_j). */
     float hd = 0.0f;
     for (int e = tid; e < DK * VT; e += THREADS) hd += Hs[(e / VT) * Ly::VP + e % VT] * dHs[(e / VT) * Ly::VP + e % VT];
     float endsum = block_sum(qsum, red) + expf(gL) * block_sum(hd, red);
-    if (tid % 4 == 0 && i < L) {
-        float dgi = dgam[i] + gi + (i == L - 1 ? endsum : 0.0f);
-        dgp[((size_t)tile * T + t0 + i) * Hv + h] = dgi;
+    const int tr = tid / 16, tc = tid % 16;
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        int i = tr + 16 * a;
+        if (tc == 0 && i < L) {
+            float dgi = dgam[i] + gi[a] + (i == L - 1 ? endsum : 0.0f);
+            dgp[((size_t)tile * T + t0 + i) * Hv + h] = dgi;
+        }
     }
 }
 

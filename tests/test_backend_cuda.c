@@ -19,10 +19,11 @@
  * The attention tests run once per kept kernel choice, each on a backend created
  * with the choice forced (ct_cuda_options): the head_dim 64 forward on one
  * warpgroup, then on the TMA kernel (the two kernels kept there). Every pass also
- * runs the one forward of head_dim 32 (mma.sync) and 128 (TMA) and the one
- * backward of each head_dim (mma.sync at 32, one warpgroup at 64, two warpgroups
- * for dq and dk/dv at 128); each compares the forward and the backward with the
- * CPU and checks that the backward is bit-reproducible.
+ * runs the one forward of head_dim 32 and 256 (mma.sync) and 128 (TMA) and the
+ * one backward of each head_dim (mma.sync at 32, one warpgroup at 64, two
+ * warpgroups for dq and dk/dv at 128, mma.sync dq and split dk/dv at 256); each
+ * compares the forward and the backward with the CPU and checks that the
+ * backward is bit-reproducible; head_dim 256 also runs attention_decode.
  * Without a GPU every test reports "skip NAME: skipped: no GPU". */
 #include "backend.h"
 #include "check.h"
@@ -427,6 +428,63 @@ TEST(attention_many_short_documents_gqa2_d128)
     attention_case(lens, N, 9, 2, 1, 128, 0, 1);
 }
 
+/* head_dim 256 (Qwen3.5 / Qwen3-Next full attention; mma.sync with 32-key steps
+ * forward and in dq, the split dk/dv backward): 1-token documents and documents
+ * either side of a 64-row tile and of a 32-key step, under 16 query heads on 4
+ * kv heads, with padding rows. */
+TEST(attention_gqa4_d256_short_and_tile_edge_documents)
+{
+    NEED_GPU();
+    int lens[] = {1, 63, 64, 65, 1, 130, 31, 32};
+    attention_case(lens, 8, 3, 16, 4, 256, 0, 0);
+}
+
+TEST(attention_gqa4_d256_1100_token_document)
+{
+    NEED_GPU();
+    int lens[] = {1100, 1, 33};
+    attention_case(lens, 3, 5, 8, 2, 256, 0, 0);
+}
+
+/* The Qwen models use neither, but every head_dim takes a window and sinks. */
+TEST(attention_sliding_window_with_sinks_gqa4_d256)
+{
+    NEED_GPU();
+    int lens[] = {300, 1, 129};
+    attention_case(lens, 3, 2, 4, 1, 256, 50, 1);
+}
+
+TEST(attention_window_of_one_key_d256)
+{
+    NEED_GPU();
+    int lens[] = {77, 1, 100};
+    attention_case(lens, 3, 0, 4, 2, 256, 1, 0);
+}
+
+/* attention_decode (`ctune generate`) at head_dim 256 over a KV cache: a prompt
+ * at once, a chunk after 150 positions, one token. */
+TEST(attention_decode_gqa4_d256_matches_cpu)
+{
+    NEED_GPU();
+    int T = 200, nq = 16, nkv = 4, D = 256, Q = nq * D, KV = nkv * D;
+    float *q = rnd((size_t)T * Q, 1.0f), *k = rnd((size_t)T * KV, 1.0f), *v = rnd((size_t)T * KV, 1.0f);
+    pair pk = put_act(k, (size_t)T * KV), pv = put_act(v, (size_t)T * KV);
+    int n_pasts[] = {0, 150, T - 1};
+    for (int i = 0; i < 3; i++) {
+        int n_past = n_pasts[i], Tq = T - n_past;
+        pair pq = put_act(q + (size_t)n_past * Q, (size_t)Tq * Q), po = put_act(q, (size_t)Tq * Q);
+        cpu->attention_decode(cpu, po.c, Q, pq.c, Q, pk.c, KV, pv.c, KV, Tq, n_past, nq, nkv, D,
+                              1.0f / sqrtf((float)D), 0, NULL);
+        gpu->attention_decode(gpu, po.g, Q, pq.g, Q, pk.g, KV, pv.g, KV, Tq, n_past, nq, nkv, D,
+                              1.0f / sqrtf((float)D), 0, NULL);
+        double e = act_err(po, Tq, Q, Q);
+        CHECK(e < 2e-2, "n_past %d: out rel err %g (%s)", n_past, e, attn_pass);
+        drop(pq); drop(po);
+    }
+    drop(pk); drop(pv);
+    free(q); free(k); free(v);
+}
+
 static void bwd_reproducible_case(int D)
 {
     int T = 700, nq = 4, nkv = 2, ld = (nq + 2 * nkv) * D;
@@ -460,6 +518,7 @@ TEST(attention_bwd_is_bit_reproducible)
     NEED_GPU();
     bwd_reproducible_case(64);
     bwd_reproducible_case(128);
+    bwd_reproducible_case(256);
 }
 
 TEST(swiglu_fwd_bwd_match_cpu)
@@ -618,6 +677,11 @@ static void run_attention_tests(size_t i)
     RUN(attention_window_with_interior_tiles_gqa2_d128);
     RUN(attention_window_with_interior_tiles_gqa2_d64);
     RUN(attention_many_short_documents_gqa2_d128);
+    RUN(attention_gqa4_d256_short_and_tile_edge_documents);
+    RUN(attention_gqa4_d256_1100_token_document);
+    RUN(attention_sliding_window_with_sinks_gqa4_d256);
+    RUN(attention_window_of_one_key_d256);
+    RUN(attention_decode_gqa4_d256_matches_cpu);
     RUN(attention_bwd_is_bit_reproducible);
 }
 

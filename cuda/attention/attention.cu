@@ -22,7 +22,9 @@
  * T, n_docs and max_seqlen only (no sync); surplus entries have len 0.
  *
  * Kernels (chosen per call by kernel_choice.cu): D = 32 runs mma.sync (this
- * file's forward, attention_bwd.cu's backward). The forward runs
+ * file's forward, attention_bwd.cu's backward), and so does D = 256, with
+ * 32-key steps in the forward and dq and dk/dv on separate warps in the
+ * backward (attn_bwd_dkdv_split_kernel). The forward runs
  * attention_fwd_sm90_2wg.cu (TMA producer, two consumer warpgroups, 128-query
  * tiles) at D = 128, and at D = 64 when documents average 2048 tokens or more,
  * else attention_fwd_sm90.cu (one warpgroup, 64 queries); the backward runs dq
@@ -101,27 +103,32 @@ attn_fwd_kernel(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf
                 const bf16 *v, int ldv, const int4 *tiles, int nq, int group,
                 float scale_log2, int window, const float *sinks)
 {
-    constexpr int TS = TILE * Cfg<D>::ROW;
+    constexpr int KT = Cfg<D>::KT, TS = TILE * Cfg<D>::ROW, KS = KT * Cfg<D>::ROW;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *Qs = (bf16 *)smem_raw, *Ks = Qs + TS, *Vs = Ks + 2 * TS; /* K, V: two stages each */
+    bf16 *Qs = (bf16 *)smem_raw, *Ks = Qs + TS, *Vs = Ks + 2 * KS; /* K, V: two stages each */
     const auto [h, start, len, tile] = work_entry_of(tiles, nq);
     const int kvh = h / group;
     if (len == 0) return;
     const int q0 = ((len + TILE - 1) / TILE - 1 - tile) * TILE; /* longest tiles first */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    const auto [kmin, n] = key_tiles(q0, len, window);
+    const auto [kmin, n] = key_tiles<TILE, KT>(q0, len, window);
     const bf16 *kb = k + (size_t)start * ldk + (size_t)kvh * D, *vb = v + (size_t)start * ldv + (size_t)kvh * D;
     load_tile_async<D, TILE>(Qs, q + (size_t)(start + q0) * ldq + (size_t)h * D, ldq, min(TILE, len - q0));
     cp_async_commit();
-    load_tile_async<D, TILE>(Ks, kb + (size_t)kmin * ldk, ldk, min(TILE, len - kmin));
-    load_tile_async<D, TILE>(Vs, vb + (size_t)kmin * ldv, ldv, min(TILE, len - kmin));
+    load_tile_async<D, KT>(Ks, kb + (size_t)kmin * ldk, ldk, min(KT, len - kmin));
+    load_tile_async<D, KT>(Vs, vb + (size_t)kmin * ldv, ldv, min(KT, len - kmin));
     cp_async_commit();
     cp_async_wait<1>(); /* Q has landed */
     __syncthreads();
-    uint32_t qf[D / 16][4];
+    /* Q's A fragments stay in registers up to D = 128; at 256 they are 64 more
+     * than fit beside O (ptxas spills), so every key tile reads them again. */
+    constexpr bool Q_IN_REGS = D <= 128;
+    uint32_t qf[Q_IN_REGS ? D / 16 : 1][4];
+    if constexpr (Q_IN_REGS) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) ldsm_a<D>(qf[kk], Qs, warp * 16, kk * 16);
+        for (int kk = 0; kk < D / 16; kk++) ldsm_a<D>(qf[kk], Qs, warp * 16, kk * 16);
+    }
 
     float o[D / 8][4];
 #pragma unroll
@@ -132,30 +139,33 @@ attn_fwd_kernel(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf
     softmax_init(m, l, sinks, h);
 
     for (int it = 0; it < n; it++) {
-        const int k0 = kmin + it * TILE;
-        const bf16 *Kc = Ks + (it & 1) * TS, *Vc = Vs + (it & 1) * TS;
-        kv_prefetch<D>(Ks + ((it + 1) & 1) * TS, Vs + ((it + 1) & 1) * TS, kb, ldk, vb, ldv, it + 1 < n,
-                       k0 + TILE, len);
+        const int k0 = kmin + it * KT;
+        const bf16 *Kc = Ks + (it & 1) * KS, *Vc = Vs + (it & 1) * KS;
+        kv_prefetch<D, KT>(Ks + ((it + 1) & 1) * KS, Vs + ((it + 1) & 1) * KS, kb, ldk, vb, ldv, it + 1 < n,
+                           k0 + KT, len);
         __syncthreads(); /* stage it & 1 has landed for every thread's copies */
 
-        float s[TILE / 8][4];
+        float s[KT / 8][4];
 #pragma unroll
-        for (int i = 0; i < TILE / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+        for (int i = 0; i < KT / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t a[4];
+            if constexpr (Q_IN_REGS) a[0] = qf[kk][0], a[1] = qf[kk][1], a[2] = qf[kk][2], a[3] = qf[kk][3];
+            else ldsm_a<D>(a, Qs, warp * 16, kk * 16);
 #pragma unroll
-            for (int j = 0; j < TILE / 16; j++) {
+            for (int j = 0; j < KT / 16; j++) {
                 uint32_t b[4];
                 ldsm_bt<D>(b, Kc, j * 16, kk * 16);
-                mma16816(s[2 * j], qf[kk], b[0], b[1]);
-                mma16816(s[2 * j + 1], qf[kk], b[2], b[3]);
+                mma16816(s[2 * j], a, b[0], b[1]);
+                mma16816(s[2 * j + 1], a, b[2], b[3]);
             }
         }
         /* mask_tile, written out: through the helper ptxas schedules this kernel
          * differently (the other kernels call it). */
-        if (needs_mask(q0, TILE, k0, len, window)) {
+        if (needs_mask<KT>(q0, TILE, k0, len, window)) {
 #pragma unroll
-            for (int nt = 0; nt < TILE / 8; nt++)
+            for (int nt = 0; nt < KT / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     if (!visible(row[e / 2], k0 + nt * 8 + 2 * (lane % 4) + (e & 1), len, window))
@@ -169,7 +179,7 @@ attn_fwd_kernel(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf
         for (int r = 0; r < 2; r++) mref[r] = softmax_rescale(m[r], l[r], alpha[r], mx[r]);
         exp_row_sum(s, mref, l);
         acc_scale_rows(o, alpha);
-        mma_pb<D, TILE>(o, s, Vc);
+        mma_pb<D, KT>(o, s, Vc);
         __syncthreads(); /* stage it & 1 is consumed: the next prefetch may overwrite it */
     }
 
@@ -230,14 +240,17 @@ size_t attn_tiles_bytes(int n_docs, size_t slots)
     return scratch_round(((size_t)n_docs + 1) * sizeof(int)) + scratch_round(slots * sizeof(int4));
 }
 
-template <int D> static size_t fwd_smem() { return (size_t)5 * TILE * Cfg<D>::ROW * 2; }
+/* Q, then two stages of K and of V. */
+template <int D> static size_t fwd_smem() { return (size_t)(TILE + 4 * Cfg<D>::KT) * Cfg<D>::ROW * 2; }
 
 /* Raises the shared-memory limit of every attention kernel (more than 48 KB
- * needs an explicit opt-in). The mma.sync forward is built for D = 32 only. */
+ * needs an explicit opt-in). The mma.sync forward is built for D = 32 and 256. */
 void attention_init(void)
 {
     CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)fwd_smem<32>()));
+    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)fwd_smem<256>()));
     attn_fwd_sm90_init();
     attn_fwd_sm90_2wg_init();
     attention_bwd_init();
@@ -247,7 +260,8 @@ void attention_init(void)
 void attn_check_args(const char *op, int D, int nq, int nkv, int T, int n_docs, int max_seqlen,
                        const void *const *ptrs, const int *lds, int n)
 {
-    CT_ASSERT(D == 32 || D == 64 || D == 128, "%s: head_dim %d is not supported (32, 64, 128 are)", op, D);
+    CT_ASSERT(D == 32 || D == 64 || D == 128 || D == 256, "%s: head_dim %d is not supported (32, 64, 128, 256 are)",
+              op, D);
     CT_ASSERT(nkv > 0 && nq % nkv == 0, "%s: nq=%d is not a multiple of nkv=%d", op, nq, nkv);
     CT_ASSERT(n_docs >= 0 && max_seqlen >= 0, "%s: n_docs %d, max_seqlen %d", op, n_docs, max_seqlen);
     CT_ASSERT(attn_tile_slots(T, n_docs, max_seqlen, TILE) * nq <= 0x7fffffffu,
@@ -257,13 +271,18 @@ void attn_check_args(const char *op, int D, int nq, int nkv, int T, int n_docs, 
                   "%s: operand %d must be 16-byte aligned with a stride multiple of 8 (stride %d)", op, i, lds[i]);
 }
 
-/* The mma.sync forward (D = 32) over the work list tiles (slots entries). */
+/* The mma.sync forward (D = 32 or 256) over the work list tiles (slots entries). */
 static void fwd_mma(bf16 *out, int ldo, float *lse, const bf16 *q, int ldq, const bf16 *k, int ldk,
-                    const bf16 *v, int ldv, const int4 *tiles, size_t slots, int nq, int nkv, float scale,
+                    const bf16 *v, int ldv, const int4 *tiles, size_t slots, int nq, int nkv, int D, float scale,
                     int window, const float *sinks, cudaStream_t st)
 {
-    attn_fwd_kernel<32><<<(unsigned)(slots * nq), THREADS, fwd_smem<32>(), st>>>(
-        out, ldo, lse, q, ldq, k, ldk, v, ldv, tiles, nq, nq / nkv, scale * LOG2E, window, sinks);
+    CT_ASSERT(D == 32 || D == 256, "attention_fwd (mma.sync): head_dim %d is not 32 or 256", D);
+    if (D == 32)
+        attn_fwd_kernel<32><<<(unsigned)(slots * nq), THREADS, fwd_smem<32>(), st>>>(
+            out, ldo, lse, q, ldq, k, ldk, v, ldv, tiles, nq, nq / nkv, scale * LOG2E, window, sinks);
+    else
+        attn_fwd_kernel<256><<<(unsigned)(slots * nq), THREADS, fwd_smem<256>(), st>>>(
+            out, ldo, lse, q, ldq, k, ldk, v, ldv, tiles, nq, nq / nkv, scale * LOG2E, window, sinks);
     LAUNCH_CHECK();
 }
 
@@ -294,5 +313,5 @@ void cuda_attention_fwd(ct_backend *be, void *out, int ldo, float *lse, const vo
     else if (kind == ATTN_FWD_WGMMA)
         attn_fwd_sm90(o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, D, scale, window, sinks, st);
     else
-        fwd_mma(o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, scale, window, sinks, st);
+        fwd_mma(o, ldo, lse, qb, ldq, kb, ldk, vb, ldv, tiles, slots, nq, nkv, D, scale, window, sinks, st);
 }

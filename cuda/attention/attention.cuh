@@ -21,10 +21,14 @@
 #define LN2 0.6931471805599453f
 
 /* Shared-memory row stride: 16 bytes of padding make the 8 rows an ldmatrix
- * reads fall in distinct banks. QT: queries per dk/dv step (see the header). */
+ * reads fall in distinct banks. QT: queries per dk/dv step (see the header).
+ * KT: keys per step of the mma.sync forward and dq; 32 at D = 256, where 64-key
+ * steps spill (S, and dP in dq, beside the 128 registers of O or dq) and the
+ * forward's stages would take 165 KB (one block per multiprocessor, not two). */
 template <int D> struct Cfg {
     static constexpr int ROW = D + 8;
     static constexpr int QT = D == 128 ? 32 : 64;
+    static constexpr int KT = D == 256 ? 32 : TILE;
 };
 
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p)
@@ -89,33 +93,33 @@ template <int STAGES, class Load> __device__ __forceinline__ void cp_async_prolo
     }
 }
 
-/* ROWS x D tile from global (row r at g + r*ld) into shared s, asynchronously;
- * rows >= valid (valid >= 1) are zero-filled. */
-template <int D, int ROWS>
+/* ROWS x D tile from global (row r at g + r*ld) into shared s, asynchronously,
+ * by the NT threads of the block; rows >= valid (valid >= 1) are zero-filled. */
+template <int D, int ROWS, int NT = THREADS>
 __device__ __forceinline__ void load_tile_async(bf16 *s, const bf16 *g, size_t ld, int valid)
 {
     constexpr int CH = D / 8, N = ROWS * CH;
-    static_assert(N % THREADS == 0, "tile chunks must divide evenly over the block");
+    static_assert(N % NT == 0, "tile chunks must divide evenly over the block");
 #pragma unroll
-    for (int it = 0; it < N / THREADS; it++) {
-        int c = it * THREADS + threadIdx.x, r = c / CH, k = (c % CH) * 8;
+    for (int it = 0; it < N / NT; it++) {
+        int c = it * NT + threadIdx.x, r = c / CH, k = (c % CH) * 8;
         bool ok = r < valid;
         cp_async16(s + r * Cfg<D>::ROW + k, g + (size_t)(ok ? r : 0) * ld + k, ok);
     }
 }
 
 /* The mma.sync forward's and dq's K/V pipeline at the top of a key tile: while
- * tiles remain (more), queues tile kn's K and V rows (kb, vb: the document's
- * first row) into the free stage Kn, Vn and waits for all but that copy; at the
- * last tile waits for all. Either way this thread's copies of the current tile
- * have landed; the caller's barrier makes them every thread's. */
-template <int D>
+ * tiles remain (more), queues tile kn's K and V rows (KT each; kb, vb: the
+ * document's first row) into the free stage Kn, Vn and waits for all but that
+ * copy; at the last tile waits for all. Either way this thread's copies of the
+ * current tile have landed; the caller's barrier makes them every thread's. */
+template <int D, int KT = TILE>
 __device__ __forceinline__ void kv_prefetch(bf16 *Kn, bf16 *Vn, const bf16 *kb, int ldk, const bf16 *vb, int ldv,
                                             bool more, int kn, int len)
 {
     if (more) {
-        load_tile_async<D, TILE>(Kn, kb + (size_t)kn * ldk, ldk, min(TILE, len - kn));
-        load_tile_async<D, TILE>(Vn, vb + (size_t)kn * ldv, ldv, min(TILE, len - kn));
+        load_tile_async<D, KT>(Kn, kb + (size_t)kn * ldk, ldk, min(KT, len - kn));
+        load_tile_async<D, KT>(Vn, vb + (size_t)kn * ldv, ldv, min(KT, len - kn));
         cp_async_commit();
         cp_async_wait<1>();
     } else {
@@ -210,6 +214,24 @@ __device__ __forceinline__ void mma_abt_pair(float (&s)[N / 8][4], float (&dp)[N
             ldsm_bt<D>(b, B2, j * 16, kk * 16);
             mma16816(dp[2 * j], a2, b[0], b[1]);
             mma16816(dp[2 * j + 1], a2, b[2], b[3]);
+        }
+    }
+}
+
+/* mma_abt_pair's first product alone, s = A B^T (s zeroed by the caller). */
+template <int D, int N>
+__device__ __forceinline__ void mma_abt(float (&s)[N / 8][4], const bf16 *A, const bf16 *B, int warp)
+{
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t a[4];
+        ldsm_a<D>(a, A, warp * 16, kk * 16);
+#pragma unroll
+        for (int j = 0; j < N / 16; j++) {
+            uint32_t b[4];
+            ldsm_bt<D>(b, B, j * 16, kk * 16);
+            mma16816(s[2 * j], a, b[0], b[1]);
+            mma16816(s[2 * j + 1], a, b[2], b[3]);
         }
     }
 }
@@ -390,7 +412,8 @@ __device__ __forceinline__ void fwd_store(bf16 *out, int ldo, float *lse, int nq
     }
 }
 
-/* dq = scale * acc for the rows inside the document (bf16, head h's D columns). */
+/* dq = scale * acc for the rows inside the document (bf16, head h's D columns);
+ * also dk and dv of the D = 256 dk/dv kernel, one per warp (rows = keys there). */
 template <int D, class A>
 __device__ __forceinline__ void dq_store(bf16 *dq, int lddq, int h, int start, int len, const int (&row)[2],
                                          const A &acc, float scale)

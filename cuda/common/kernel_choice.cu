@@ -7,6 +7,9 @@
 #include "moe_gemm.cuh"
 
 /* D = 32 (the tiny test models): mma.sync, the only kernel built for it.
+ * D = 256 (Qwen3.5 / Qwen3-Next full attention): mma.sync with 32-key steps, the
+ *   only kernel built for it (the wgmma kernels are written for D <= 128); not
+ *   yet measured.
  * D = 128: TMA, fastest at every document length (4k documents 466 against 345
  *   for one warpgroup and 242 for mma.sync).
  * D = 64: 128-query tiles waste rows at document ends, so TMA only for documents
@@ -14,7 +17,7 @@
  *   warpgroup; 4k 333 against 296). mma.sync: 206 at 4k. */
 attn_fwd_choice choose_attn_fwd(ct_attn_fwd_kernel forced, int D, int T, int n_docs)
 {
-    if (D == 32) return ATTN_FWD_MMA;
+    if (D == 32 || D == 256) return ATTN_FWD_MMA;
     if (D == 128) return ATTN_FWD_TMA;
     if (forced == CT_ATTN_FWD_WGMMA) return ATTN_FWD_WGMMA;
     if (forced == CT_ATTN_FWD_TMA) return ATTN_FWD_TMA;
@@ -25,10 +28,14 @@ attn_fwd_choice choose_attn_fwd(ct_attn_fwd_kernel forced, int D, int T, int n_d
  * D = 64: one warpgroup (4k documents 267 against 195 for mma.sync); the
  *   two-warpgroup kernels are built for D = 128 only.
  * D = 128: two warpgroups for dq and for dk/dv (4k documents: dk/dv 338 against
- *   300 for one warpgroup, then dq 357 against 303; 16k 384 against 315). */
+ *   300 for one warpgroup, then dq 357 against 303; 16k 384 against 315).
+ * D = 256: mma.sync dq and the split dk/dv, the only kernels built for it (dk
+ *   and dv of one warp's 16 keys would need 256 registers a thread); not yet
+ *   measured. */
 attn_bwd_choice choose_attn_bwd(int D)
 {
     if (D == 32) return ATTN_BWD_MMA;
+    if (D == 256) return ATTN_BWD_MMA_SPLIT;
     if (D == 64) return ATTN_BWD_WGMMA;
     return ATTN_BWD_TWO_WG;
 }

@@ -22,7 +22,7 @@ extern "C" {
 
 /* The attention forward kernels, by file. */
 enum attn_fwd_choice {
-    ATTN_FWD_MMA,   /* attention.cu: mma.sync, 64-query tiles; D = 32 */
+    ATTN_FWD_MMA,   /* attention.cu: mma.sync, 64-query tiles; D = 32, 256 */
     ATTN_FWD_WGMMA, /* attention_fwd_sm90.cu: one warpgroup, 64-query tiles; D = 64 */
     ATTN_FWD_TMA,   /* attention_fwd_sm90_2wg.cu: TMA producer + two consumers, 128-query tiles; D = 64, 128 */
 };
@@ -31,10 +31,12 @@ attn_fwd_choice choose_attn_fwd(ct_attn_fwd_kernel forced, int D, int T, int n_d
 
 /* The attention backward kernels (delta, then dq and dk/dv), by file. */
 enum attn_bwd_choice {
-    ATTN_BWD_MMA,    /* attention_bwd.cu: mma.sync, 64-row tiles; D = 32 */
-    ATTN_BWD_WGMMA,  /* attention_bwd_sm90.cu: one warpgroup per 64-row tile; D = 64 */
-    ATTN_BWD_TWO_WG, /* attention_bwd_dq_2wg.cu, attention_bwd_dkdv_2wg.cu: two warpgroups per
-                      * 128-row tile; D = 128 */
+    ATTN_BWD_MMA,       /* attention_bwd.cu: mma.sync, 64-row tiles; D = 32 */
+    ATTN_BWD_MMA_SPLIT, /* attention_bwd.cu: mma.sync dq (32-key steps), dk/dv with dk and dv on
+                         * separate warps; D = 256 */
+    ATTN_BWD_WGMMA,     /* attention_bwd_sm90.cu: one warpgroup per 64-row tile; D = 64 */
+    ATTN_BWD_TWO_WG,    /* attention_bwd_dq_2wg.cu, attention_bwd_dkdv_2wg.cu: two warpgroups per
+                         * 128-row tile; D = 128 */
 };
 attn_bwd_choice choose_attn_bwd(int D);
 

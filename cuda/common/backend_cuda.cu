@@ -159,7 +159,7 @@ static void cuda_sync(ct_backend *be)
     CUDA_CHECK(cudaStreamSynchronize(ctx_of(be)->stream));
 }
 
-/* The shapes the kernels cover: attention for head_dim 32/64/128, 16-byte
+/* The shapes the kernels cover: attention for head_dim 32/64/128/256, 16-byte
  * vector access along every row (so widths multiples of 8), routing for up to
  * 256 experts and 32 per token (moe_route.cu). Real models all fit; a config
  * that does not gets a clear input error here instead of an internal assertion
@@ -170,8 +170,9 @@ static int cuda_check_model(ct_backend *be, const ct_model_config *c, const char
     char buf[160];
     bool dense = false;
     for (int l = 0; l < c->num_hidden_layers; l++) dense |= !c->layer_sparse[l];
-    if (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128)
-        snprintf(buf, sizeof buf, "head_dim %d (the CUDA attention kernels cover 32, 64 and 128)", c->head_dim), why = buf;
+    if (c->head_dim != 32 && c->head_dim != 64 && c->head_dim != 128 && c->head_dim != 256)
+        snprintf(buf, sizeof buf, "head_dim %d (the CUDA attention kernels cover 32, 64, 128 and 256)", c->head_dim),
+            why = buf;
     else if (c->hidden_size % 8)
         snprintf(buf, sizeof buf, "hidden_size %d is not a multiple of 8", c->hidden_size), why = buf;
     else if (dense && c->intermediate_size % 8)

@@ -531,7 +531,7 @@ struct ct_backend {
 /* The CPU reference backend (never fails). */
 ct_backend *backend_cpu_new(void);
 /* The attention forward kernel a CUDA backend runs at head_dim 64, where two
- * kernels are kept (head_dim 32 and 128 have one each and ignore the choice). */
+ * kernels are kept (head_dim 32, 128 and 256 have one each and ignore the choice). */
 typedef enum ct_attn_fwd_kernel {
     CT_ATTN_FWD_AUTO = 0, /* per call, by the documents' mean length (cuda/common/kernel_choice.cu) */
     CT_ATTN_FWD_WGMMA,    /* one warpgroup per 64 queries (cuda/attention/attention_fwd_sm90.cu) */

@@ -6,6 +6,7 @@
 #ifndef CT_CUDA_PAIR_H
 #define CT_CUDA_PAIR_H
 
+#include <math.h>
 #include <stdlib.h>
 
 #include "backend.h"
@@ -59,22 +60,54 @@ CT_PAIR_UNUSED static void drop(pair p)
     gpu->free(gpu, p.g);
 }
 
-/* Error of an act tensor: rows x cols at stride ld (elements). */
-CT_PAIR_UNUSED static double act_err(pair p, size_t rows, size_t cols, size_t ld)
+/* An act tensor's rows x cols at stride ld (elements) from both backends, packed
+ * into cs (the CPU's) and gs (the GPU's), rows * cols floats each (caller frees). */
+CT_PAIR_UNUSED static void act_both(pair p, size_t rows, size_t cols, size_t ld, float **cs, float **gs)
 {
     size_t n = (rows - 1) * ld + cols;
     float *c = ct_malloc(n * sizeof(float)), *g = ct_malloc(n * sizeof(float));
-    float *cs = ct_malloc(rows * cols * sizeof(float)), *gs = ct_malloc(rows * cols * sizeof(float));
+    *cs = ct_malloc(rows * cols * sizeof(float));
+    *gs = ct_malloc(rows * cols * sizeof(float));
     cpu->act_to_f32(cpu, c, p.c, n);
     gpu->act_to_f32(gpu, g, p.g, n);
     for (size_t r = 0; r < rows; r++)
         for (size_t j = 0; j < cols; j++) {
-            cs[r * cols + j] = c[r * ld + j];
-            gs[r * cols + j] = g[r * ld + j];
+            (*cs)[r * cols + j] = c[r * ld + j];
+            (*gs)[r * cols + j] = g[r * ld + j];
         }
+    free(c); free(g);
+}
+
+/* Error of an act tensor: rows x cols at stride ld (elements). */
+CT_PAIR_UNUSED static double act_err(pair p, size_t rows, size_t cols, size_t ld)
+{
+    float *cs, *gs;
+    act_both(p, rows, cols, ld, &cs, &gs);
     double e = check_max_norm_err(gs, cs, rows * cols);
-    free(c); free(g); free(cs); free(gs);
+    free(cs); free(gs);
     return e;
+}
+
+/* max|gpu - cpu| of an act tensor in half bf16 ulps of max|cpu| (inf on NaN):
+ * at most 1, plus fp32 noise, when the GPU computes in fp32 what the CPU does
+ * and rounds once to bf16; an extra bf16 rounding of an operand or of an
+ * intermediate shows as up to 2. */
+CT_PAIR_UNUSED static double act_err_half_ulps(pair p, size_t rows, size_t cols, size_t ld)
+{
+    float *cs, *gs;
+    act_both(p, rows, cols, ld, &cs, &gs);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < rows * cols; i++) {
+        double d = fabs((double)gs[i] - (double)cs[i]);
+        if (!(d <= num)) num = d; /* NaN-proof */
+        if (fabs(cs[i]) > den) den = fabs(cs[i]);
+    }
+    free(cs); free(gs);
+    if (!isfinite(num) || !isfinite(den)) return INFINITY;
+    if (den == 0) return num > 0 ? INFINITY : 0.0;
+    int e;
+    frexp(den, &e); /* den in [2^(e-1), 2^e): a bf16 ulp there is 2^(e-8) */
+    return num / ldexp(1.0, e - 9);
 }
 
 /* Normwise error of n fp32 values. */

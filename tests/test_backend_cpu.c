@@ -145,7 +145,7 @@ TEST(rmsnorm_fwd_matches_formula_with_groups_and_strides)
     double *xd = to_d(x, n), *wd = to_d(w, RN_D), *want = ct_malloc(n * sizeof(double));
     for (size_t i = 0; i < n; i++) want[i] = 9.0; /* padding must stay untouched */
     ref_rmsnorm(want, RN_LD, xd, RN_LD, wd, RN_T, RN_NH, RN_D, 1e-5);
-    be->rmsnorm_fwd(be, y, RN_LD, rstd, x, RN_LD, w, RN_T, RN_NH, RN_D, 1e-5f);
+    be->rmsnorm_fwd(be, y, RN_LD, rstd, x, RN_LD, w, 0, RN_T, RN_NH, RN_D, 1e-5f);
     float *wf = to_f(want, n);
     double e = check_max_rel_err(y, wf, n);
     CHECK(e <= FWD_TOL, "y: max rel err %.3g", e);
@@ -158,8 +158,8 @@ TEST(rmsnorm_fwd_in_place)
 {
     int T = 2, D = 16;
     float *x = rand_f((size_t)T * D, -2, 2), *w = rand_f(D, 0.5f, 1.5f), *y = ct_malloc((size_t)T * D * sizeof(float));
-    be->rmsnorm_fwd(be, y, D, NULL, x, D, w, T, 1, D, 1e-6f);
-    be->rmsnorm_fwd(be, x, D, NULL, x, D, w, T, 1, D, 1e-6f);
+    be->rmsnorm_fwd(be, y, D, NULL, x, D, w, 0, T, 1, D, 1e-6f);
+    be->rmsnorm_fwd(be, x, D, NULL, x, D, w, 0, T, 1, D, 1e-6f);
     CHECK(memcmp(x, y, (size_t)T * D * sizeof(float)) == 0, "in-place result differs");
     free(x); free(w); free(y);
 }
@@ -177,8 +177,8 @@ TEST(rmsnorm_bwd_matches_finite_differences)
     size_t n = (size_t)RN_T * RN_LD, ny = (size_t)RN_T * RN_NH * RN_D;
     float *x = rand_f(n, -2, 2), *w = rand_f(RN_D, 0.5f, 1.5f), *dy = rand_f(ny, -1, 1);
     float *dx = fill_f(n, 9.0f), rstd[RN_T * RN_NH], *y = ct_malloc(n * sizeof(float));
-    be->rmsnorm_fwd(be, y, RN_LD, rstd, x, RN_LD, w, RN_T, RN_NH, RN_D, 1e-5f);
-    be->rmsnorm_bwd(be, dx, RN_LD, dy, RN_NH * RN_D, x, RN_LD, rstd, w, RN_T, RN_NH, RN_D, NULL, 0);
+    be->rmsnorm_fwd(be, y, RN_LD, rstd, x, RN_LD, w, 0, RN_T, RN_NH, RN_D, 1e-5f);
+    be->rmsnorm_bwd(be, dx, RN_LD, dy, RN_NH * RN_D, x, RN_LD, rstd, w, 0, RN_T, RN_NH, RN_D, NULL, 0);
     struct rmsnorm_ctx c = {to_d(x, n), to_d(w, RN_D), to_d(dy, ny), ct_malloc(ny * sizeof(double))};
     size_t idx[RN_T * RN_NH * RN_D];
     float got[RN_T * RN_NH * RN_D];
@@ -201,10 +201,10 @@ TEST(rmsnorm_bwd_adds_the_residual_gradient_in_place_or_not)
     float *res = rand_f(n, -1, 1), *over = ct_malloc(n * sizeof(float)), *sep = ct_malloc(n * sizeof(float));
     float *acc = ct_malloc(n * sizeof(float)), *want = ct_malloc(n * sizeof(float));
     memcpy(acc, res, n * sizeof(float));
-    be->rmsnorm_fwd(be, over, D, rstd, x, D, w, T, 1, D, 1e-5f);
-    be->rmsnorm_bwd(be, over, D, dy, D, x, D, rstd, w, T, 1, D, NULL, 0);
-    be->rmsnorm_bwd(be, sep, D, dy, D, x, D, rstd, w, T, 1, D, res, D);
-    be->rmsnorm_bwd(be, acc, D, dy, D, x, D, rstd, w, T, 1, D, acc, D);
+    be->rmsnorm_fwd(be, over, D, rstd, x, D, w, 0, T, 1, D, 1e-5f);
+    be->rmsnorm_bwd(be, over, D, dy, D, x, D, rstd, w, 0, T, 1, D, NULL, 0);
+    be->rmsnorm_bwd(be, sep, D, dy, D, x, D, rstd, w, 0, T, 1, D, res, D);
+    be->rmsnorm_bwd(be, acc, D, dy, D, x, D, rstd, w, 0, T, 1, D, acc, D);
     for (size_t i = 0; i < n; i++) want[i] = res[i] + over[i];
     double e = check_max_rel_err(sep, want, n), ea = check_max_rel_err(acc, want, n);
     CHECK(e <= FWD_TOL, "separate residual: max rel err %.3g", e);
@@ -458,7 +458,7 @@ TEST(rmsnorm_rope_matches_composed_references_and_finite_differences)
     struct normrope_ctx c = {to_d(x, n), to_d(w, RO_D), to_d(dy, ny), ct_malloc(ny * sizeof(double)), pos, inv_freq};
     normrope_obj(&c);
     float *want = to_f(c.y, ny), *got = ct_malloc(ny * sizeof(float));
-    be->rmsnorm_rope_fwd(be, y, RO_LD, rstd, x, RO_LD, w, pos, inv_freq, RO_T, RO_NH, RO_D, RO_ROT, 1e-5f, RO_SCALING);
+    be->rmsnorm_rope_fwd(be, y, RO_LD, rstd, x, RO_LD, w, 0, pos, inv_freq, RO_T, RO_NH, RO_D, RO_ROT, 1e-5f, RO_SCALING);
     size_t idx[RO_T * RO_NH * RO_D];
     for (size_t i = 0; i < ny; i++) {
         idx[i] = (i / (RO_NH * RO_D)) * RO_LD + i % (RO_NH * RO_D);
@@ -468,7 +468,7 @@ TEST(rmsnorm_rope_matches_composed_references_and_finite_differences)
     CHECK(e <= FWD_TOL, "forward: max rel err %.3g", e);
     CHECK(y[RO_LD - 1] == 9.0f, "padding of y was written");
 
-    be->rmsnorm_rope_bwd(be, dx, RO_LD, dy, RO_NH * RO_D, x, RO_LD, rstd, w, pos, inv_freq, RO_T, RO_NH, RO_D,
+    be->rmsnorm_rope_bwd(be, dx, RO_LD, dy, RO_NH * RO_D, x, RO_LD, rstd, w, 0, pos, inv_freq, RO_T, RO_NH, RO_D,
                          RO_ROT, RO_SCALING);
     for (size_t i = 0; i < ny; i++) got[i] = dx[idx[i]];
     float *fd = fd_grad(c.x, ny, idx, normrope_obj, &c);
@@ -478,11 +478,52 @@ TEST(rmsnorm_rope_matches_composed_references_and_finite_differences)
 
     float *inplace = ct_malloc(ny * sizeof(float));
     memcpy(inplace, dy, ny * sizeof(float));
-    be->rmsnorm_rope_bwd(be, inplace, RO_NH * RO_D, inplace, RO_NH * RO_D, x, RO_LD, rstd, w, pos, inv_freq, RO_T,
+    be->rmsnorm_rope_bwd(be, inplace, RO_NH * RO_D, inplace, RO_NH * RO_D, x, RO_LD, rstd, w, 0, pos, inv_freq, RO_T,
                          RO_NH, RO_D, RO_ROT, RO_SCALING);
     CHECK(memcmp(inplace, got, ny * sizeof(float)) == 0, "in-place backward differs");
     free(x); free(w); free(dy); free(y); free(dx); free(want); free(got); free(fd); free(inplace);
     free(c.x); free(c.w); free(c.dy); free(c.y);
+}
+
+/* Zero-centred norms (Qwen3.5, Qwen3-Next) scale by 1 + w formed in fp32 inside
+ * the op: on fp32 weights that is exactly the plain op given w + 1 precomputed,
+ * forward and backward, plain and fused with RoPE (partial rotary, residual
+ * gradient aliasing dx). */
+TEST(zero_centred_norms_equal_the_plain_ops_given_one_plus_w)
+{
+    int32_t pos[RO_T] = {0, 5, 40, 3000};
+    float inv_freq[RO_ROT / 2] = {1.0f, 0.2f, 0.03f};
+    size_t n = (size_t)RO_T * RO_LD, nr = (size_t)RO_T * RO_NH;
+    float *x = rand_f(n, -2, 2), *w = rand_f(RO_D, -0.5f, 0.5f), *dy = rand_f(n, -1, 1), *res = rand_f(n, -1, 1);
+    float w1[RO_D];
+    for (int i = 0; i < RO_D; i++) w1[i] = 1.0f + w[i];
+    float *yz = fill_f(n, 9.0f), *yp = fill_f(n, 9.0f), rz[RO_T * RO_NH], rp[RO_T * RO_NH];
+    float *dz = ct_malloc(n * sizeof(float)), *dp = ct_malloc(n * sizeof(float));
+
+    be->rmsnorm_fwd(be, yz, RO_LD, rz, x, RO_LD, w, 1, RO_T, RO_NH, RO_D, 1e-6f);
+    be->rmsnorm_fwd(be, yp, RO_LD, rp, x, RO_LD, w1, 0, RO_T, RO_NH, RO_D, 1e-6f);
+    CHECK(check_max_rel_err(yz, yp, n) == 0 && check_max_rel_err(rz, rp, nr) == 0, "rmsnorm_fwd: y or rstd differs");
+    memcpy(dz, res, n * sizeof(float));
+    memcpy(dp, res, n * sizeof(float));
+    be->rmsnorm_bwd(be, dz, RO_LD, dy, RO_LD, x, RO_LD, rz, w, 1, RO_T, RO_NH, RO_D, dz, RO_LD);
+    be->rmsnorm_bwd(be, dp, RO_LD, dy, RO_LD, x, RO_LD, rp, w1, 0, RO_T, RO_NH, RO_D, dp, RO_LD);
+    CHECK(check_max_rel_err(dz, dp, n) == 0, "rmsnorm_bwd: dx differs");
+
+    be->rmsnorm_rope_fwd(be, yz, RO_LD, rz, x, RO_LD, w, 1, pos, inv_freq, RO_T, RO_NH, RO_D, RO_ROT, 1e-6f, 1.2f);
+    be->rmsnorm_rope_fwd(be, yp, RO_LD, rp, x, RO_LD, w1, 0, pos, inv_freq, RO_T, RO_NH, RO_D, RO_ROT, 1e-6f, 1.2f);
+    CHECK(check_max_rel_err(yz, yp, n) == 0 && check_max_rel_err(rz, rp, nr) == 0,
+          "rmsnorm_rope_fwd: y or rstd differs");
+    be->rmsnorm_rope_bwd(be, dz, RO_LD, dy, RO_LD, x, RO_LD, rz, w, 1, pos, inv_freq, RO_T, RO_NH, RO_D, RO_ROT,
+                         1.2f);
+    be->rmsnorm_rope_bwd(be, dp, RO_LD, dy, RO_LD, x, RO_LD, rp, w1, 0, pos, inv_freq, RO_T, RO_NH, RO_D, RO_ROT,
+                         1.2f);
+    CHECK(check_max_rel_err(dz, dp, n) == 0, "rmsnorm_rope_bwd: dx differs");
+
+    /* and the flag is no no-op: w itself, uncentred, normalises differently */
+    be->rmsnorm_fwd(be, yp, RO_LD, NULL, x, RO_LD, w, 0, RO_T, RO_NH, RO_D, 1e-6f);
+    be->rmsnorm_fwd(be, yz, RO_LD, NULL, x, RO_LD, w, 1, RO_T, RO_NH, RO_D, 1e-6f);
+    CHECK(check_max_rel_err(yz, yp, n) > 0.1, "zero_centred changed nothing");
+    free(x); free(w); free(dy); free(res); free(yz); free(yp); free(dz); free(dp);
 }
 
 // ---- cross-entropy ----
@@ -617,6 +658,7 @@ int main(void)
     RUN(rope_matches_rotation_matrix_with_partial_rotary_and_scaling);
     RUN(rope_inverse_is_the_transpose);
     RUN(rmsnorm_rope_matches_composed_references_and_finite_differences);
+    RUN(zero_centred_norms_equal_the_plain_ops_given_one_plus_w);
     RUN(cross_entropy_loss_matches_log_softmax_over_chunks);
     RUN(cross_entropy_dx_matches_finite_differences_and_skips_rows_without_targets);
     RUN(sum_squares_accumulates_in_order);

@@ -153,9 +153,9 @@ TEST(rmsnorm_fwd_bwd_on_q_heads_of_a_512k_token_qkv)
         cy[e] = cpu->alloc(cpu, (size_t)EDGE * LD * cpu->act_bytes);
         crs[e] = cpu->alloc(cpu, (size_t)EDGE * nh * sizeof(float));
     }
-    gpu->rmsnorm_fwd(gpu, y, LD, rs, x, LD, pw.g, T, nh, D, 1e-5f);
+    gpu->rmsnorm_fwd(gpu, y, LD, rs, x, LD, pw.g, 0, T, nh, D, 1e-5f);
     for (int e = 0; e < 2; e++) {
-        cpu->rmsnorm_fwd(cpu, cy[e], LD, crs[e], cx[e], LD, pw.c, EDGE, nh, D, 1e-5f);
+        cpu->rmsnorm_fwd(cpu, cy[e], LD, crs[e], cx[e], LD, pw.c, 0, EDGE, nh, D, 1e-5f);
         double ey = rows_err(y, LD, r0[e], cy[e], EDGE, 0, W);
         double er = f32_err_at(rs + r0[e] * nh, crs[e], (size_t)EDGE * nh);
         CHECK(ey < 1e-2, "%s rows: y rel err %g", edge_name(e), ey);
@@ -170,9 +170,9 @@ TEST(rmsnorm_fwd_bwd_on_q_heads_of_a_512k_token_qkv)
         cpu->download(cpu, r, crs[e], (size_t)EDGE * nh * sizeof(float));
         gpu->upload(gpu, rs + r0[e] * nh, r, (size_t)EDGE * nh * sizeof(float));
     }
-    gpu->rmsnorm_bwd(gpu, dx, LD, y, LD, x, LD, rs, pw.g, T, nh, D, dx, LD);
+    gpu->rmsnorm_bwd(gpu, dx, LD, y, LD, x, LD, rs, pw.g, 0, T, nh, D, dx, LD);
     for (int e = 0; e < 2; e++) {
-        cpu->rmsnorm_bwd(cpu, cdx[e], LD, cdy[e], LD, cx[e], LD, crs[e], pw.c, EDGE, nh, D, cdx[e], LD);
+        cpu->rmsnorm_bwd(cpu, cdx[e], LD, cdy[e], LD, cx[e], LD, crs[e], pw.c, 0, EDGE, nh, D, cdx[e], LD);
         double ed = rows_err(dx, LD, r0[e], cdx[e], EDGE, 0, W);
         double er = rows_err(dx, LD, r0[e], cdx[e], EDGE, W, LD - W); /* k, v columns untouched */
         CHECK(ed < 2e-2, "%s rows: dx rel err %g", edge_name(e), ed);

@@ -149,15 +149,15 @@ void cuda_embedding(ct_backend *be, void *out, const int32_t *ids, const void *t
 
 /* rmsnorm_rope.cu */
 void cuda_rmsnorm_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
-                      const void *w, int T, int nh, int D, float eps);
+                      const void *w, int zero_centred, int T, int nh, int D, float eps);
 void cuda_rmsnorm_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x,
-                      int ldx, const float *rstd, const void *w, int T, int nh, int D,
+                      int ldx, const float *rstd, const void *w, int zero_centred, int T, int nh, int D,
                       const void *dres, int lddres);
 void cuda_rmsnorm_rope_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
-                           const void *w, const int32_t *pos, const float *inv_freq,
+                           const void *w, int zero_centred, const int32_t *pos, const float *inv_freq,
                            int T, int nh, int D, int rot_dim, float eps, float attn_scaling);
 void cuda_rmsnorm_rope_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
-                           const void *x, int ldx, const float *rstd, const void *w,
+                           const void *x, int ldx, const float *rstd, const void *w, int zero_centred,
                            const int32_t *pos, const float *inv_freq,
                            int T, int nh, int D, int rot_dim, float attn_scaling);
 void cuda_rope(ct_backend *be, void *x, int ldx, const int32_t *pos, const float *inv_freq,

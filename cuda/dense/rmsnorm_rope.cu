@@ -1,6 +1,8 @@
 /* rmsnorm_rope.cu — RMSNorm forward and backward (the backward adding the residual
  * gradient), RoPE, and RMSNorm + RoPE fused (Qwen3's q/k norm). bf16 in and out,
- * fp32 math.
+ * fp32 math. The norms scale by w, or zero-centred (Qwen3.5, Qwen3-Next) by
+ * 1 + w, formed in fp32 from the bf16 w as each chunk is loaded: bf16 cannot
+ * hold 1 + w, so the model uploads w as stored and the offset lives here.
  *
  * Layouts (row-major, strides in elements): RMSNorm rows (t, h) of D elements at
  * x + t*ldx + h*D; RoPE x (T, nh, D) with token stride ldx.
@@ -25,10 +27,21 @@ __device__ __forceinline__ float warp_sum(float v)
     return v;
 }
 
+/* The norm's scale at w[0..8): w, or 1 + w in fp32 when zero-centred (without
+ * it the values are w's exactly, so that path rounds as it always did). */
+__device__ __forceinline__ void load_scale8(float s[8], const bf16 *w, bool zc)
+{
+    load8(s, w);
+    if (zc) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) s[j] = 1.0f + s[j];
+    }
+}
+
 /* One warp per (t, h) row. y may alias x: each lane rereads exactly the 8-element
  * chunks it later overwrites, so no lane reads another's output. */
 __global__ void rmsnorm_fwd_kernel(bf16 *y, int ldy, float *rstd, const bf16 *x, int ldx,
-                                   const bf16 *w, int T, int nh, int D, float eps)
+                                   const bf16 *w, bool zc, int T, int nh, int D, float eps)
 {
     size_t row = (size_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -49,7 +62,7 @@ __global__ void rmsnorm_fwd_kernel(bf16 *y, int ldy, float *rstd, const bf16 *x,
     for (int i = lane * 8; i < D; i += 256) {
         float f[8], wf[8];
         load8(f, xr + i);
-        load8(wf, w + i);
+        load_scale8(wf, w + i, zc);
 #pragma unroll
         for (int j = 0; j < 8; j++) f[j] = f[j] * r * wf[j];
         store8(yr + i, f);
@@ -98,7 +111,7 @@ __device__ __forceinline__ bool rmsnorm_bwd_row_at(rmsnorm_bwd_row &p, bf16 *dx,
 /* dx_j = dres_j + r w_j dy_j - x_j r^3 / D * sum_i dy_i w_i x_i. dres may alias
  * dx (each lane reads a chunk of it just before overwriting that chunk). */
 __global__ void rmsnorm_bwd_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy, const bf16 *x,
-                                   int ldx, const float *rstd, const bf16 *w, int T, int nh, int D,
+                                   int ldx, const float *rstd, const bf16 *w, bool zc, int T, int nh, int D,
                                    const bf16 *dres, int lddres)
 {
     rmsnorm_bwd_row p;
@@ -109,7 +122,7 @@ __global__ void rmsnorm_bwd_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy,
         float xf[8], gf[8], wf[8];
         load8(xf, p.x + i);
         load8(gf, p.dy + i);
-        load8(wf, w + i);
+        load_scale8(wf, w + i, zc);
         rmsnorm_bwd_dot8(dot, gf, wf, xf);
     }
     dot = warp_sum(dot);
@@ -119,7 +132,7 @@ __global__ void rmsnorm_bwd_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy,
         float xf[8], gf[8], wf[8], o[8];
         load8(xf, p.x + i);
         load8(gf, p.dy + i);
-        load8(wf, w + i);
+        load_scale8(wf, w + i, zc);
         if (p.res) load8(o, p.res + i);
         rmsnorm_bwd_dx8(o, p.res, r, cx, gf, wf, xf);
         store8(p.dx + i, o);
@@ -136,8 +149,8 @@ __global__ void rmsnorm_bwd_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy,
  * store before it), so cuda_rmsnorm_bwd takes it only without dres, at C = 8. */
 template <int C>
 __global__ void rmsnorm_bwd_rows_kernel(bf16 *dx, int lddx, const bf16 *dy, int lddy, const bf16 *x, int ldx,
-                                        const float *rstd, const bf16 *w, int T, int nh, int D, const bf16 *dres,
-                                        int lddres)
+                                        const float *rstd, const bf16 *w, bool zc, int T, int nh, int D,
+                                        const bf16 *dres, int lddres)
 {
     rmsnorm_bwd_row p;
     if (!rmsnorm_bwd_row_at(p, dx, lddx, dy, lddy, x, ldx, T, nh, D, dres, lddres)) return;
@@ -159,7 +172,7 @@ __global__ void rmsnorm_bwd_rows_kernel(bf16 *dx, int lddx, const bf16 *dy, int 
             float xf[8], gf[8], wf[8];
             unpack8(xf, xv[c]);
             unpack8(gf, gv[c]);
-            load8(wf, w + i);
+            load_scale8(wf, w + i, zc);
             rmsnorm_bwd_dot8(dot, gf, wf, xf);
         }
     }
@@ -173,7 +186,7 @@ __global__ void rmsnorm_bwd_rows_kernel(bf16 *dx, int lddx, const bf16 *dy, int 
             float xf[8], gf[8], wf[8], o[8];
             unpack8(xf, xv[c]);
             unpack8(gf, gv[c]);
-            load8(wf, w + i);
+            load_scale8(wf, w + i, zc);
             if (p.res) load8(o, p.res + i);
             rmsnorm_bwd_dx8(o, p.res, r, cx, gf, wf, xf);
             store8(p.dx + i, o);
@@ -213,11 +226,12 @@ __global__ void rope_kernel(bf16 *x, int ldx, const int32_t *pos, const float *i
  * the lane lane ^ CPR/2 of the same group. A lane's 8 angles depend on the token
  * and its chunk only: sincos runs once per lane and serves every head.
  * Forward: y = rope(x r w). Backward (SIGN -1, the transposed rotation):
- * g = rope^T(dy), dx = r w g - x r^3 / D * sum g w x. y (dx) may alias x (dy):
- * every lane has read its chunk and exchanged with its partner before it writes. */
+ * g = rope^T(dy), dx = r w g - x r^3 / D * sum g w x (w: the scale, 1 + w when
+ * zero-centred). y (dx) may alias x (dy): every lane has read its chunk and
+ * exchanged with its partner before it writes. */
 template <int D, bool BWD>
 __global__ void rmsnorm_rope_kernel(bf16 *y, int ldy, float *rstd_out, const float *rstd_in, const bf16 *x,
-                                    int ldx, const bf16 *xs, int ldxs, const bf16 *w, const int32_t *pos,
+                                    int ldx, const bf16 *xs, int ldxs, const bf16 *w, bool zc, const int32_t *pos,
                                     const float *inv_freq, int T, int nh, float eps, float attn_scaling)
 {
     constexpr int CPR = D / 8, R = 32 / CPR, HALF = D / 2;
@@ -233,7 +247,7 @@ __global__ void rmsnorm_rope_kernel(bf16 *y, int ldy, float *rstd_out, const flo
         cs[j] *= attn_scaling;
         sn[j] *= BWD ? -attn_scaling : attn_scaling;
     }
-    load8(wf, w + c * 8);
+    load_scale8(wf, w + c * 8, zc);
     for (int h0 = 0; h0 < nh; h0 += R) {
         int h = h0 + grp;
         bool active = h < nh;
@@ -276,7 +290,7 @@ __global__ void rmsnorm_rope_kernel(bf16 *y, int ldy, float *rstd_out, const flo
 // ---- launchers ----
 
 void cuda_rmsnorm_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
-                      const void *w, int T, int nh, int D, float eps)
+                      const void *w, int zero_centred, int T, int nh, int D, float eps)
 {
     check_vec8("rmsnorm_fwd", y, ldy, D);
     check_vec8("rmsnorm_fwd", x, ldx, D);
@@ -284,12 +298,12 @@ void cuda_rmsnorm_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void 
     size_t rows = (size_t)T * nh;
     if (rows == 0) return;
     rmsnorm_fwd_kernel<<<grid_for(rows, WARPS_PER_BLOCK), WARPS_PER_BLOCK * 32, 0, ctx_of(be)->stream>>>(
-        (bf16 *)y, ldy, rstd, (const bf16 *)x, ldx, (const bf16 *)w, T, nh, D, eps);
+        (bf16 *)y, ldy, rstd, (const bf16 *)x, ldx, (const bf16 *)w, zero_centred != 0, T, nh, D, eps);
     LAUNCH_CHECK();
 }
 
 void cuda_rmsnorm_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x,
-                      int ldx, const float *rstd, const void *w, int T, int nh, int D,
+                      int ldx, const float *rstd, const void *w, int zero_centred, int T, int nh, int D,
                       const void *dres, int lddres)
 {
     if (dres) check_vec8("rmsnorm_bwd", dres, lddres, D);
@@ -302,11 +316,12 @@ void cuda_rmsnorm_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int ld
     const unsigned grid = grid_for(rows, WARPS_PER_BLOCK), block = WARPS_PER_BLOCK * 32;
     cudaStream_t st = ctx_of(be)->stream;
     const bf16 *dyb = (const bf16 *)dy, *xb = (const bf16 *)x, *wb = (const bf16 *)w, *rb = (const bf16 *)dres;
+    const bool zc = zero_centred != 0;
     if (!dres && D <= 2048)
-        rmsnorm_bwd_rows_kernel<8><<<grid, block, 0, st>>>((bf16 *)dx, lddx, dyb, lddy, xb, ldx, rstd, wb, T, nh, D,
-                                                           NULL, 0);
+        rmsnorm_bwd_rows_kernel<8><<<grid, block, 0, st>>>((bf16 *)dx, lddx, dyb, lddy, xb, ldx, rstd, wb, zc, T, nh,
+                                                           D, NULL, 0);
     else
-        rmsnorm_bwd_kernel<<<grid, block, 0, st>>>((bf16 *)dx, lddx, dyb, lddy, xb, ldx, rstd, wb, T, nh, D, rb,
+        rmsnorm_bwd_kernel<<<grid, block, 0, st>>>((bf16 *)dx, lddx, dyb, lddy, xb, ldx, rstd, wb, zc, T, nh, D, rb,
                                                    lddres);
     LAUNCH_CHECK();
 }
@@ -334,34 +349,34 @@ static bool rmsnorm_rope_fused(int D, int rot_dim)
 
 template <int D, bool BWD>
 static void rmsnorm_rope_launch(cudaStream_t st, bf16 *y, int ldy, float *rstd_out, const float *rstd_in,
-                                const bf16 *x, int ldx, const bf16 *xs, int ldxs, const bf16 *w,
+                                const bf16 *x, int ldx, const bf16 *xs, int ldxs, const bf16 *w, bool zc,
                                 const int32_t *pos, const float *inv_freq, int T, int nh, float eps, float sc)
 {
     rmsnorm_rope_kernel<D, BWD><<<grid_for((size_t)T, WARPS_PER_BLOCK), WARPS_PER_BLOCK * 32, 0, st>>>(
-        y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, pos, inv_freq, T, nh, eps, sc);
+        y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, zc, pos, inv_freq, T, nh, eps, sc);
     LAUNCH_CHECK();
 }
 
 template <bool BWD>
 static void rmsnorm_rope_dispatch(cudaStream_t st, bf16 *y, int ldy, float *rstd_out, const float *rstd_in,
-                                  const bf16 *x, int ldx, const bf16 *xs, int ldxs, const bf16 *w,
+                                  const bf16 *x, int ldx, const bf16 *xs, int ldxs, const bf16 *w, bool zc,
                                   const int32_t *pos, const float *inv_freq, int T, int nh, int D, float eps,
                                   float sc)
 {
     switch (D) {
-    case 32: rmsnorm_rope_launch<32, BWD>(st, y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, pos, inv_freq, T, nh, eps, sc); break;
-    case 64: rmsnorm_rope_launch<64, BWD>(st, y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, pos, inv_freq, T, nh, eps, sc); break;
-    case 128: rmsnorm_rope_launch<128, BWD>(st, y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, pos, inv_freq, T, nh, eps, sc); break;
-    default: rmsnorm_rope_launch<256, BWD>(st, y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, pos, inv_freq, T, nh, eps, sc); break;
+    case 32: rmsnorm_rope_launch<32, BWD>(st, y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, zc, pos, inv_freq, T, nh, eps, sc); break;
+    case 64: rmsnorm_rope_launch<64, BWD>(st, y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, zc, pos, inv_freq, T, nh, eps, sc); break;
+    case 128: rmsnorm_rope_launch<128, BWD>(st, y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, zc, pos, inv_freq, T, nh, eps, sc); break;
+    default: rmsnorm_rope_launch<256, BWD>(st, y, ldy, rstd_out, rstd_in, x, ldx, xs, ldxs, w, zc, pos, inv_freq, T, nh, eps, sc); break;
     }
 }
 
 void cuda_rmsnorm_rope_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
-                           const void *w, const int32_t *pos, const float *inv_freq,
+                           const void *w, int zero_centred, const int32_t *pos, const float *inv_freq,
                            int T, int nh, int D, int rot_dim, float eps, float attn_scaling)
 {
     if (!rmsnorm_rope_fused(D, rot_dim)) {
-        cuda_rmsnorm_fwd(be, y, ldy, rstd, x, ldx, w, T, nh, D, eps);
+        cuda_rmsnorm_fwd(be, y, ldy, rstd, x, ldx, w, zero_centred, T, nh, D, eps);
         cuda_rope(be, y, ldy, pos, inv_freq, T, nh, D, rot_dim, attn_scaling, 0);
         return;
     }
@@ -370,18 +385,18 @@ void cuda_rmsnorm_rope_fwd(ct_backend *be, void *y, int ldy, float *rstd, const 
     check_vec8("rmsnorm_rope_fwd", w, D, D);
     if (T == 0 || nh == 0) return;
     rmsnorm_rope_dispatch<false>(ctx_of(be)->stream, (bf16 *)y, ldy, rstd, NULL, (const bf16 *)x, ldx, NULL, 0,
-                                 (const bf16 *)w, pos, inv_freq, T, nh, D, eps, attn_scaling);
+                                 (const bf16 *)w, zero_centred != 0, pos, inv_freq, T, nh, D, eps, attn_scaling);
 }
 
 void cuda_rmsnorm_rope_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
-                           const void *x, int ldx, const float *rstd, const void *w,
+                           const void *x, int ldx, const float *rstd, const void *w, int zero_centred,
                            const int32_t *pos, const float *inv_freq,
                            int T, int nh, int D, int rot_dim, float attn_scaling)
 {
     if (!rmsnorm_rope_fused(D, rot_dim)) { /* rotate a copy in dx, then normalise in place */
         if (dx != dy) cuda_copy_2d(be, dx, lddx, dy, lddy, T, nh * D);
         cuda_rope(be, dx, lddx, pos, inv_freq, T, nh, D, rot_dim, attn_scaling, 1);
-        cuda_rmsnorm_bwd(be, dx, lddx, dx, lddx, x, ldx, rstd, w, T, nh, D, NULL, 0);
+        cuda_rmsnorm_bwd(be, dx, lddx, dx, lddx, x, ldx, rstd, w, zero_centred, T, nh, D, NULL, 0);
         return;
     }
     check_vec8("rmsnorm_rope_bwd", dx, lddx, D);
@@ -390,6 +405,6 @@ void cuda_rmsnorm_rope_bwd(ct_backend *be, void *dx, int lddx, const void *dy, i
     check_vec8("rmsnorm_rope_bwd", w, D, D);
     if (T == 0 || nh == 0) return;
     rmsnorm_rope_dispatch<true>(ctx_of(be)->stream, (bf16 *)dx, lddx, NULL, rstd, (const bf16 *)dy, lddy,
-                                (const bf16 *)x, ldx, (const bf16 *)w, pos, inv_freq, T, nh, D, 0.0f,
-                                attn_scaling);
+                                (const bf16 *)x, ldx, (const bf16 *)w, zero_centred != 0, pos, inv_freq, T, nh,
+                                D, 0.0f, attn_scaling);
 }

@@ -128,15 +128,18 @@ struct ct_backend {
     void (*embedding)(ct_backend *be, void *out, const int32_t *ids, const void *table, int T, int H);
 
     /* RMSNorm over groups of D: row (t, h) at x + t*ldx + h*D, for h < nh.
-     * y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); w (D) weight; rstd (T*nh)
-     * fp32 saved for backward (may be NULL). y may alias x. */
+     * y = x * rstd * s, rstd = 1/sqrt(mean(x^2) + eps); w (D) weight; rstd (T*nh)
+     * fp32 saved for backward (may be NULL). y may alias x. The scale s is w, or
+     * with zero_centred (Qwen3.5, Qwen3-Next: norm_zero_centred) 1 + w computed
+     * in fp32 from the stored w, as HF does (a bf16 weight cannot hold 1 + w).
+     * Either way the product is fp32 and rounded once to the act dtype. */
     void (*rmsnorm_fwd)(ct_backend *be, void *y, int ldy, float *rstd,
-                        const void *x, int ldx, const void *w, int T, int nh, int D, float eps);
-    /* dx = dres + d/dx of the above given dy, x and the saved rstd (w frozen: no
-     * dw). dres (stride lddres) is the residual stream's gradient, added in the
-     * same pass; it may alias dx, or be NULL (nothing added). */
+                        const void *x, int ldx, const void *w, int zero_centred, int T, int nh, int D, float eps);
+    /* dx = dres + d/dx of the above given dy, x and the saved rstd, with the same
+     * scale s (w frozen: no dw). dres (stride lddres) is the residual stream's
+     * gradient, added in the same pass; it may alias dx, or be NULL (nothing added). */
     void (*rmsnorm_bwd)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
-                        const void *x, int ldx, const float *rstd, const void *w,
+                        const void *x, int ldx, const float *rstd, const void *w, int zero_centred,
                         int T, int nh, int D, const void *dres, int lddres);
 
     /* y[:, 0:out] (=|+=) x (T,in) @ W^T + bias ; W (out,in) weight ; bias (out) weight or NULL */
@@ -183,13 +186,14 @@ struct ct_backend {
                  int T, int nh, int D, int rot_dim, float attn_scaling, int inverse);
 
     /* Qwen3's q/k norm followed by RoPE, in one pass: y = rope(rmsnorm(x)) with
-     * rmsnorm_fwd's layout and rope's forward rotation. y may alias x. */
+     * rmsnorm_fwd's layout, scale (w, or 1 + w with zero_centred) and rope's
+     * forward rotation. y may alias x. */
     void (*rmsnorm_rope_fwd)(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
-                             const void *w, const int32_t *pos, const float *inv_freq,
+                             const void *w, int zero_centred, const int32_t *pos, const float *inv_freq,
                              int T, int nh, int D, int rot_dim, float eps, float attn_scaling);
     /* Its backward: dx = rmsnorm_bwd(rope^T(dy)) (overwritten). dx may alias dy. */
     void (*rmsnorm_rope_bwd)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
-                             const void *x, int ldx, const float *rstd, const void *w,
+                             const void *x, int ldx, const float *rstd, const void *w, int zero_centred,
                              const int32_t *pos, const float *inv_freq,
                              int T, int nh, int D, int rot_dim, float attn_scaling);
 

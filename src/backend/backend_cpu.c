@@ -128,8 +128,14 @@ static void cpu_embedding(ct_backend *be, void *out, const int32_t *ids, const v
         memcpy(o + (size_t)t * H, w + (size_t)ids[t] * H, (size_t)H * sizeof(float));
 }
 
+/* The norm's scale at i: w, or 1 + w in fp32 when zero-centred (HF's arithmetic). */
+static inline float norm_scale(const float *w, int i, int zero_centred)
+{
+    return zero_centred ? 1.0f + w[i] : w[i];
+}
+
 static void cpu_rmsnorm_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
-                            const void *w, int T, int nh, int D, float eps)
+                            const void *w, int zero_centred, int T, int nh, int D, float eps)
 {
     const float *wf = w;
     #pragma omp parallel for schedule(static)
@@ -141,15 +147,15 @@ static void cpu_rmsnorm_fwd(ct_backend *be, void *y, int ldy, float *rstd, const
             for (int i = 0; i < D; i++) ss += (double)xr[i] * xr[i];
             float r = (float)(1.0 / sqrt(ss / D + eps));
             if (rstd) rstd[(size_t)t * nh + h] = r;
-            for (int i = 0; i < D; i++) yr[i] = xr[i] * r * wf[i];
+            for (int i = 0; i < D; i++) yr[i] = xr[i] * r * norm_scale(wf, i, zero_centred);
         }
     }
 }
 
-/* With y_i = x_i r w_i and r = (mean(x^2) + eps)^-1/2:
+/* With y_i = x_i r w_i (w_i: the scale) and r = (mean(x^2) + eps)^-1/2:
  * dx_j = r w_j dy_j - x_j r^3 / D * sum_i dy_i w_i x_i. */
 static void cpu_rmsnorm_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
-                            const void *x, int ldx, const float *rstd, const void *w,
+                            const void *x, int ldx, const float *rstd, const void *w, int zero_centred,
                             int T, int nh, int D, const void *dres, int lddres)
 {
     const float *wf = w;
@@ -161,10 +167,10 @@ static void cpu_rmsnorm_bwd(ct_backend *be, void *dx, int lddx, const void *dy, 
             float *dxr = (float *)dx + (size_t)t * lddx + (size_t)h * D;
             const float *rr = dres ? (const float *)dres + (size_t)t * lddres + (size_t)h * D : NULL;
             double r = rstd[(size_t)t * nh + h], dot = 0;
-            for (int i = 0; i < D; i++) dot += (double)dyr[i] * wf[i] * xr[i];
+            for (int i = 0; i < D; i++) dot += (double)dyr[i] * norm_scale(wf, i, zero_centred) * xr[i];
             double c = dot * r * r * r / D;
             for (int i = 0; i < D; i++) {
-                float g = (float)(r * wf[i] * dyr[i] - c * xr[i]);
+                float g = (float)(r * norm_scale(wf, i, zero_centred) * dyr[i] - c * xr[i]);
                 dxr[i] = rr ? rr[i] + g : g;
             }
         }
@@ -312,15 +318,15 @@ static void cpu_rope(ct_backend *be, void *x, int ldx, const int32_t *pos, const
 
 /* The oracle composes the two ops: in fp32 nothing is rounded in between. */
 static void cpu_rmsnorm_rope_fwd(ct_backend *be, void *y, int ldy, float *rstd, const void *x, int ldx,
-                                 const void *w, const int32_t *pos, const float *inv_freq,
+                                 const void *w, int zero_centred, const int32_t *pos, const float *inv_freq,
                                  int T, int nh, int D, int rot_dim, float eps, float attn_scaling)
 {
-    cpu_rmsnorm_fwd(be, y, ldy, rstd, x, ldx, w, T, nh, D, eps);
+    cpu_rmsnorm_fwd(be, y, ldy, rstd, x, ldx, w, zero_centred, T, nh, D, eps);
     cpu_rope(be, y, ldy, pos, inv_freq, T, nh, D, rot_dim, attn_scaling, 0);
 }
 
 static void cpu_rmsnorm_rope_bwd(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
-                                 const void *x, int ldx, const float *rstd, const void *w,
+                                 const void *x, int ldx, const float *rstd, const void *w, int zero_centred,
                                  const int32_t *pos, const float *inv_freq,
                                  int T, int nh, int D, int rot_dim, float attn_scaling)
 {
@@ -329,7 +335,7 @@ static void cpu_rmsnorm_rope_bwd(ct_backend *be, void *dx, int lddx, const void 
     for (int t = 0; t < T; t++)
         memcpy(g + (size_t)t * row, (const float *)dy + (size_t)t * lddy, row * sizeof(float));
     cpu_rope(be, g, (int)row, pos, inv_freq, T, nh, D, rot_dim, attn_scaling, 1);
-    cpu_rmsnorm_bwd(be, dx, lddx, g, (int)row, x, ldx, rstd, w, T, nh, D, NULL, 0);
+    cpu_rmsnorm_bwd(be, dx, lddx, g, (int)row, x, ldx, rstd, w, zero_centred, T, nh, D, NULL, 0);
     free(g);
 }
 

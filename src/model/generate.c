@@ -157,7 +157,7 @@ static void layer_forward(ct_generator *g, int l, int T)
     int nq = c->num_attention_heads, nkv = c->num_key_value_heads, Q = nq * D, KV = nkv * D, QKV = Q + 2 * KV;
     float eps = (float)c->rms_norm_eps;
 
-    be->rmsnorm_fwd(be, g->xn, H, NULL, g->x, H, w->attn_norm, T, 1, H, eps);
+    be->rmsnorm_fwd(be, g->xn, H, NULL, g->x, H, w->attn_norm, c->norm_zero_centred, T, 1, H, eps);
     be->linear_fwd(be, g->qkv, QKV, g->xn, H, w->wqkv, w->bqkv, T, H, QKV, 0);
     lora_fwd(g, l, CT_MOD_Q, g->qkv, QKV, g->xn, H, T);
     lora_fwd(g, l, CT_MOD_K, act_at(g, g->qkv, Q), QKV, g->xn, H, T);
@@ -167,8 +167,10 @@ static void layer_forward(ct_generator *g, int l, int T)
     const float *freq = g->m->inv_freq, scaling = g->m->attn_scaling;
     int rot = g->m->rot_dim;
     if (c->qk_norm) { /* in place: nothing reads the raw projections in inference */
-        be->rmsnorm_rope_fwd(be, q, QKV, NULL, q, QKV, w->q_norm, pos, freq, T, nq, D, rot, eps, scaling);
-        be->rmsnorm_rope_fwd(be, k, QKV, NULL, k, QKV, w->k_norm, pos, freq, T, nkv, D, rot, eps, scaling);
+        be->rmsnorm_rope_fwd(be, q, QKV, NULL, q, QKV, w->q_norm, c->norm_zero_centred, pos, freq, T, nq, D, rot, eps,
+                             scaling);
+        be->rmsnorm_rope_fwd(be, k, QKV, NULL, k, QKV, w->k_norm, c->norm_zero_centred, pos, freq, T, nkv, D, rot,
+                             eps, scaling);
     } else {
         be->rope(be, q, QKV, pos, freq, T, nq, D, rot, scaling, 0);
         be->rope(be, k, QKV, pos, freq, T, nkv, D, rot, scaling, 0);
@@ -184,7 +186,7 @@ static void layer_forward(ct_generator *g, int l, int T)
     be->linear_fwd(be, g->h, H, g->attn, Q, w->wo, w->bo, T, Q, H, 1);
     lora_fwd(g, l, CT_MOD_O, g->h, H, g->attn, Q, T);
 
-    be->rmsnorm_fwd(be, g->hn, H, NULL, g->h, H, w->mlp_norm, T, 1, H, eps);
+    be->rmsnorm_fwd(be, g->hn, H, NULL, g->h, H, w->mlp_norm, c->norm_zero_centred, T, 1, H, eps);
     if (c->layer_sparse[l]) {
         const moe_lora ml = {.lo = g->lo}; /* no dropout in inference */
         moe_forward(g->moe, &ml, l, 0, g->hn, g->h, g->x, T, false);
@@ -221,8 +223,8 @@ int generator_feed(ct_generator *g, const int32_t *tokens, int n, float *logits,
         g->n_past += T;
         done += T;
         if (done == n) {
-            be->rmsnorm_fwd(be, g->xf, H, NULL, act_at(g, g->x, (size_t)(T - 1) * H), H, g->m->final_norm, 1, 1, H,
-                            (float)c->rms_norm_eps);
+            be->rmsnorm_fwd(be, g->xf, H, NULL, act_at(g, g->x, (size_t)(T - 1) * H), H, g->m->final_norm,
+                            c->norm_zero_centred, 1, 1, H, (float)c->rms_norm_eps);
             be->linear_fwd(be, g->logits, V, g->xf, H, g->m->lm_head, NULL, 1, H, V, 0);
             be->act_to_f32(be, logits, g->logits, (size_t)V);
         }

@@ -8,9 +8,9 @@
  *   out = h + a Wdown^T (+LoRA down)
  * Sparse layers replace the last two lines by out = h + MoE(hn) (graph_moe.c).
  *
- * Gated DeltaNet hybrids (qwen3_5*): their norms scale by 1 + w, precomputed at
- * load, so the rmsnorm ops apply unchanged. A gated attention layer's fused
- * projection has columns [q (Q) | gate (Q) | k | v] and its attention output
+ * Gated DeltaNet hybrids (qwen3_5*): their norms scale by 1 + w (norm_zero_centred,
+ * passed to the norm ops as zero_centred; w as stored). A gated attention layer's
+ * fused projection has columns [q (Q) | gate (Q) | k | v] and its attention output
  * is multiplied by sigmoid(gate) before o_proj. A GDN layer replaces the
  * attention by (P = NP columns [qkv (conv_dim) | z (Vd) | b (Hv) | a (Hv)]):
  *   P = xn Win^T (+LoRA in_proj_qkv|z|b|a) ; c = silu(conv(P[:, qkv])) per document
@@ -572,10 +572,10 @@ static void attention_forward(ct_graph *g, const lora_ctx *lc, int l, const void
     const float *freq = g->m->inv_freq, scaling = g->m->attn_scaling;
     int rot = g->m->rot_dim;
     if (c->qk_norm) {
-        be->rmsnorm_rope_fwd(be, q, QKV, a->rstd_q, a->qkv_raw, QKV, w->q_norm, pos, freq, T, nq, D, rot, eps,
-                             scaling);
-        be->rmsnorm_rope_fwd(be, k, QKV, a->rstd_k, act_at(g, a->qkv_raw, Qw), QKV, w->k_norm, pos, freq, T, nkv,
-                             D, rot, eps, scaling);
+        be->rmsnorm_rope_fwd(be, q, QKV, a->rstd_q, a->qkv_raw, QKV, w->q_norm, c->norm_zero_centred, pos, freq, T,
+                             nq, D, rot, eps, scaling);
+        be->rmsnorm_rope_fwd(be, k, QKV, a->rstd_k, act_at(g, a->qkv_raw, Qw), QKV, w->k_norm, c->norm_zero_centred,
+                             pos, freq, T, nkv, D, rot, eps, scaling);
     } else {
         be->rope(be, q, QKV, pos, freq, T, nq, D, rot, scaling, 0);
         be->rope(be, k, QKV, pos, freq, T, nkv, D, rot, scaling, 0);
@@ -617,10 +617,10 @@ static void attention_backward(ct_graph *g, const lora_ctx *lc, int l, const lay
     const float *freq = g->m->inv_freq, scaling = g->m->attn_scaling;
     int rot = g->m->rot_dim;
     if (c->qk_norm) { /* in place: dq, dk become the gradients of the raw projections */
-        be->rmsnorm_rope_bwd(be, dq, QKV, dq, QKV, a->qkv_raw, QKV, a->rstd_q, w->q_norm, pos, freq, T, nq, D, rot,
-                             scaling);
-        be->rmsnorm_rope_bwd(be, dk, QKV, dk, QKV, act_at(g, a->qkv_raw, Qw), QKV, a->rstd_k, w->k_norm, pos,
-                             freq, T, nkv, D, rot, scaling);
+        be->rmsnorm_rope_bwd(be, dq, QKV, dq, QKV, a->qkv_raw, QKV, a->rstd_q, w->q_norm, c->norm_zero_centred, pos,
+                             freq, T, nq, D, rot, scaling);
+        be->rmsnorm_rope_bwd(be, dk, QKV, dk, QKV, act_at(g, a->qkv_raw, Qw), QKV, a->rstd_k, w->k_norm,
+                             c->norm_zero_centred, pos, freq, T, nkv, D, rot, scaling);
     } else {
         be->rope(be, dq, QKV, pos, freq, T, nq, D, rot, scaling, 1);
         be->rope(be, dk, QKV, pos, freq, T, nkv, D, rot, scaling, 1);
@@ -640,11 +640,11 @@ static void layer_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x,
     int T = g->T, H = c->hidden_size;
     float eps = (float)c->rms_norm_eps;
 
-    be->rmsnorm_fwd(be, a->xn, H, a->rstd1, x, H, w->attn_norm, T, 1, H, eps);
+    be->rmsnorm_fwd(be, a->xn, H, a->rstd1, x, H, w->attn_norm, c->norm_zero_centred, T, 1, H, eps);
     if (layer_gdn(c, l)) gdn_forward(g, lc, l, x, a);
     else attention_forward(g, lc, l, x, a);
 
-    be->rmsnorm_fwd(be, a->hn, H, a->rstd2, a->h, H, w->mlp_norm, T, 1, H, eps);
+    be->rmsnorm_fwd(be, a->hn, H, a->rstd2, a->h, H, w->mlp_norm, c->norm_zero_centred, T, 1, H, eps);
     if (c->layer_sparse[l]) {
         moe_lora ml = moe_lora_of(lc);
         moe_forward(g->moe, &ml, l, ws_of(g, l), a->hn, a->h, out, T, lc->moe_stats);
@@ -669,12 +669,12 @@ static void layer_backward(ct_graph *g, const lora_ctx *lc, int l, const void *x
     } else {
         mlp_backward(g, lc, l, a, d);
     }
-    be->rmsnorm_bwd(be, g->dh, H, g->dhn, H, a->h, H, a->rstd2, w->mlp_norm, T, 1, H, d, H);
+    be->rmsnorm_bwd(be, g->dh, H, g->dhn, H, a->h, H, a->rstd2, w->mlp_norm, c->norm_zero_centred, T, 1, H, d, H);
 
     /* the mixer: h = x + attention(norm(x)) or x + GDN(norm(x)) */
     if (layer_gdn(c, l)) gdn_backward(g, lc, l, a);
     else attention_backward(g, lc, l, a);
-    be->rmsnorm_bwd(be, d, H, g->dxn, H, x, H, a->rstd1, w->attn_norm, T, 1, H, g->dh, H);
+    be->rmsnorm_bwd(be, d, H, g->dxn, H, x, H, a->rstd1, w->attn_norm, c->norm_zero_centred, T, 1, H, g->dh, H);
 }
 
 static layer_acts *acts_of(ct_graph *g, int l) { return &g->ws[ws_of(g, l)]; }
@@ -747,7 +747,8 @@ static void forward_all(ct_graph *g, const lora_ctx *lc, bool save)
         offload_before_forward(g, l, save);
         layer_forward(g, lc, l, layer_input(g, l), l + 1 < L ? layer_input(g, l + 1) : g->xs[L], acts_of(g, l));
     }
-    be->rmsnorm_fwd(be, g->xf, H, g->rstd_f, g->xs[L], H, g->m->final_norm, T, 1, H, (float)c->rms_norm_eps);
+    be->rmsnorm_fwd(be, g->xf, H, g->rstd_f, g->xs[L], H, g->m->final_norm, c->norm_zero_centred, T, 1, H,
+                    (float)c->rms_norm_eps);
 }
 
 void graph_train_step(ct_graph *g, const ct_lora *lo, float grad_scale, uint64_t dropout_seed)
@@ -767,7 +768,8 @@ void graph_train_step(ct_graph *g, const ct_lora *lo, float grad_scale, uint64_t
     be->zero(be, g->dxf, (size_t)T * H * be->act_bytes);
     be->cross_entropy(be, g->loss_sum, g->dxf, g->xf, g->m->lm_head, g->target_rows, g->target_ids, g->n_targets,
                       H, c->vocab_size, grad_scale);
-    be->rmsnorm_bwd(be, g->dstream, H, g->dxf, H, g->xs[L], H, g->rstd_f, g->m->final_norm, T, 1, H, NULL, 0);
+    be->rmsnorm_bwd(be, g->dstream, H, g->dxf, H, g->xs[L], H, g->rstd_f, g->m->final_norm, c->norm_zero_centred, T,
+                    1, H, NULL, 0);
     for (int l = L - 1; l >= 0; l--) {
         offload_before_backward(g, l);
         if (recomputed(g, l)) layer_forward(g, &lc, l, layer_input(g, l), NULL, acts_of(g, l));

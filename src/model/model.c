@@ -208,32 +208,13 @@ static float *host_f32(const st_tensor *t)
     return host;
 }
 
-/* A norm weight: as stored, or for the zero-centred norms of a GDN hybrid
- * (HF: x r (1 + w), 1 + w computed in fp32) the precomputed 1 + w, so that the
- * ordinary rmsnorm ops apply. On the CPU backend (fp32 weights) this is HF's
- * value exactly; a bf16 backend cannot hold 1 + w exactly and will need the
- * offset inside its norm kernels (CUDA: not written yet, GDN hybrids are
- * refused there). */
+/* A norm weight, uploaded as stored (non-finite values refused) for either
+ * convention: the zero-centred norms of a GDN hybrid (HF: x r (1 + w), 1 + w
+ * in fp32) get their offset inside the norm ops, from c->norm_zero_centred at
+ * each call, since a bf16 weight cannot hold 1 + w exactly. */
 static void *load_norm(loader *ld, const ct_model_config *c, const char *name, size_t n)
 {
-    if (!c->norm_zero_centred) return load_one(ld, name, n);
-    const st_tensor *t = st_find(ld->r, name);
-    if (!t) {
-        CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
-        return NULL;
-    }
-    if (count_nonfinite(t)) {
-        CT_FAIL_INPUT(ld->err, "model: tensor '%s' holds non-finite values (expected finite weights: the model "
-                      "files are broken)", name);
-        return NULL;
-    }
-    void *p = alloc_weight(ld, n);
-    if (!p) return NULL;
-    float *host = host_f32(t);
-    for (size_t i = 0; i < n; i++) host[i] = 1.0f + host[i];
-    ld->be->upload_weight(ld->be, p, host, CT_DTYPE_F32, n);
-    free(host);
-    return p;
+    return load_one(ld, name, n);
 }
 
 /* Gated attention's q_proj rows (out = 2Q, HF order: per head h, D query rows

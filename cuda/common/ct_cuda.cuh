@@ -252,5 +252,8 @@ void cuda_fill_moe_lora_ops(ct_backend *be);
 /* moe_gemm_fused_lora.cu: the grouped GEMM forward with the expert LoRA fused in
  * (be->moe_linear_lora_fwd). */
 void cuda_fill_moe_gemm_lora_ops(ct_backend *be);
+/* moe_shared_gate.cu: a shared expert's sigmoid gate per token
+ * (be->moe_shared_gate_fwd, moe_shared_gate_bwd). */
+void cuda_fill_moe_shared_gate_ops(ct_backend *be);
 
 #endif

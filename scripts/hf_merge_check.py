@@ -15,7 +15,9 @@ base) and the unrounded PEFT model's distance from the reference (what bf16
 rounding alone moves: random-weight tiny MoE models are sensitive, 8e-2 seen).
 Passes (exit 0) when the difference is below --tol and below a tenth of the
 adapter's effect (so an adapter that changes nothing cannot pass); else exit
-1; malformed input exit 2. Needs torch, transformers and peft (no network).
+1; malformed input exit 2. BASE and MERGED must load with no tensor missing,
+unexpected or of another shape (from_pretrained's loading info), else exit 1
+naming them. Needs torch, transformers and peft (no network).
 """
 import argparse
 import os
@@ -28,8 +30,15 @@ def die(path, msg):
 
 
 def load(path, dtype):
+    """The model at path; exit 1 unless every tensor of it loads and none is left out."""
     from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+    model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager",
+                                                       output_loading_info=True)
+    bad = {k: info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys") if info.get(k)}
+    if bad:
+        print(f"hf_merge_check: {path}: HF does not load it cleanly: {bad}")
+        sys.exit(1)
+    return model
 
 
 def logits_of(model, seqs, device):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # parity_fixtures.sh — how the committed CPU parity fixtures tests/fixtures/NAME/
-# (NAME = parity_llama, parity_qwen3, parity_qwen3_moe, parity_gpt_oss, parity_mixtral, parity_qwen3_5)
+# (NAME = parity_llama, parity_qwen3, parity_qwen3_moe, parity_gpt_oss, parity_mixtral, parity_qwen3_5,
+# parity_qwen3_5_moe, parity_qwen3_next)
 # are made, in two halves:
 #
 #   bash scripts/parity_fixtures.sh local [NAME...]   # here, needs build/ctune or $CTUNE (no torch)
@@ -13,7 +14,7 @@
 #   bash scripts/parity_fixtures.sh hf [NAME...]      # on a machine with torch + transformers + peft
 #       expected.safetensors   HF + PEFT loss and LoRA gradients of docs.jsonl at
 #                              model/ + adapter/ (scripts/hf_parity.py grads, fp32 CPU;
-#                              parity_qwen3_5 in fp64: see hf_parity.py --dtype float64)
+#                              the Gated DeltaNet ones in fp64: see hf_parity.py --dtype float64)
 #
 # NAMEs default to all fixtures. Each half regenerates its outputs from scratch;
 # commit the results together. The hf half fails (hf_parity.py exits 3) when
@@ -23,7 +24,7 @@
 # ALL (the seed), so remaking one fixture leaves the others' inputs as they were.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ALL="parity_llama parity_qwen3 parity_qwen3_moe parity_gpt_oss parity_mixtral parity_qwen3_5 parity_qwen3_5_moe"
+ALL="parity_llama parity_qwen3 parity_qwen3_moe parity_gpt_oss parity_mixtral parity_qwen3_5 parity_qwen3_5_moe parity_qwen3_next"
 PYTHON=${PYTHON:-python3}
 CTUNE=${CTUNE:-build/ctune}
 select_names() { # the names after the mode, checked against ALL
@@ -88,9 +89,9 @@ hf_half() {
         done
         echo "== $d"
         dtype=float32
-        # the Gated DeltaNet hybrid's gradients are ill-conditioned: HF's fp32 is
-        # farther from the truth than ctune's, so that fixture is judged against fp64
-        case $name in parity_qwen3_5*) dtype=float64 ;; esac
+        # the Gated DeltaNet hybrids' gradients are ill-conditioned: HF's fp32 is
+        # farther from the truth than ctune's, so those fixtures are judged against fp64
+        case $name in parity_qwen3_5* | parity_qwen3_next) dtype=float64 ;; esac
         "$PYTHON" scripts/hf_parity.py grads --model "$d/model" --adapter "$d/adapter" \
             --docs "$d/docs.jsonl" --out "$d/expected.safetensors" --device cpu --dtype $dtype
     done

@@ -69,7 +69,7 @@ small_shard_limit_writes_index_and_same_tensors() {
     "$CTUNE" inspect many | grep -q "weights: ok (38 tensors"
 }
 
-# The Gated DeltaNet hybrids: init writes them, inspect reads them, compute refuses them.
+# The Gated DeltaNet hybrids: init writes them, inspect reads them, train and eval run them.
 GDN_MODELS="tiny-qwen3_5 tiny-qwen3_5-text tiny-qwen3_5-moe tiny-qwen3-next"
 
 gdn_families_init_and_inspect_ok() {
@@ -84,14 +84,39 @@ gdn_families_init_and_inspect_ok() {
     grep -q "gated shared expert 64" tiny-qwen3_5-moe.txt
 }
 
-gdn_train_eval_generate_refuse_with_exit_2() {
+# ctune's decoder (generate) has no GDN layers yet: one input error, exit 2
+gdn_generate_refuses_with_exit_2() {
     "$CTUNE" init --config "$ROOT/configs/models/tiny-qwen3-next" --out n >/dev/null
-    expect_exit 2 "$CTUNE" train "$ROOT/configs/tiny.yaml" --set model=n --set output_dir=run
-    grep -q "n/config.json: model_type qwen3_next: ctune cannot train this Gated DeltaNet hybrid yet" err.txt
-    expect_exit 2 "$CTUNE" eval "$ROOT/configs/tiny.yaml" --set model=n
-    grep -q "model_type qwen3_next: ctune cannot train this Gated DeltaNet hybrid yet" err.txt
     expect_exit 2 "$CTUNE" generate --model n --prompt-ids 1,2 --max-new-tokens 2 --device cpu
-    grep -q "n/config.json: model_type qwen3_next: ctune cannot train this Gated DeltaNet hybrid yet" err.txt
+    grep -q "model_type qwen3_next: ctune's decoder has no Gated DeltaNet layers yet" err.txt
+}
+
+# qwen3_next trains on the CPU (its grouped in_proj_qkvz / in_proj_ba adapted,
+# as PEFT names them), its adapter evaluates, and merge writes the grouped weights.
+qwen3_next_trains_evaluates_and_merges() {
+    "$CTUNE" init --config "$ROOT/configs/models/tiny-qwen3-next" --out n --seed 3 >/dev/null
+    "$CTUNE" train "$ROOT/configs/tiny.yaml" --set model=n --set output_dir=run --set device=cpu \
+        --set training.max_steps=2 --set training.warmup_steps=0 --set training.eval_steps=0 \
+        --set training.save_steps=0 --set data.tokens_per_micro_batch=256 --set data.max_length=256 \
+        --set "data.train_files=[$ROOT/data/arith/train.shard]" --set "data.eval_files=[]" >train.txt 2>&1
+    grep -q '"in_proj_qkvz"' run/final/adapter_config.json
+    grep -q '"in_proj_ba"' run/final/adapter_config.json
+    "$CTUNE" eval "$ROOT/configs/tiny.yaml" --set model=n --set device=cpu --adapter run/final \
+        --set "data.eval_files=[$ROOT/data/arith/eval.shard]" >eval.txt 2>&1
+    grep -q "eval: loss" eval.txt
+    "$CTUNE" merge --model n --adapter run/final --out merged >merge.txt 2>&1
+    grep -q "merged .* LoRA modules" merge.txt
+    "$CTUNE" inspect merged | grep -q "weights: ok"
+    ! cmp -s n/model.safetensors merged/model.safetensors
+}
+
+# a projection of the other GDN layout is named, not silently dropped
+gdn_projection_of_the_other_layout_is_an_input_error() {
+    "$CTUNE" init --config "$ROOT/configs/models/tiny-qwen3-next" --out n >/dev/null
+    expect_exit 2 "$CTUNE" train "$ROOT/configs/tiny.yaml" --set model=n --set output_dir=run --set device=cpu \
+        --set "lora.target_modules=[q_proj,in_proj_qkv]" --set "data.train_files=[$ROOT/data/arith/train.shard]" \
+        --set "data.eval_files=[]"
+    grep -q "lora.target_modules: in_proj_qkv: model_type qwen3_next has no such projection (its linear_attn has in_proj_qkvz, in_proj_ba and out_proj)" err.txt
 }
 
 # A qwen3_5 wrapper trains on the CPU, and merge finds its weights under model.language_model.
@@ -119,6 +144,8 @@ run_test unsupported_model_type_exits_2_with_message
 run_test existing_model_is_not_overwritten
 run_test small_shard_limit_writes_index_and_same_tensors
 run_test gdn_families_init_and_inspect_ok
-run_test gdn_train_eval_generate_refuse_with_exit_2
+run_test gdn_generate_refuses_with_exit_2
+run_test qwen3_next_trains_evaluates_and_merges
+run_test gdn_projection_of_the_other_layout_is_an_input_error
 run_test gdn_wrapper_trains_and_merges
 summary

@@ -503,7 +503,8 @@ TEST(bad_target_module_lists_valid_names)
     EXPECT_LOAD_ERROR("tm1.yaml", "lora:\n  target_modules:\n    - q_proj\n    - qkv_proj\n", 4,
                       "lora.target_modules: unknown module 'qkv_proj' (expected one of q_proj, k_proj, v_proj, o_proj, "
                       "gate_proj, up_proj, down_proj (Gated DeltaNet layers: in_proj_qkv, in_proj_z, in_proj_b, "
-                      "in_proj_a, out_proj; qwen3_5_moe: shared_expert_gate); Mixtral's w1, w3, w2 stand for gate_proj, up_proj, down_proj)");
+                      "in_proj_a, out_proj, or qwen3_next's in_proj_qkvz, in_proj_ba, out_proj; the MoE hybrids: "
+                      "shared_expert_gate); Mixtral's w1, w3, w2 stand for gate_proj, up_proj, down_proj)");
     EXPECT_LOAD_ERROR("tm2.yaml", "lora:\n  target_modules: [q_proj, v_proj, q_proj]\n", 2,
                       "lora.target_modules: 'q_proj' is listed twice");
     EXPECT_LOAD_ERROR("tm3.yaml", "lora:\n  target_modules: all\n", 2, "lora.target_modules: 'all' is not all-linear");

@@ -6,6 +6,7 @@
 
 #include "check.h"
 #include "json.h"
+#include "model.h"
 #include "model_config.h"
 
 static int parse_text(ct_model_config *mc, const char *text, ct_error *err)
@@ -600,6 +601,40 @@ TEST(gdn_absent_fields_take_transformers_defaults)
     CHECK(mc.gdn_grouped_proj && mc.num_key_value_heads == 2, "next layout");
 }
 
+/* qwen3_next's in_proj_qkvz rows [q_g k_g v_g z_g] per key head g and in_proj_ba
+ * rows [b_g a_g] map one to one onto the fused order [all q | all k | all v |
+ * all z] and [all b | all a], value heads g r .. g r + r - 1 in group g. */
+TEST(qwen3_next_grouped_rows_map_one_to_one_onto_the_contiguous_order)
+{
+    ct_model_config mc;
+    ct_error err = {0};
+    REQUIRE(model_config_load(&mc, "configs/models/tiny-qwen3-next", &err) == CT_OK, "%s", err.msg);
+    REQUIRE(mc.linear_num_key_heads == 2 && mc.linear_num_value_heads == 4 && mc.linear_key_head_dim == 32 &&
+            mc.linear_value_head_dim == 32, "tiny-qwen3-next's GDN shape changed");
+    int qkvz = model_gdn_conv_dim(&mc) + model_gdn_value_dim(&mc), ba = 2 * mc.linear_num_value_heads;
+    int hits[512] = {0};
+    REQUIRE(qkvz <= 512, "%d rows", qkvz);
+    for (int i = 0; i < qkvz; i++) {
+        int r = model_gdn_qkvz_row(&mc, i);
+        if (r >= 0 && r < qkvz) hits[r]++;
+    }
+    bool one_to_one = true;
+    for (int r = 0; r < qkvz; r++) one_to_one &= hits[r] == 1;
+    CHECK(one_to_one, "in_proj_qkvz rows are not a permutation");
+    /* a group is 2 dk + 2 r dv = 192 rows; key_dim 64, conv_dim 256 */
+    CHECK(model_gdn_qkvz_row(&mc, 0) == 0 && model_gdn_qkvz_row(&mc, 32) == 64, "group 0: q, k");
+    CHECK(model_gdn_qkvz_row(&mc, 192 + 31) == 63 && model_gdn_qkvz_row(&mc, 192 + 32) == 96, "group 1: q, k");
+    CHECK(model_gdn_qkvz_row(&mc, 192 + 64) == 128 + 64, "group 1's v: value head 2");
+    CHECK(model_gdn_qkvz_row(&mc, 192 + 128) == 256 + 64 && model_gdn_qkvz_row(&mc, 383) == 383, "group 1's z");
+    int b_hits[8] = {0};
+    for (int i = 0; i < ba; i++) b_hits[model_gdn_ba_row(&mc, i)]++;
+    one_to_one = true;
+    for (int r = 0; r < ba; r++) one_to_one &= b_hits[r] == 1;
+    CHECK(one_to_one, "in_proj_ba rows are not a permutation");
+    CHECK(model_gdn_ba_row(&mc, 1) == 1 && model_gdn_ba_row(&mc, 2) == 4 && model_gdn_ba_row(&mc, 5) == 3 &&
+          model_gdn_ba_row(&mc, 7) == 7, "b, a of groups 0 and 1");
+}
+
 TEST(gdn_wrapper_reads_text_config_like_text_only)
 {
     static const char *inner = "\"vocab_size\":384,\"hidden_size\":128,\"num_hidden_layers\":4,"
@@ -679,24 +714,6 @@ TEST(gdn_refusals_name_file_and_key)
     CHECK(parse_text(&mc, "{\"model_type\":\"qwen3_5_moe_text\"," Q35_BASE ",\"shared_expert_intermediate_size\":0}",
                      &err) == CT_ERR_INPUT && strstr(err.msg, "'shared_expert_intermediate_size' must be positive"),
           "%s", err.msg);
-}
-
-TEST(qwen3_next_is_refused_for_compute_with_one_message)
-{
-    ct_model_config mc;
-    ct_error err = {0};
-    REQUIRE(model_config_load(&mc, "configs/models/tiny-qwen3-next", &err) == CT_OK, "%s", err.msg);
-    CHECK(model_config_check_runnable(&mc, "m/config.json", &err) == CT_ERR_INPUT &&
-          strstr(err.msg, "m/config.json: model_type qwen3_next: ctune cannot train this Gated DeltaNet hybrid yet"),
-          "%s", err.msg);
-    REQUIRE(model_config_load(&mc, "configs/models/tiny-qwen3_5-moe", &err) == CT_OK, "%s", err.msg);
-    CHECK(model_config_check_runnable(&mc, "m/config.json", &err) == CT_OK, "qwen3_5_moe runs: %s", err.msg);
-    REQUIRE(model_config_load(&mc, "configs/models/tiny-qwen3_5", &err) == CT_OK, "%s", err.msg);
-    CHECK(model_config_check_runnable(&mc, "m/config.json", &err) == CT_OK, "qwen3_5 runs: %s", err.msg);
-    REQUIRE(model_config_load(&mc, "configs/models/tiny-qwen3_5-text", &err) == CT_OK, "%s", err.msg);
-    CHECK(model_config_check_runnable(&mc, "m/config.json", &err) == CT_OK, "qwen3_5_text runs: %s", err.msg);
-    REQUIRE(model_config_load(&mc, "configs/models/tiny-moe", &err) == CT_OK, "%s", err.msg);
-    CHECK(model_config_check_runnable(&mc, "m/config.json", &err) == CT_OK, "qwen3_moe runs");
 }
 
 /* The fixture lists what transformers' save_pretrained writes for the config
@@ -808,10 +825,10 @@ int main(void)
     RUN(shipped_qwen3_5_9b_config_parses_through_text_config);
     RUN(shipped_gdn_moe_configs_parse);
     RUN(gdn_absent_fields_take_transformers_defaults);
+    RUN(qwen3_next_grouped_rows_map_one_to_one_onto_the_contiguous_order);
     RUN(gdn_wrapper_reads_text_config_like_text_only);
     RUN(gdn_layer_types_win_over_full_attention_interval);
     RUN(gdn_refusals_name_file_and_key);
-    RUN(qwen3_next_is_refused_for_compute_with_one_message);
     RUN(gdn_tensor_specs_equal_what_transformers_saves);
     RUN(gdn_param_counts_leave_conv_and_gates_out_of_n);
     RUN(check_weights_names_fused_experts_it_cannot_read_yet);

@@ -6,7 +6,11 @@
  * and the sum in fp32 and one rounding at the end (PEFT rounds the delta to the
  * weight dtype first, then adds: two roundings). scaling = alpha / r, or
  * alpha / sqrt(r) with rsLoRA, from adapter_config.json. Every other floating
- * tensor is written as bf16 too; integer tensors are copied as they are.
+ * tensor is written as bf16 too; integer tensors are copied as they are. A
+ * lora_B's rows are in its base weight's row order (PEFT's, and ctune's on disk:
+ * it permutes gated attention's q_proj and qwen3_next's grouped in_proj_qkvz /
+ * in_proj_ba only in memory), so every pair merges row for row, whatever the
+ * weight's layout.
  *
  * gpt_oss's experts are 3-D parameters [E, in, out] (for x @ W), adapted in
  * PEFT's target_parameters layout (docs/ARCHITECTURE.md, "PEFT adapters"): one

@@ -1,13 +1,14 @@
 /* adapter.c — see adapter.h.
  *
  * How PEFT 0.21 on transformers v5 reads target_modules (the reason for the
- * layout adapter_write_config picks): v5 fuses qwen3_moe's and mixtral's experts
- * into 3-D parameters, and PEFT converts a v4-style adapter on load
+ * layout adapter_write_config picks): v5 fuses qwen3_moe's, qwen3_next's (which
+ * transformers converts as qwen2_moe) and mixtral's experts into 3-D
+ * parameters, and PEFT converts a v4-style adapter on load
  * (peft/utils/transformers_weight_conversion.py): every target_modules entry
  * naming gate_proj, up_proj or down_proj (w1/w3/w2) becomes a target_parameters
  * entry for the fused experts and leaves target_modules; a regex is first
  * resolved to the leaf names it matches, then converted the same way. A dense
- * layer's mlp.gate_proj of a qwen3_moe model (mlp_only_layers,
+ * layer's mlp.gate_proj of a qwen3_moe or qwen3_next model (mlp_only_layers,
  * decoder_sparse_step) is then adapted by nothing and its LoRA tensors are left
  * unloaded, with no error. So for such a model the dense MLP projections are
  * named as parameters ("mlp.gate_proj.weight", a 2-D parameter: PEFT's
@@ -21,7 +22,11 @@
  * conversion gives the fused gate_up LoRA rank 2r and alpha 2 alpha, which
  * keeps alpha / r but not rsLoRA's alpha / sqrt(r) (sqrt(2) too large): there
  * an rsLoRA adapter is written as use_rslora false with lora_alpha
- * alpha * sqrt(r), the same scale for every reader. */
+ * alpha * sqrt(r), the same scale for every reader. In qwen3_next that
+ * conversion also takes the names from the shared expert: gate_proj, up_proj
+ * and down_proj adapt the routed experts only (PEFT's all-linear there adapts
+ * the experts, the router and shared_expert_gate, never the shared expert's
+ * projections), so ctune reads them the same way. */
 #include "adapter.h"
 
 #include <errno.h>
@@ -36,9 +41,9 @@
 
 static const char *const projection_names[] = {"q_proj", "k_proj", "v_proj", "o_proj",
                                                "gate_proj", "up_proj", "down_proj",
-                                               "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj",
-                                               "shared_expert_gate"};
-#define N_PROJECTIONS 13
+                                               "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+                                               "in_proj_qkvz", "in_proj_ba", "out_proj", "shared_expert_gate"};
+#define N_PROJECTIONS 15
 
 static int add_target(ct_lora_config *c, const char *name, const char *src, ct_error *err)
 {
@@ -48,7 +53,8 @@ static int add_target(ct_lora_config *c, const char *name, const char *src, ct_e
     if (!known)
         return CT_FAIL_INPUT(err, "%s: target_modules: '%s' is not one of q_proj, k_proj, v_proj, o_proj, "
                              "gate_proj, up_proj, down_proj (or a Gated DeltaNet layer's in_proj_qkv, in_proj_z, in_proj_b, "
-                             "in_proj_a, out_proj, or qwen3_5_moe's shared_expert_gate; ctune applies LoRA to those only)", src, name);
+                             "in_proj_a, in_proj_qkvz, in_proj_ba, out_proj, or the MoE hybrids' shared_expert_gate; ctune "
+                             "applies LoRA to those only)", src, name);
     for (int i = 0; i < c->n_target_modules; i++)
         if (!strcmp(c->target_modules[i], name)) return CT_OK;
     strcpy(c->target_modules[c->n_target_modules++], name);
@@ -68,7 +74,7 @@ static int expect_neutral(const json_value *root, const char *key, const char *s
 }
 
 /* Whether the regex re matches projection p of layer l at its home h: 0
- * attention, 1 a dense MLP (and qwen3_5_moe's shared_expert_gate), 2
+ * attention, 1 a dense MLP (and the MoE hybrids' shared_expert_gate), 2
  * qwen3_moe's experts, 3 mixtral's experts, 4 a Gated DeltaNet layer
  * (linear_attn), 5 qwen3_5_moe's shared expert. */
 static bool pattern_matches(const regex_t *re, int h, int l, int p)
@@ -111,7 +117,7 @@ static int add_pattern_targets(ct_lora_config *c, const char *pattern, const cha
          * for the GDN projections; the MLP for shared_expert_gate */
         static const int mlp_homes[] = {1, 2, 3, 5, -1}, attn_home[] = {0, -1}, gdn_home[] = {4, -1},
                          mlp_home[] = {1, -1};
-        const int *homes = p < 4 ? attn_home : p < 7 ? mlp_homes : p < 12 ? gdn_home : mlp_home;
+        const int *homes = p < 4 ? attn_home : p < 7 ? mlp_homes : p < 14 ? gdn_home : mlp_home;
         for (int hi = 0; homes[hi] >= 0 && !rc; hi++) {
             int h = homes[hi];
             int hits = 0;
@@ -128,7 +134,7 @@ static int add_pattern_targets(ct_lora_config *c, const char *pattern, const cha
     if (!rc && c->n_target_modules == 0)
         return CT_FAIL_INPUT(err, "%s: target_modules: the pattern '%s' matches none of q_proj, k_proj, v_proj, "
                              "o_proj, gate_proj, up_proj, down_proj, in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, "
-                             "out_proj, shared_expert_gate", src, pattern);
+                             "in_proj_qkvz, in_proj_ba, out_proj, shared_expert_gate", src, pattern);
     return rc;
 }
 
@@ -266,18 +272,19 @@ static const char *target_name(const ct_lora *lo, ct_module mod)
     return lo->arch == CT_ARCH_MIXTRAL ? mixtral_names[mod - CT_MOD_GATE] : model_module_name(mod);
 }
 
-/* target_modules for a qwen3_moe model with dense layers (see the file
- * comment): the attention projections anywhere, the expert projections with or
- * without an expert index, never a dense mlp.*_proj; [] when there is neither. */
+/* target_modules for a qwen3_moe or qwen3_next model with dense layers (see the
+ * file comment): the other projections (attention, linear_attn,
+ * shared_expert_gate) anywhere, the expert projections with or without an
+ * expert index, never a dense mlp.*_proj; [] when there is neither. */
 static void write_pattern_targets(const ct_lora *lo, bool experts, json_writer *w)
 {
-    char pattern[256] = "";
+    char pattern[512] = "";
     size_t n = 0;
     for (int part = 0; part < 2; part++) {
-        int first = part ? CT_MOD_GATE : CT_MOD_Q, end = part ? CT_MOD_DOWN + 1 : CT_MOD_GATE, k = 0;
+        int k = 0;
         if (part && !experts) break;
-        for (int mod = first; mod < end; mod++) {
-            if (!lo->targeted[mod]) continue;
+        for (int mod = 0; mod < CT_MOD_COUNT; mod++) {
+            if (!lo->targeted[mod] || model_module_is_mlp(mod) != (part == 1)) continue;
             if (k++ == 0) n += (size_t)snprintf(pattern + n, sizeof pattern - n, "%s%s", n ? "|" : "",
                                                 part ? ".*\\.experts(\\.[0-9]+)?\\.(" : ".*\\.(");
             else n += (size_t)snprintf(pattern + n, sizeof pattern - n, "|");
@@ -297,13 +304,14 @@ void adapter_write_config(const ct_lora *lo, const ct_model_config *c, const cha
         dense |= !c->layer_sparse[l];
     }
     bool mlp = lo->targeted[CT_MOD_GATE] || lo->targeted[CT_MOD_UP] || lo->targeted[CT_MOD_DOWN];
-    bool moe = c->arch == CT_ARCH_QWEN3_MOE || c->arch == CT_ARCH_MIXTRAL || c->arch == CT_ARCH_GPT_OSS;
-    bool dense_as_params = c->arch == CT_ARCH_QWEN3_MOE && dense && mlp;
+    /* the families whose experts PEFT converts (qwen3_next: as qwen2_moe, like qwen3_moe) */
+    bool converted = c->arch == CT_ARCH_QWEN3_MOE || c->arch == CT_ARCH_QWEN3_NEXT || c->arch == CT_ARCH_MIXTRAL;
+    bool moe = converted || c->arch == CT_ARCH_GPT_OSS;
+    bool dense_as_params = (c->arch == CT_ARCH_QWEN3_MOE || c->arch == CT_ARCH_QWEN3_NEXT) && dense && mlp;
     bool any_params = dense_as_params || (moe && sparse && mlp);
     /* v5's fused gate_up LoRA gets rank 2r and alpha 2 alpha: alpha / r survives,
      * alpha / sqrt(r) does not. rsLoRA's scale is then written as plain alpha. */
-    bool fused_gate_up = (c->arch == CT_ARCH_QWEN3_MOE || c->arch == CT_ARCH_MIXTRAL) && sparse &&
-                         lo->targeted[CT_MOD_GATE] && lo->targeted[CT_MOD_UP];
+    bool fused_gate_up = converted && sparse && lo->targeted[CT_MOD_GATE] && lo->targeted[CT_MOD_UP];
     bool rslora_as_alpha = lo->cfg.use_rslora && fused_gate_up;
     /* PEFT writes sorted keys with indent 2; we do the same so diffs stay readable. */
     json_write_raw(w, "{\n  \"alpha_pattern\": {},\n  \"auto_mapping\": null,\n  \"base_model_name_or_path\": ");
@@ -364,7 +372,8 @@ int adapter_check_peft(const ct_model_config *c, const ct_lora_config *l, ct_err
 {
     bool sparse = false;
     for (int i = 0; i < c->num_hidden_layers; i++) sparse |= c->layer_sparse[i];
-    if (!sparse || (c->arch != CT_ARCH_QWEN3_MOE && c->arch != CT_ARCH_MIXTRAL)) return CT_OK;
+    if (!sparse || (c->arch != CT_ARCH_QWEN3_MOE && c->arch != CT_ARCH_QWEN3_NEXT && c->arch != CT_ARCH_MIXTRAL))
+        return CT_OK;
     bool gate = lists(l, "gate_proj"), up = lists(l, "up_proj"), down = lists(l, "down_proj");
     if (gate != up)
         return CT_FAIL_INPUT(err, "lora.target_modules: %s experts' gate_proj and up_proj are one gate_up_proj in "

@@ -30,18 +30,20 @@ int adapter_load(ct_lora *lo, const ct_model *m, const char *dir, ct_error *err)
 
 /* Writes lo's adapter_config.json (for model config c) to w: PEFT's keys,
  * sorted, indent 2. The targets take the form PEFT loads completely (see
- * adapter.c): a list of names, or for a qwen3_moe model with dense layers a
- * regex plus the dense MLP projections as target_parameters; lora_dropout is
- * written 0 where PEFT adapts a target as a parameter (it takes no dropout);
- * rsLoRA on fused experts is written as its scale (alpha * sqrt(r), no rsLoRA). */
+ * adapter.c): a list of names, or for a qwen3_moe or qwen3_next model with
+ * dense layers a regex plus the dense MLP projections as target_parameters;
+ * lora_dropout is written 0 where PEFT adapts a target as a parameter (it
+ * takes no dropout); rsLoRA on fused experts is written as its scale (alpha *
+ * sqrt(r), no rsLoRA). */
 void adapter_write_config(const ct_lora *lo, const ct_model_config *c, const char *base_model, json_writer *w);
 
 /* CT_OK if PEFT 0.21 on transformers v5 loads every tensor of an adapter with
  * these targets on this model; else CT_ERR_INPUT naming lora.target_modules and
  * what to target instead. v5 fuses the experts' gate_proj and up_proj of
- * qwen3_moe and mixtral into one gate_up_proj: PEFT converts a LoRA on one of
- * them only with the other (a ValueError otherwise), and one on both only with
- * down_proj's too (without it the fused gate_up LoRA is left unloaded). For a
+ * qwen3_moe, qwen3_next and mixtral into one gate_up_proj: PEFT converts a LoRA
+ * on one of them only with the other (a ValueError otherwise), and one on both
+ * only with down_proj's too (without it the fused gate_up LoRA is left
+ * unloaded). For a
  * training run to check before step 1 (a reader of existing adapters need not). */
 int adapter_check_peft(const ct_model_config *c, const ct_lora_config *l, ct_error *err);
 

@@ -70,10 +70,12 @@ static const char *const init_names[] = { "true", "gaussian", NULL };
  * model has them (lora_init: target_all_linear). */
 static const char *const linear_names[] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-    "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj", "shared_expert_gate", NULL };
+    "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba", "out_proj",
+    "shared_expert_gate", NULL };
 #define N_ALL_LINEAR 7
 #define LINEAR_LIST "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (Gated DeltaNet layers: " \
-                    "in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj; qwen3_5_moe: shared_expert_gate)"
+                    "in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj, or qwen3_next's in_proj_qkvz, " \
+                    "in_proj_ba, out_proj; the MoE hybrids: shared_expert_gate)"
 
 #define OFF(f) offsetof(ct_config, f)
 #define PATHK(k, f, e)            { .name = k, .kind = K_PATH, .off = OFF(f), .expect = e }

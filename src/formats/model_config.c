@@ -543,16 +543,6 @@ static int parse_gdn(ct_model_config *mc, const json_value *root, const char *sr
     return CT_OK;
 }
 
-int model_config_check_runnable(const ct_model_config *mc, const char *source, ct_error *err)
-{
-    /* qwen3_5 and qwen3_5_moe and their text models (contiguous GDN projections)
-     * run on backends with the GDN ops; qwen3_next not yet. */
-    if (!mc->gdn || mc->arch == CT_ARCH_QWEN3_5 || mc->arch == CT_ARCH_QWEN3_5_MOE) return CT_OK;
-    return CT_FAIL_INPUT(err, "%s: model_type %s: ctune cannot train this Gated DeltaNet hybrid yet "
-                         "(init and inspect read it; train and eval run qwen3_5, qwen3_5_moe and their text models only)",
-                         source, mc->model_type);
-}
-
 /* ---- config.json ---- */
 
 static int parse_root(ct_model_config *mc, const json_value *root, const char *src, ct_error *err)

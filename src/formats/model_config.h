@@ -3,8 +3,8 @@
  *
  * Supported model_type: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, gpt_oss,
  * and the Gated DeltaNet hybrids qwen3_5, qwen3_5_text, qwen3_5_moe,
- * qwen3_5_moe_text, qwen3_next (described, initialised and inspected; not yet
- * trainable: model_load refuses them). Anything else is CT_ERR_INPUT naming the
+ * qwen3_5_moe_text, qwen3_next (computed on backends with the GDN ops: the
+ * CPU's for now). Anything else is CT_ERR_INPUT naming the
  * supported ones. Both the legacy rope_theta/rope_scaling keys and transformers
  * v5 rope_parameters are read. The multimodal wrappers qwen3_5 and qwen3_5_moe
  * are read through their text_config; their vision tower is ignored. */
@@ -149,13 +149,6 @@ typedef struct ct_param_counts {
     size_t per_token_active; /* matmul parameters a token passes through (N of BENCHMARKS.md's MFU accounting) */
 } ct_param_counts;
 ct_param_counts model_param_counts(const ct_model_config *mc);
-
-/* For the families ctune can describe but not yet run (the Gated DeltaNet
- * hybrids qwen3_5_moe(_text) and qwen3_next): CT_ERR_INPUT "SOURCE: model_type
- * T: ctune cannot train this Gated DeltaNet hybrid yet"; CT_OK for every other
- * model (qwen3_5 and qwen3_5_text included). model_load calls it, so train, eval and
- * generate refuse such a model before reading its weights. */
-int model_config_check_runnable(const ct_model_config *mc, const char *source, ct_error *err);
 
 /* Checks that a reader holds every tensor of the spec with its dtype BF16 (or
  * F32/F16, converted on load) and shape. Extra tensors are ignored (HF ignores

@@ -500,8 +500,11 @@ static void mlp_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_act
     }
 }
 
-static const ct_module gdn_in_qkvz[2] = {CT_MOD_IN_QKV, CT_MOD_IN_Z};
-static const ct_module gdn_in_ba[2] = {CT_MOD_IN_B, CT_MOD_IN_A};
+/* The LoRA modules on the fused GDN input's [qkv | z] and [b | a] columns:
+ * qwen3_5's in_proj_qkv and in_proj_z (in_proj_b, in_proj_a), or qwen3_next's
+ * one in_proj_qkvz (in_proj_ba) over both; a model has only one of the two kinds. */
+static const ct_module gdn_in_qkvz[3] = {CT_MOD_IN_QKV, CT_MOD_IN_Z, CT_MOD_IN_QKVZ};
+static const ct_module gdn_in_ba[3] = {CT_MOD_IN_B, CT_MOD_IN_A, CT_MOD_IN_BA};
 
 /* The GDN mixer of layer l: a->h = x + out_proj(gated_rmsnorm(delta(conv(P)), z)),
  * P = a->xn Win^T (+LoRA). */
@@ -514,8 +517,8 @@ static void gdn_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x, l
     int Kd = model_gdn_key_dim(c), Vd = model_gdn_value_dim(c), Hv = c->linear_num_value_heads;
     int Hk = c->linear_num_key_heads, Dk = c->linear_key_head_dim, Dv = c->linear_value_head_dim;
     be->linear_fwd(be, a->proj, NP, a->xn, H, w->win, NULL, T, H, NP, 0);
-    lora_fwd_shared(g, lc, l, gdn_in_qkvz, (int[]){0, CD}, 2, a->proj, NP, a->xn, H, T, 0);
-    lora_fwd_shared(g, lc, l, gdn_in_ba, (int[]){CD + Vd, CD + Vd + Hv}, 2, a->proj, NP, a->xn, H, T, 0);
+    lora_fwd_shared(g, lc, l, gdn_in_qkvz, (int[]){0, CD, 0}, 3, a->proj, NP, a->xn, H, T, 0);
+    lora_fwd_shared(g, lc, l, gdn_in_ba, (int[]){CD + Vd, CD + Vd + Hv, CD + Vd}, 3, a->proj, NP, a->xn, H, T, 0);
     be->gdn_conv_fwd(be, a->conv, CD, a->proj, NP, w->conv_w, g->positions, T, CD, c->linear_conv_kernel_dim);
     be->gdn_gates_fwd(be, a->gg, a->beta, act_at(g, a->proj, CD + Vd + Hv), NP, act_at(g, a->proj, CD + Vd), NP,
                       w->A_log, w->dt_bias, T, Hv);
@@ -549,8 +552,9 @@ static void gdn_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_act
     be->gdn_conv_bwd(be, g->dproj, NP, g->dconv, CD, a->proj, NP, w->conv_w, g->positions, T, CD,
                      c->linear_conv_kernel_dim);
     be->linear_bwd_input(be, g->dxn, H, g->dproj, NP, w->win, T, H, NP, 0);
-    lora_bwd_shared(g, lc, l, gdn_in_qkvz, (int[]){0, CD}, 2, g->dxn, H, g->dproj, NP, a->xn, H, T, 0);
-    lora_bwd_shared(g, lc, l, gdn_in_ba, (int[]){CD + Vd, CD + Vd + Hv}, 2, g->dxn, H, g->dproj, NP, a->xn, H, T, 0);
+    lora_bwd_shared(g, lc, l, gdn_in_qkvz, (int[]){0, CD, 0}, 3, g->dxn, H, g->dproj, NP, a->xn, H, T, 0);
+    lora_bwd_shared(g, lc, l, gdn_in_ba, (int[]){CD + Vd, CD + Vd + Hv, CD + Vd}, 3, g->dxn, H, g->dproj, NP, a->xn, H,
+                    T, 0);
 }
 
 /* The attention of layer l: a->h = x + o(attn(rope(norm_qk(qkv(a->xn))))) [* sigmoid(gate)]. */

@@ -1,10 +1,12 @@
 /* graph_moe.c — the sparse MLP block (see graph_moe.h) over the backend's MoE
  * ops. Sizes: T tokens, H hidden, E experts, K per token, I expert intermediate,
- * n = T*K expert rows. qwen3_5_moe adds a shared expert, a dense SwiGLU MLP of
- * intermediate size Is on every token, scaled by sigmoid(hn . wsh_gate) per
- * token (moe_shared_gate_fwd) and added to the routed sum; LoRA on its gate,
- * up and down projections (qwen3_5_moe's CT_MOD_GATE/UP/DOWN, as PEFT's
- * target_modules reads those names there) and on shared_expert_gate.
+ * n = T*K expert rows. qwen3_5_moe and qwen3_next add a shared expert, a dense
+ * SwiGLU MLP of intermediate size Is on every token, scaled by
+ * sigmoid(hn . wsh_gate) per token (moe_shared_gate_fwd) and added to the
+ * routed sum; LoRA on shared_expert_gate and, in qwen3_5_moe, on the shared
+ * expert's gate, up and down projections (its CT_MOD_GATE/UP/DOWN, as PEFT's
+ * target_modules reads those names there; in qwen3_next they are the routed
+ * experts', as PEFT's v5 conversion reads them, and the shared expert is frozen).
  *
  * Backward, with out = h + sum_k w_k ye_k:
  *   dye = w * dout (per row), dw = dout . bias_e       (moe_scatter_bwd)
@@ -66,7 +68,7 @@ typedef struct moe_acts {
     void *act;           /* (n, I) */
     void *u_gu, *u_d;    /* (n, MOE_G_COLS): the fused forwards' u of gate|up and of down */
     bool u_gu_ok, u_d_ok; /* whether the last forward into this workspace wrote them */
-    /* the shared expert (qwen3_5_moe): NULL without one */
+    /* the shared expert (qwen3_5_moe, qwen3_next): NULL without one */
     void *sgu;           /* (T, 2Is) */
     void *sact;          /* (T, Is) */
     void *s;             /* (T, H): its output before the gate */
@@ -182,13 +184,22 @@ static const ct_lora_slot *expert_lora(const moe_lora *ml, int l, ct_module mod)
     return s->experts ? s : NULL;
 }
 
+/* The shared expert's module mod when it has a LoRA: shared_expert_gate, or
+ * qwen3_5_moe's gate/up/down (elsewhere those slots are the routed experts'). */
+static const ct_lora_slot *shared_lora(const moe_lora *ml, int l, ct_module mod)
+{
+    if (!ml->lo || !ml->lo->targeted[mod]) return NULL;
+    if (model_module_is_mlp(mod) && ml->lo->arch != CT_ARCH_QWEN3_5_MOE) return NULL;
+    const ct_lora_slot *s = lora_slot(ml->lo, l, mod);
+    return s->experts ? s : NULL;
+}
+
 /* The LoRA of a shared-expert module over the T token rows (dense, no experts). */
 static void shared_lora_fwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod, void *y, int ldy, const void *x,
                             int ldx, int T)
 {
-    if (!ml->lo || !ml->lo->targeted[mod]) return;
-    const ct_lora_slot *s = lora_slot(ml->lo, l, mod);
-    if (!s->experts) return;
+    const ct_lora_slot *s = shared_lora(ml, l, mod);
+    if (!s) return;
     mo->be->lora_fwd(mo->be, y, ldy, x, ldx, lora_A(ml->lo, l, mod), lora_B(ml->lo, l, mod), T, s->in, s->out,
                      ml->lo->R, ml->lo->scale, ml->dropout, graph_module_seed(ml->step_seed, l, mod));
 }
@@ -196,9 +207,8 @@ static void shared_lora_fwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod
 static void shared_lora_bwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod, void *dx, int lddx, const void *dy,
                             int lddy, const void *x, int ldx, int T)
 {
-    if (!ml->lo || !ml->lo->targeted[mod]) return;
-    const ct_lora_slot *s = lora_slot(ml->lo, l, mod);
-    if (!s->experts) return;
+    const ct_lora_slot *s = shared_lora(ml, l, mod);
+    if (!s) return;
     mo->be->lora_bwd(mo->be, dx, lddx, lora_grad_A(ml->lo, l, mod), lora_grad_B(ml->lo, l, mod), dy, lddy, x, ldx,
                      lora_A(ml->lo, l, mod), lora_B(ml->lo, l, mod), T, s->in, s->out, ml->lo->R, ml->lo->scale,
                      ml->dropout, graph_module_seed(ml->step_seed, l, mod));

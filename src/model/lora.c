@@ -43,8 +43,20 @@ int lora_init(ct_lora *lo, const ct_model *m, const ct_lora_config *cfg, uint64_
          * those are targeted only in a model that has them. */
         lo->targeted[mod] = target_named(cfg, mod) || (cfg->target_all_linear && mod >= CT_MOD_IN_QKV);
         if (mod >= CT_MOD_IN_QKV && !c->gdn) lo->targeted[mod] = false;
-        /* shared_expert_gate: qwen3_5_moe's (PEFT's all-linear takes it: an nn.Linear) */
-        if (mod == CT_MOD_SH_GATE && c->arch != CT_ARCH_QWEN3_5_MOE) lo->targeted[mod] = false;
+        /* shared_expert_gate: the MoE hybrids' (PEFT's all-linear takes it: an nn.Linear) */
+        if (mod == CT_MOD_SH_GATE && c->arch != CT_ARCH_QWEN3_5_MOE && c->arch != CT_ARCH_QWEN3_NEXT)
+            lo->targeted[mod] = false;
+        /* a GDN hybrid has either the grouped in_proj_qkvz / in_proj_ba or the four contiguous ones */
+        bool grouped_mod = mod == CT_MOD_IN_QKVZ || mod == CT_MOD_IN_BA;
+        if (c->gdn && mod >= CT_MOD_IN_QKV && mod < CT_MOD_OUT && grouped_mod != c->gdn_grouped_proj &&
+            lo->targeted[mod]) {
+            lo->targeted[mod] = false;
+            if (!cfg->target_all_linear)
+                return CT_FAIL_INPUT(err, "lora.target_modules: %s: model_type %s has no such projection (its "
+                                     "linear_attn has %s)", model_module_name(mod), c->model_type,
+                                     c->gdn_grouped_proj ? "in_proj_qkvz, in_proj_ba and out_proj"
+                                                         : "in_proj_qkv, in_proj_z, in_proj_b, in_proj_a and out_proj");
+        }
         model_module_shape(c, mod, &lo->in[mod], &lo->out[mod]);
     }
     if (c->arch == CT_ARCH_GPT_OSS && any_sparse(c) && lo->targeted[CT_MOD_GATE] != lo->targeted[CT_MOD_UP])
@@ -159,10 +171,23 @@ typedef struct peft_tensor {
     size_t offset;     /* of its first value in params */
     int fused_B_E;     /* > 0: a gpt_oss fused lora_B [out, R*E] whose column j*E + e is
                         * column j of expert e's B (stored (E, out, R) in params) */
-    int q_gated_D;     /* > 0: gated attention's q_proj lora_B: PEFT's row r (HF's
-                        * interleaved query/gate order, head dim q_gated_D) is row
-                        * model_q_row(r) in params (the fused weight's order) */
+    ct_module rows_of; /* a lora_B whose rows PEFT orders as HF's weight and params as the
+                        * fused weight (CT_MOD_COUNT: the same order): gated attention's
+                        * q_proj, qwen3_next's in_proj_qkvz and in_proj_ba (peft_row) */
 } peft_tensor;
+
+/* Row of params (the fused weight's order) that holds PEFT's row r of module
+ * mod's lora_B (HF's order): gated q_proj's interleaved query/gate rows,
+ * qwen3_next's rows grouped by key head (model.h). */
+static int peft_row(const ct_model_config *c, ct_module mod, int r)
+{
+    switch (mod) {
+    case CT_MOD_Q:       return model_q_row(r, c->head_dim, c->num_attention_heads * c->head_dim);
+    case CT_MOD_IN_QKVZ: return model_gdn_qkvz_row(c, r);
+    case CT_MOD_IN_BA:   return model_gdn_ba_row(c, r);
+    default:             return r;
+    }
+}
 
 /* Every tensor of the adapter in file order (layer, module, expert, A then B).
  * Returns the count; *out is malloc'd. */
@@ -184,6 +209,7 @@ static size_t peft_tensors(const ct_lora *lo, const ct_model_config *c, peft_ten
                     if (n + 1 > cap) v = ct_realloc(v, (cap *= 2) * sizeof *v);
                     peft_tensor *t = &v[n++];
                     memset(t, 0, sizeof *t);
+                    t->rows_of = CT_MOD_COUNT;
                     if (fused) {
                         /* PEFT nests the gate_up wrapper inside the down one when both are targeted. */
                         bool inner = mod == CT_MOD_GATE && lo->targeted[CT_MOD_DOWN];
@@ -204,7 +230,9 @@ static size_t peft_tensors(const ct_lora *lo, const ct_model_config *c, peft_ten
                         t->shape[0] = is_B ? s->out : R;
                         t->shape[1] = is_B ? R : s->in;
                         t->offset = is_B ? b0 + (size_t)e * s->out * R : s->offset + (size_t)e * R * s->in;
-                        if (is_B && mod == CT_MOD_Q && model_attn_gated(c)) t->q_gated_D = c->head_dim;
+                        bool permuted = (mod == CT_MOD_Q && model_attn_gated(c)) || mod == CT_MOD_IN_QKVZ ||
+                                        mod == CT_MOD_IN_BA;
+                        if (is_B && permuted) t->rows_of = (ct_module)mod;
                     }
                 }
         }
@@ -212,12 +240,13 @@ static size_t peft_tensors(const ct_lora *lo, const ct_model_config *c, peft_ten
     return n;
 }
 
-/* Between params (rows [queries | gates]) and PEFT's q_proj lora_B (out = 2Q
- * rows, per head D query rows then D gate rows), R columns. */
-static void q_gated_B_copy(float *peft, float *mine, int out, int R, int D, bool to_peft)
+/* Between params and PEFT's lora_B of module mod (out rows, R columns), rows
+ * mapped by peft_row. */
+static void permuted_B_copy(float *peft, float *mine, const ct_model_config *c, ct_module mod, int out, int R,
+                            bool to_peft)
 {
     for (int r = 0; r < out; r++) {
-        float *a = peft + (size_t)r * R, *b = mine + (size_t)model_q_row(r, D, out / 2) * R;
+        float *a = peft + (size_t)r * R, *b = mine + (size_t)peft_row(c, mod, r) * R;
         memcpy(to_peft ? a : b, to_peft ? b : a, (size_t)R * sizeof(float));
     }
 }
@@ -251,9 +280,9 @@ int lora_save_peft(const ct_lora *lo, const ct_model *m, const char *dir, const 
             fused = ct_malloc((size_t)t->shape[0] * t->shape[1] * sizeof(float));
             fused_B_copy(fused, data, t->fused_B_E, (int)t->shape[0], lo->R, true);
             data = fused;
-        } else if (t->q_gated_D) {
+        } else if (t->rows_of != CT_MOD_COUNT) {
             fused = ct_malloc((size_t)t->shape[0] * t->shape[1] * sizeof(float));
-            q_gated_B_copy(fused, data, (int)t->shape[0], lo->R, t->q_gated_D, true);
+            permuted_B_copy(fused, data, &m->cfg, t->rows_of, (int)t->shape[0], lo->R, true);
             data = fused;
         }
         rc = st_writer_add(sw, t->name, CT_DTYPE_F32, 2, t->shape, data, err);
@@ -294,10 +323,10 @@ int lora_load_peft(ct_lora *lo, const ct_model *m, const char *dir, ct_error *er
             memcpy(fused, t->data, t->nbytes);
             fused_B_copy(fused, host + want->offset, want->fused_B_E, (int)want->shape[0], lo->R, false);
             free(fused);
-        } else if (want->q_gated_D) {
+        } else if (want->rows_of != CT_MOD_COUNT) {
             float *peft = ct_malloc(t->nbytes);
             memcpy(peft, t->data, t->nbytes);
-            q_gated_B_copy(peft, host + want->offset, (int)want->shape[0], lo->R, want->q_gated_D, false);
+            permuted_B_copy(peft, host + want->offset, &m->cfg, want->rows_of, (int)want->shape[0], lo->R, false);
             free(peft);
         } else {
             memcpy(host + want->offset, t->data, t->nbytes);

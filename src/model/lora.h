@@ -39,7 +39,9 @@ typedef struct ct_lora {
  * 1/sqrt(in)) (or N(0, 1/R) for init_lora_weights "gaussian"), B = 0, from seed;
  * drawn in (layer, module, expert) order. target_modules gate_proj, up_proj and
  * down_proj adapt the dense MLPs and the experts of sparse layers alike (gpt_oss:
- * its fused gate_up_proj needs both gate_proj and up_proj, else CT_ERR_INPUT). */
+ * its fused gate_up_proj needs both gate_proj and up_proj, else CT_ERR_INPUT). A
+ * listed GDN projection of the other layout (in_proj_qkv on qwen3_next,
+ * in_proj_qkvz on qwen3_5) is CT_ERR_INPUT; all-linear takes the model's own. */
 int lora_init(ct_lora *lo, const ct_model *m, const ct_lora_config *cfg, uint64_t seed, ct_error *err);
 void lora_free(ct_lora *lo, ct_backend *be);
 
@@ -59,7 +61,10 @@ const ct_lora_slot *lora_slot(const ct_lora *lo, int layer, ct_module mod);
  * except gpt_oss, which has no per-expert modules: its experts use PEFT's
  * target_parameters format with transformers v5's is_transposed layout
  * (...mlp.experts[.base_layer].lora_A [R*E, in] expert-major rows, lora_B
- * [out, R*E] with column j*E + e; docs/ARCHITECTURE.md, "PEFT adapters"). */
+ * [out, R*E] with column j*E + e; docs/ARCHITECTURE.md, "PEFT adapters").
+ * Every lora_B is written in the row order of its HF weight: gated attention's
+ * q_proj and qwen3_next's in_proj_qkvz / in_proj_ba, whose rows params keeps in
+ * the fused weight's order, are permuted on the way (and back by lora_load_peft). */
 int lora_save_peft(const ct_lora *lo, const ct_model *m, const char *dir, const char *base_model,
                    ct_error *err);
 /* Reads a PEFT adapter folder into lo (shapes, r and targets must match). */

@@ -35,7 +35,8 @@ typedef struct ct_layer_weights {
      * [queries of all heads (Q) | their output gates (Q) | k | v]: HF interleaves
      * query and gate per head in q_proj, permuted at load. */
     void *win;         /* (conv_dim + value_dim + 2 Hv, H): rows in_proj_qkv | in_proj_z |
-                        * in_proj_b | in_proj_a */
+                        * in_proj_b | in_proj_a (qwen3_next's grouped in_proj_qkvz and
+                        * in_proj_ba are permuted into this order at load) */
     void *conv_w;      /* (conv_dim, W) */
     float *A_log;      /* (Hv) fp32 */
     float *dt_bias;    /* (Hv) fp32 */
@@ -50,7 +51,8 @@ typedef struct ct_layer_weights {
     void *bgu_e;       /* (E, 2I) or NULL, rows as wgu_e */
     void *wdown_e;     /* (E, H, I) */
     void *bdown_e;     /* (E, H) or NULL */
-    /* the shared expert of qwen3_5_moe's sparse layers (NULL elsewhere), Is its intermediate size */
+    /* the shared expert of the MoE hybrids' sparse layers (qwen3_5_moe, qwen3_next; NULL elsewhere),
+     * Is its intermediate size */
     void *wsh_gu;      /* (2Is, H): gate rows then up rows */
     void *wsh_down;    /* (H, Is) */
     void *wsh_gate;    /* (1, H): the scalar gate, sigmoid(hn . w) per token */
@@ -71,17 +73,19 @@ typedef struct ct_model {
 
 /* Reads DIR/config.json and the safetensors in DIR, checks every tensor's name,
  * shape and dtype, and uploads the weights (fused) to the backend. A mixture of
- * experts on a backend without the MoE ops (CUDA, for now) is CT_ERR_INPUT, and
- * so is a Gated DeltaNet hybrid (model_config_check_runnable). */
+ * experts on a backend without the MoE ops is CT_ERR_INPUT, and so is a Gated
+ * DeltaNet hybrid on a backend without the GDN ops (CUDA, for now). */
 int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err);
 void model_free(ct_model *m);
 
 /* Per-projection sizes: in and out features of each LoRA-able module. */
 typedef enum {
     CT_MOD_Q, CT_MOD_K, CT_MOD_V, CT_MOD_O, CT_MOD_GATE, CT_MOD_UP, CT_MOD_DOWN,
-    /* Gated DeltaNet layers' projections (linear_attn.*) */
-    CT_MOD_IN_QKV, CT_MOD_IN_Z, CT_MOD_IN_B, CT_MOD_IN_A, CT_MOD_OUT,
-    /* qwen3_5_moe's mlp.shared_expert_gate (1, H) */
+    /* Gated DeltaNet layers' projections (linear_attn.*): qwen3_5's contiguous
+     * in_proj_qkv, _z, _b, _a, or qwen3_next's in_proj_qkvz and in_proj_ba (one
+     * LoRA each, over the fused columns [qkv | z] and [b | a]); out_proj in both */
+    CT_MOD_IN_QKV, CT_MOD_IN_Z, CT_MOD_IN_B, CT_MOD_IN_A, CT_MOD_IN_QKVZ, CT_MOD_IN_BA, CT_MOD_OUT,
+    /* the MoE hybrids' mlp.shared_expert_gate (1, H) */
     CT_MOD_SH_GATE, CT_MOD_COUNT
 } ct_module;
 /* The MLP modules (dense, experts, or qwen3_5_moe's shared expert): gate, up, down. */
@@ -98,6 +102,28 @@ static inline int model_gdn_proj_dim(const ct_model_config *c)
 {
     return model_gdn_conv_dim(c) + model_gdn_value_dim(c) + 2 * c->linear_num_value_heads;
 }
+/* qwen3_next's grouped projections: per key head g (r = Hv/Hk value heads each)
+ * in_proj_qkvz holds rows [q_g (dk) | k_g (dk) | v_g (r dv) | z_g (r dv)] and
+ * in_proj_ba [b_g (r) | a_g (r)]; value head g r + j belongs to key head g.
+ * HF row i of in_proj_qkvz is row model_gdn_qkvz_row(i) of [all q | all k | all v
+ * | all z] (the fused weight's first conv_dim + value_dim rows, and the order of
+ * in_proj_qkvz's LoRA B in memory); HF row i of in_proj_ba is row
+ * model_gdn_ba_row(i) of [all b | all a]. */
+static inline int model_gdn_qkvz_row(const ct_model_config *c, int i)
+{
+    int dk = c->linear_key_head_dim, Kd = model_gdn_key_dim(c);
+    int rv = c->linear_num_value_heads / c->linear_num_key_heads * c->linear_value_head_dim; /* v (z) rows per group */
+    int group = 2 * dk + 2 * rv, g = i / group, j = i % group;
+    if (j < dk) return g * dk + j;
+    if (j < 2 * dk) return Kd + g * dk + j - dk;
+    if (j < 2 * dk + rv) return 2 * Kd + g * rv + j - 2 * dk;
+    return model_gdn_conv_dim(c) + g * rv + j - 2 * dk - rv;
+}
+static inline int model_gdn_ba_row(const ct_model_config *c, int i)
+{
+    int r = c->linear_num_value_heads / c->linear_num_key_heads, g = i / (2 * r), j = i % (2 * r);
+    return j < r ? g * r + j : c->linear_num_value_heads + g * r + j - r;
+}
 /* Gated attention's q_proj: HF row r (per head h, D query rows then D gate rows)
  * is row model_q_row(r) of the fused weight and of q_proj's LoRA B in memory
  * ([all queries (Q) | all gates (Q)]). */
@@ -111,7 +137,8 @@ static inline bool model_attn_gated(const ct_model_config *c) { return c->attn_o
 const char *model_module_name(ct_module mod);           /* "q_proj" */
 const char *model_module_parent(ct_module mod);         /* "self_attn", "linear_attn" or "mlp" */
 /* The module's path under a layer as PEFT names it: "self_attn.q_proj";
- * qwen3_5_moe's gate/up/down are its shared expert's, "mlp.shared_expert.gate_proj". */
+ * qwen3_5_moe's gate/up/down are its shared expert's, "mlp.shared_expert.gate_proj"
+ * (qwen3_next's are its routed experts', as PEFT's v5 conversion reads those names). */
 void model_module_path(char *out, size_t len, ct_arch arch, ct_module mod);
 /* in/out of a module of a dense layer (the MLP with intermediate_size). */
 void model_module_shape(const ct_model_config *cfg, ct_module mod, int *in, int *out);
@@ -122,7 +149,9 @@ void model_module_shape(const ct_model_config *cfg, ct_module mod, int *in, int 
  * module does not exist: gpt_oss fuses gate and up into one gate_up_proj per
  * expert, which is its GATE module (out = 2I, interleaved rows), and has no UP;
  * a GDN hybrid's linear-attention layers have no q/k/v/o and its attention
- * layers no in_proj_* / out_proj. Gated attention's q_proj has out = 2 Q. */
+ * layers no in_proj_* / out_proj; qwen3_next has in_proj_qkvz / in_proj_ba and
+ * no in_proj_qkv / _z / _b / _a, the other hybrids the reverse. Gated
+ * attention's q_proj has out = 2 Q. */
 int model_module_layer_shape(const ct_model_config *cfg, int l, ct_module mod, int *in, int *out);
 
 #endif

@@ -1,7 +1,5 @@
 /* gdn_bench.c — times the CUDA backend's gated delta rule (gdn_delta_fwd and
- * gdn_delta_bwd, cuda/gdn/gdn_delta.cu) on packed documents, for comparison with
- * flash-linear-attention's chunk_gated_delta_rule on the same shapes
- * (scripts/gdn_bench_fla.py prints the same table).
+ * gdn_delta_bwd, cuda/gdn/gdn_delta.cu) on packed documents.
  *
  *   build/bench/gdn_bench [reps [shape]]
  *

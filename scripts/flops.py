@@ -9,6 +9,13 @@ the documents of the shards it trains on:
        truncated to max_len)
   per token: 4N + 3.5 A_f + LoRA (6 r (d_in + d_out) per adapted matrix)
 
+Gated DeltaNet hybrids (a config with layer_types, or a wrapper's text_config): a
+linear-attention layer's N is its projections (in_proj_qkv, z, b, a, out_proj) and
+its A_f the recurrence's 6 Dk Dv per token and value head (read S^T k, write k u^T,
+output S^T q); a full-attention layer's q_proj is twice as wide (the output gate).
+LoRA counts the modules of the GDN benchmark: q, k, v, o, the MLP, in_proj_qkv,
+in_proj_z and out_proj.
+
     python3 scripts/flops.py configs/models/qwen3-0.6b/config.json SHARD... [--rank 16] [--max-len 4096]
 prints GFLOP/token; MFU = GFLOP/token * tokens/s / 790e3.
 """
@@ -26,23 +33,36 @@ def shard_lengths(path):
 
 
 def gflop_per_token(cfg, lengths, rank, max_len):
+    cfg = cfg.get("text_config", cfg)
     H, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     nq = cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads", nq)
     D = cfg.get("head_dim") or H // nq
     E = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
     K = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0
-    I = cfg.get("moe_intermediate_size", cfg["intermediate_size"]) if E else cfg["intermediate_size"]
-    attn = H * (nq * D) * 2 + H * (nkv * D) * 2
-    mlp = 3 * H * I * (K if E else 1) + (H * E if E else 0)
-    N = L * (attn + mlp) + V * H
-    mods = [(H, nq * D), (H, nkv * D), (H, nkv * D), (nq * D, H)]
-    if not E:
-        mods += [(H, I), (H, I), (I, H)]
-    lora = L * sum(6 * rank * (a + b) for a, b in mods)
+    I = cfg.get("moe_intermediate_size", cfg.get("intermediate_size")) if E else cfg["intermediate_size"]
+    Is = cfg.get("shared_expert_intermediate_size") or 0
+    types = cfg.get("layer_types") or ["full_attention"] * L
+    gated = "linear_num_value_heads" in cfg  # the hybrids' attention carries an output gate in q_proj
     lens = [min(n, max_len) for n in lengths]
     mean_s = sum(n * n for n in lens) / sum(lens)
-    a_f = L * 2 * mean_s * nq * D
+    mlp = 3 * H * I * (K if E else 1) + (H * E if E else 0) + (3 * H * Is + H if Is else 0)
+    mlp_mods = [] if E else [(H, I), (H, I), (I, H)]
+    N, a_f, lora = V * H, 0.0, 0
+    for t in types[:L]:
+        if t == "linear_attention":
+            Hk, Hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+            Dk, Dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+            conv, Vd = 2 * Hk * Dk + Hv * Dv, Hv * Dv
+            N += H * (conv + Vd + 2 * Hv) + Vd * H + mlp
+            a_f += 6 * Dk * Dv * Hv
+            mods = [(H, conv), (H, Vd), (Vd, H)] + mlp_mods
+        else:
+            qo = nq * D * (2 if gated else 1)
+            N += H * qo + H * (nkv * D) * 2 + nq * D * H + mlp
+            a_f += 2 * mean_s * nq * D
+            mods = [(H, qo), (H, nkv * D), (H, nkv * D), (nq * D, H)] + mlp_mods
+        lora += sum(6 * rank * (a + b) for a, b in mods)
     return (4 * N + 3.5 * a_f + lora) / 1e9
 
 

@@ -3,7 +3,8 @@
  * SiLU, gates, gated RMSNorm, sigmoid output gate) on packed documents of 1, 5,
  * 63, 64, 65 and 300 tokens, strided column slices and the aliasing the contracts
  * allow; the chunked delta rule (cuda/gdn/gdn_delta.cu) forward and backward on
- * documents of 1, 63, 64, 65 and more tokens up to a 16k-token one, GVA head
+ * documents of 1, 63, 64, 65 and more tokens up to a 16k-token one, 300 documents
+ * of 1 to 3 tokens, GVA head
  * groups, strong and weak decays, padding rows past the last document (left
  * untouched) and bit-identical repeated backwards. All inputs bf16-representable.
  *
@@ -161,7 +162,8 @@ TEST(sigmoid_gate_fwd_bwd_match_cpu_interleaved_and_contiguous)
  * lens[0..n) packed from row 0, pad rows after them; g in [gmin, -0.001]. */
 static void delta_case(const int *lens, int n, int pad, int Hk, int Hv, int Dk, int Dv, float gmin)
 {
-    int32_t cu[16] = {0};
+    int32_t *cu = ct_malloc(sizeof(int32_t) * (n + 1));
+    cu[0] = 0;
     for (int d = 0; d < n; d++) cu[d + 1] = cu[d] + lens[d];
     int T = cu[n] + pad, ld = 2 * Hk * Dk + Hv * Dv, lo = Hv * Dv;
     size_t nq = (size_t)T * ld, ng = (size_t)T * Hv, no = (size_t)T * lo;
@@ -208,7 +210,7 @@ static void delta_case(const int *lens, int n, int pad, int Hk, int Hv, int Dk, 
     CHECK(same, "delta bwd (T %d): a second run differs", T);
     free(first); free(again);
     drop(pq); drop(pdo); drop(pg); drop(pb); drop(pcu); drop(po); drop(pd); drop(pdg); drop(pdb);
-    free(qkv); free(dout); free(g); free(beta);
+    free(qkv); free(dout); free(g); free(beta); free(cu);
 }
 
 TEST(delta_rule_fwd_bwd_match_cpu_over_documents)
@@ -220,6 +222,9 @@ TEST(delta_rule_fwd_bwd_match_cpu_over_documents)
     delta_case(docs, 4, 3, 1, 3, 64, 96, -2.0f);
     const int big[] = {65, 1, 200};
     delta_case(big, 3, 2, 2, 4, 128, 128, -0.5f);   /* Qwen3.5's head dims */
+    int tiny[300];                                  /* chunks with no stored state at all */
+    for (int d = 0; d < 300; d++) tiny[d] = 1 + d % 3;
+    delta_case(tiny, 300, 4, 2, 4, 32, 32, -1.0f);
 }
 
 TEST(delta_rule_fwd_bwd_match_cpu_on_a_16k_document)

@@ -190,8 +190,8 @@ static int cuda_check_model(ct_backend *be, const ct_model_config *c, const char
     else if (c->gdn && c->linear_value_head_dim % 32)
         snprintf(buf, sizeof buf, "linear_value_head_dim %d is not a multiple of 32", c->linear_value_head_dim),
             why = buf;
-    else if (c->norm_zero_centred)
-        why = "zero-centred RMSNorm (1 + w) in bf16 is not written yet";
+    else if (c->arch == CT_ARCH_QWEN3_NEXT)
+        why = "qwen3_next is not validated on the CUDA backend yet (its 50-step GPU parity is open)";
     if (!why) return CT_OK;
     return CT_FAIL_INPUT(err, "%s/config.json: %s: not supported by the CUDA backend (set device: cpu to train it "
                          "on the CPU reference backend)", dir, why);

@@ -38,8 +38,10 @@
  *   finish     dγ summed over column tiles and turned into dg (reverse cumsum in
  *              the chunk), dβ summed; dq, dk summed over column tiles and the
  *              value heads of each key head, then through the L2 norm, to bf16.
- * Everything between passes is fp32 scratch (cuda_scratch): at Hv 48, Dk = Dv =
- * 128 and 16k tokens about 8 GB for the backward.
+ * Everything between passes is fp32 scratch (cuda_scratch), proportional to T
+ * whatever the documents (states only for chunks that have one, the chunk
+ * matrices by token row; memory_plan.c counts the same): at Hv 48, Dk = Dv = 128
+ * and 16k tokens about 7.3 GB for the backward.
  *
  * The products inside a chunk are fp32 on the CUDA cores, register-tiled (Tile:
  * each thread a 4 x 8 or smaller block of the output); no tensor cores yet.
@@ -53,50 +55,64 @@
 
 // ---- kernels ----
 
-/* chunks[c] = {first token, length, document, 0} for c < the chunk count, zeros up
- * to n_slots; chunk_off (n_docs + 1): each document's first chunk, then the total. */
+/* Exclusive prefix sum of x over the block's threads in thread order, plus the
+ * running total in *carry (updated after every thread has read it). */
+__device__ __forceinline__ int block_scan(int x, int *warp_sum, int *carry)
+{
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int v = x; /* inclusive scan: lanes, then warps */
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += y;
+    }
+    if (lane == 31) warp_sum[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        int w = warp_sum[lane];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        warp_sum[lane] = w;
+    }
+    __syncthreads();
+    int incl = *carry + v + (warp > 0 ? warp_sum[warp - 1] : 0);
+    __syncthreads(); /* carry and warp_sum are read */
+    if (threadIdx.x == blockDim.x - 1) *carry = incl;
+    __syncthreads();
+    return incl - x;
+}
+
+/* chunks[c] = {first token, length, state slot, state-gradient slot} for c < the
+ * chunk count, zeros up to n_slots; chunk_off (n_docs + 1): each document's first
+ * chunk, then the total. Only a chunk after a document's first has a start state
+ * to store (slot -1: the state is 0) and only one before its last an end-state
+ * gradient (slot -1: 0), so both need at most T / CHUNK slots. One block. */
 __global__ void __launch_bounds__(1024)
 delta_chunks_kernel(int4 *chunks, int *chunk_off, const int32_t *cu, int n_docs, int n_slots)
 {
     __shared__ int warp_sum[32];
-    __shared__ int carry;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    if (threadIdx.x == 0) carry = 0;
+    __shared__ int carry[2];
+    if (threadIdx.x < 2) carry[threadIdx.x] = 0;
     __syncthreads();
     for (int d0 = 0; d0 < n_docs; d0 += 1024) {
         int d = d0 + threadIdx.x;
         int n = d < n_docs ? (cu[d + 1] - cu[d] + CHUNK - 1) / CHUNK : 0;
-        int x = n; /* inclusive scan: lanes, then warps */
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
-        }
-        if (lane == 31) warp_sum[warp] = x;
-        __syncthreads();
-        if (warp == 0) {
-            int w = warp_sum[lane];
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                int y = __shfl_up_sync(0xffffffffu, w, o);
-                if (lane >= o) w += y;
-            }
-            warp_sum[lane] = w;
-        }
-        __syncthreads();
-        int incl = carry + x + (warp > 0 ? warp_sum[warp - 1] : 0);
+        int off = block_scan(n, warp_sum, &carry[0]);
+        int soff = block_scan(n > 0 ? n - 1 : 0, warp_sum, &carry[1]);
         if (d < n_docs) {
-            int off = incl - n, s = cu[d], len = cu[d + 1] - s;
+            int s = cu[d], len = cu[d + 1] - s;
             chunk_off[d] = off;
-            for (int i = 0; i < n; i++) chunks[off + i] = make_int4(s + i * CHUNK, min(CHUNK, len - i * CHUNK), d, 0);
+            for (int i = 0; i < n; i++)
+                chunks[off + i] = make_int4(s + i * CHUNK, min(CHUNK, len - i * CHUNK), i > 0 ? soff + i - 1 : -1,
+                                            i < n - 1 ? soff + i : -1);
         }
-        __syncthreads(); /* carry and warp_sum are read */
-        if (threadIdx.x == 1023) carry = incl;
-        __syncthreads();
     }
-    const int total = carry;
+    const int total = carry[0];
     if (threadIdx.x == 0) chunk_off[n_docs] = total;
-    for (int c = total + threadIdx.x; c < n_slots; c += 1024) chunks[c] = make_int4(0, 0, 0, 0);
+    for (int c = total + threadIdx.x; c < n_slots; c += 1024) chunks[c] = make_int4(0, 0, -1, -1);
 }
 
 __device__ __forceinline__ float warp_sum_f(float v)
@@ -149,6 +165,30 @@ __device__ __forceinline__ void load_rows_bf16(float *dst, int sld, const bf16 *
         int i = e / cols, c = e % cols;
         dst[i * sld + c] = i < L ? __bfloat162float(src[(size_t)i * ld + c]) : 0.0f;
     }
+}
+
+/* A chunk's (CHUNK, CHUNK) matrices are stored by token row: row i of the chunk
+ * that starts at t0 is row (t0 + i, h) of a (T, Hv, CHUNK) array, so their size
+ * follows T, not the number of chunks. Rows past L are not stored (read as 0). */
+__device__ __forceinline__ size_t mat_row(int t0, int i, int Hv, int h)
+{
+    return ((size_t)(t0 + i) * Hv + h) * CHUNK;
+}
+__device__ __forceinline__ void load_mat(float *dst, int sld, const float *src, int t0, int L, int Hv, int h)
+{
+    for (int p = threadIdx.x; p < CHUNK * CHUNK; p += THREADS) {
+        int i = p / CHUNK, j = p % CHUNK;
+        dst[i * sld + j] = i < L ? src[mat_row(t0, i, Hv, h) + j] : 0.0f;
+    }
+}
+/* A chunk's (DK, VT) state tile from slot `slot` of a (slots, Hv, DK, Dv) array,
+ * or zeros for slot -1. */
+__device__ __forceinline__ void load_state(float *dst, int sld, const float *src, int slot, int Hv, int h, int DK,
+                                           int Dv, int c0)
+{
+    const float *p = slot >= 0 ? src + ((size_t)slot * Hv + h) * DK * Dv + c0 : nullptr;
+    for (int e = threadIdx.x; e < DK * VT; e += THREADS)
+        dst[(e / VT) * sld + e % VT] = p ? p[(size_t)(e / VT) * Dv + e % VT] : 0.0f;
 }
 
 /* Shared-memory strides: one float of padding per row keeps column walks off a
@@ -221,7 +261,7 @@ template <int TR, int TC, int RM, int RN> struct Tile {
 };
 
 /* prep, one block per (chunk, value head): Tm = (I + A)^-1, QKM_ij = M_ij (q_i.k_j)
- * (j <= i), KKM_ij = M_ij (k_i.k_j) (j < i), each (CHUNK, CHUNK) per (chunk, head);
+ * (j <= i), KKM_ij = M_ij (k_i.k_j) (j < i), each (CHUNK, CHUNK) per (chunk, head) by token row;
  * W (T, Hv, DK) and U' (T, Hv, Dv) at the chunk's token rows; gam (T, Hv) = γ. */
 template <int DK>
 __global__ void __launch_bounds__(THREADS)
@@ -241,7 +281,6 @@ delta_prep_kernel(float *Tm, float *QKM, float *KKM, float *Wb, float *Ub, float
     load_rows(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
     load_rows(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
     load_gates(gs, bs, g, beta, t0, L, Hv, h); /* syncs */
-    const size_t mat = (size_t)blockIdx.x * CHUNK * CHUNK;
     {
         Tile<16, 16, 4, 4> qk, kk;
         qk.mma(Qs, Ly::KP, 1, Ks, 1, Ly::KP, DK);
@@ -253,8 +292,10 @@ delta_prep_kernel(float *Tm, float *QKM, float *KKM, float *Wb, float *Ub, float
                 int i = qk.row(a), j = qk.col(b);
                 float m = (j <= i && i < L) ? expf(gs[i] - gs[j]) : 0.0f;
                 float x = m * qk.acc[a][b], y = j < i ? m * kk.acc[a][b] : 0.0f;
-                QKM[mat + i * CHUNK + j] = x;
-                KKM[mat + i * CHUNK + j] = y;
+                if (i < L) {
+                    QKM[mat_row(t0, i, Hv, h) + j] = x;
+                    KKM[mat_row(t0, i, Hv, h) + j] = y;
+                }
                 As[i * Ly::CP + j] = bs[i] * y;
                 Ts[i * Ly::CP + j] = i == j ? 1.0f : 0.0f;
             }
@@ -273,7 +314,7 @@ delta_prep_kernel(float *Tm, float *QKM, float *KKM, float *Wb, float *Ub, float
         if (col < i && part == 0) Ts[i * Ly::CP + col] = -s;
         __syncthreads();
     }
-    for (int p = tid; p < CHUNK * CHUNK; p += THREADS) Tm[mat + p] = Ts[(p / CHUNK) * Ly::CP + p % CHUNK];
+    for (int p = tid; p < L * CHUNK; p += THREADS) Tm[mat_row(t0, p / CHUNK, Hv, h) + p % CHUNK] = Ts[(p / CHUNK) * Ly::CP + p % CHUNK];
     /* W = T (β e^γ K): K's rows scaled in place first. */
     for (int e = tid; e < CHUNK * DK; e += THREADS) Ks[(e / DK) * Ly::KP + e % DK] *= bs[e / DK] * expf(gs[e / DK]);
     __syncthreads();
@@ -305,8 +346,8 @@ delta_prep_kernel(float *Tm, float *QKM, float *KKM, float *Wb, float *Ub, float
 }
 
 /* scan, one block per (document, value head, column tile): state columns
- * [c0, c0 + VT) of S through the document's chunks; Hbuf (slots, Hv, DK, Dv) gets
- * each chunk's S0, Un (T, Hv, Dv) its u. */
+ * [c0, c0 + VT) of S through the document's chunks; Hbuf (states, Hv, DK, Dv) gets
+ * each chunk's S0 (in its slot, when it has one), Un (T, Hv, Dv) its u. */
 template <int DK>
 __global__ void __launch_bounds__(THREADS)
 delta_scan_kernel(float *Hbuf, float *Un, const float *Wb, const float *Ub, const float *kn, const float *gam,
@@ -324,8 +365,10 @@ delta_scan_kernel(float *Hbuf, float *Un, const float *Wb, const float *Ub, cons
         const int4 ch = chunks[ci];
         const int t0 = ch.x, L = ch.y;
         __syncthreads(); /* Hs final, the previous chunk's reads of Ws/Ks/Vs done */
-        float *H0 = Hbuf + ((size_t)ci * Hv + h) * DK * Dv + c0;
-        for (int e = tid; e < DK * VT; e += THREADS) H0[(size_t)(e / VT) * Dv + e % VT] = Hs[(e / VT) * Ly::VP + e % VT];
+        if (ch.z >= 0) { /* the first chunk's S0 is 0 and has no slot */
+            float *H0 = Hbuf + ((size_t)ch.z * Hv + h) * DK * Dv + c0;
+            for (int e = tid; e < DK * VT; e += THREADS) H0[(size_t)(e / VT) * Dv + e % VT] = Hs[(e / VT) * Ly::VP + e % VT];
+        }
         load_rows(Ws, Ly::KP, Wb + ((size_t)t0 * Hv + h) * DK, (size_t)Hv * DK, L, DK);
         load_rows(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
         if (tid < CHUNK) gs[tid] = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
@@ -384,10 +427,8 @@ delta_output_kernel(bf16 *o, int ldo, const float *Hbuf, const float *Un, const 
     float *Qs = sm, *Hs = Qs + CHUNK * Ly::KP, *Ps = Hs + DK * Ly::VP, *Vs = Ps + CHUNK * Ly::CP;
     float *gs = Vs + CHUNK * Ly::VP;
     load_rows(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
-    const float *H0 = Hbuf + ((size_t)c * Hv + h) * DK * Dv + c0;
-    for (int e = tid; e < DK * VT; e += THREADS) Hs[(e / VT) * Ly::VP + e % VT] = H0[(size_t)(e / VT) * Dv + e % VT];
-    const float *P = QKM + ((size_t)c * Hv + h) * CHUNK * CHUNK;
-    for (int p = tid; p < CHUNK * CHUNK; p += THREADS) Ps[(p / CHUNK) * Ly::CP + p % CHUNK] = P[p];
+    load_state(Hs, Ly::VP, Hbuf, ch.z, Hv, h, DK, Dv, c0);
+    load_mat(Ps, Ly::CP, QKM, t0, L, Hv, h);
     load_rows(Vs, Ly::VP, Un + ((size_t)t0 * Hv + h) * Dv + c0, (size_t)Hv * Dv, L, VT);
     if (tid < CHUNK) gs[tid] = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
     __syncthreads();
@@ -407,7 +448,7 @@ delta_output_kernel(bf16 *o, int ldo, const float *Hbuf, const float *Un, const 
 }
 
 /* scan_bwd, one block per (document, value head, column tile), the document's
- * chunks in reverse: dHbuf (slots, Hv, DK, Dv) gets each chunk's dS_L, DB (T, Hv, Dv)
+ * chunks in reverse: dHbuf (states, Hv, DK, Dv) gets each chunk's dS_L (in its slot), DB (T, Hv, Dv)
  * its db; the carried dS goes to the previous chunk's end. */
 template <int DK>
 __global__ void __launch_bounds__(THREADS)
@@ -428,15 +469,14 @@ delta_scan_bwd_kernel(float *dHbuf, float *DB, const bf16 *dout, int lddo, const
         const int4 ch = chunks[ci];
         const int t0 = ch.x, L = ch.y;
         __syncthreads();
-        float *dH0 = dHbuf + ((size_t)ci * Hv + h) * DK * Dv + c0;
-        for (int e = tid; e < DK * VT; e += THREADS) dH0[(size_t)(e / VT) * Dv + e % VT] = dH[(e / VT) * Ly::VP + e % VT];
+        if (ch.w >= 0) { /* the last chunk's dS_L is 0 and has no slot */
+            float *dH0 = dHbuf + ((size_t)ch.w * Hv + h) * DK * Dv + c0;
+            for (int e = tid; e < DK * VT; e += THREADS) dH0[(size_t)(e / VT) * Dv + e % VT] = dH[(e / VT) * Ly::VP + e % VT];
+        }
         load_rows(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
         load_rows(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
-        const size_t mat = ((size_t)ci * Hv + h) * CHUNK * CHUNK;
-        for (int p = tid; p < CHUNK * CHUNK; p += THREADS) {
-            Ps[(p / CHUNK) * Ly::CP + p % CHUNK] = QKM[mat + p];
-            Ts[(p / CHUNK) * Ly::CP + p % CHUNK] = Tm[mat + p];
-        }
+        load_mat(Ps, Ly::CP, QKM, t0, L, Hv, h);
+        load_mat(Ts, Ly::CP, Tm, t0, L, Hv, h);
         load_rows_bf16(dO, Ly::VP, dout + (size_t)t0 * lddo + (size_t)h * Dv + c0, (size_t)lddo, L, VT);
         if (tid < CHUNK) {
             gs[tid] = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
@@ -530,16 +570,10 @@ delta_grads_kernel(bf16 *dv, int lddv, float *dqp, float *dkp, float *dgp, float
 
     load_rows(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
     load_rows(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
-    const size_t mat = ((size_t)c * Hv + h) * CHUNK * CHUNK;
-    for (int p = tid; p < CHUNK * CHUNK; p += THREADS) {
-        Xs[(p / CHUNK) * Ly::CP + p % CHUNK] = QKM[mat + p];
-        KKs[(p / CHUNK) * Ly::CP + p % CHUNK] = KKM[mat + p];
-    }
-    const size_t hoff = ((size_t)c * Hv + h) * DK * Dv + c0;
-    for (int e = tid; e < DK * VT; e += THREADS) {
-        Hs[(e / VT) * Ly::VP + e % VT] = Hbuf[hoff + (size_t)(e / VT) * Dv + e % VT];
-        dHs[(e / VT) * Ly::VP + e % VT] = dHbuf[hoff + (size_t)(e / VT) * Dv + e % VT];
-    }
+    load_mat(Xs, Ly::CP, QKM, t0, L, Hv, h);
+    load_mat(KKs, Ly::CP, KKM, t0, L, Hv, h);
+    load_state(Hs, Ly::VP, Hbuf, ch.z, Hv, h, DK, Dv, c0);
+    load_state(dHs, Ly::VP, dHbuf, ch.w, Hv, h, DK, Dv, c0);
     const size_t roff = ((size_t)t0 * Hv + h) * Dv + c0;
     load_rows(us, Ly::VP, Un + roff, (size_t)Hv * Dv, L, VT);
     load_rows(dbs, Ly::VP, DB + roff, (size_t)Hv * Dv, L, VT);
@@ -798,13 +832,13 @@ struct delta_bufs {
     int4 *chunks;         /* (slots) */
     int *chunk_off;       /* (n_docs + 1) */
     float *qn, *kn;       /* (T, Hk, Dk) */
-    float *Tm, *QKM, *KKM; /* (slots, Hv, CHUNK, CHUNK) */
+    float *Tm, *QKM, *KKM; /* (T, Hv, CHUNK): chunk matrices by token row */
     float *W;             /* (T, Hv, Dk) */
     float *U, *Un;        /* (T, Hv, Dv): U', then u */
     float *gam;           /* (T, Hv) */
-    float *H;             /* (slots, Hv, Dk, Dv): each chunk's S0 */
+    float *H;             /* (T / CHUNK, Hv, Dk, Dv): S0 of each chunk after a document's first */
     /* backward only */
-    float *dH;            /* (slots, Hv, Dk, Dv): each chunk's dS_L */
+    float *dH;            /* (T / CHUNK, Hv, Dk, Dv): dS_L of each chunk before a document's last */
     float *DB;            /* (T, Hv, Dv) */
     float *dqp, *dkp;     /* (ntile, T, Hv, Dk) */
     float *dgp, *dbp;     /* (ntile, T, Hv) */
@@ -823,7 +857,8 @@ static size_t delta_carve(delta_bufs *b, char *base, const delta_dims &d, bool b
         return p;
     };
     size_t T = d.T, slots = d.slots, Hv = d.Hv, Dk = d.Dk, Dv = d.Dv, F = sizeof(float);
-    size_t mats = slots * Hv * CHUNK * CHUNK * F, states = slots * Hv * Dk * Dv * F;
+    /* chunk matrices by token row; states only for chunks that have one (<= T / CHUNK) */
+    size_t mats = T * Hv * CHUNK * F, states = (T / CHUNK > 0 ? T / CHUNK : 1) * Hv * Dk * Dv * F;
 #define TAKE(p, bytes) (b->p = (decltype(b->p))take(bytes))
     TAKE(chunks, slots * sizeof(int4));
     TAKE(chunk_off, ((size_t)d.n_docs + 1) * sizeof(int));

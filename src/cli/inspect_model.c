@@ -214,8 +214,6 @@ int inspect_model(const char *dir, ct_error *err)
     char b1[32], b2[32], b3[32];
     printf("  parameters      total %s, embedding %s, per-token active (N) %s\n", human(b1, sizeof b1, (double)pc.total),
            human(b2, sizeof b2, (double)pc.embedding), human(b3, sizeof b3, (double)pc.per_token_active));
-    /* The plan measures the graph, which has no GDN layers yet. */
-    if (mc.gdn) printf("  memory (plan)   n/a: ctune cannot train Gated DeltaNet layers yet\n");
-    else print_memory_estimate(&mc, &pc);
+    print_memory_estimate(&mc, &pc);
     return check_weights(dir, &mc, err);
 }

@@ -390,7 +390,7 @@ static bool backend_has_moe(const ct_backend *be)
            be->moe_clamped_swiglu_bwd && be->moe_route_bwd && be->moe_prob_sum && be->moe_aux_loss;
 }
 
-/* Every Gated DeltaNet op (the CPU backend has them; CUDA not yet). */
+/* Every Gated DeltaNet op. */
 static bool backend_has_gdn(const ct_backend *be)
 {
     return be->gdn_conv_fwd && be->gdn_conv_bwd && be->gdn_gates_fwd && be->gdn_gates_bwd && be->gdn_delta_fwd &&

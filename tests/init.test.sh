@@ -69,7 +69,7 @@ small_shard_limit_writes_index_and_same_tensors() {
     "$CTUNE" inspect many | grep -q "weights: ok (38 tensors"
 }
 
-# The Gated DeltaNet hybrids: init writes them, inspect reads them, train and eval run them.
+# The Gated DeltaNet hybrids: init writes them, inspect reads them, train, eval and generate run them.
 GDN_MODELS="tiny-qwen3_5 tiny-qwen3_5-text tiny-qwen3_5-moe tiny-qwen3-next"
 
 gdn_families_init_and_inspect_ok() {
@@ -84,15 +84,23 @@ gdn_families_init_and_inspect_ok() {
     grep -q "gated shared expert 64" tiny-qwen3_5-moe.txt
 }
 
-# ctune's decoder (generate) has no GDN layers yet: one input error, exit 2
-gdn_generate_refuses_with_exit_2() {
-    "$CTUNE" init --config "$ROOT/configs/models/tiny-qwen3-next" --out n >/dev/null
-    expect_exit 2 "$CTUNE" generate --model n --prompt-ids 1,2 --max-new-tokens 2 --device cpu
-    grep -q "model_type qwen3_next: ctune's decoder has no Gated DeltaNet layers yet" err.txt
+# ctune's decoder runs every GDN family on the CPU (conv and delta-rule states
+# carried per layer), a prompt of ids and a chat prompt; eval --generate shares it.
+gdn_families_generate_on_the_cpu() {
+    for name in $GDN_MODELS; do
+        "$CTUNE" init --config "$ROOT/configs/models/$name" --out "$name" >/dev/null
+        expect_exit 0 "$CTUNE" generate --model "$name" --prompt-ids 1,2,3 --max-new-tokens 5 --device cpu --ids
+        test "$(wc -w <out.txt)" -eq 5
+        grep -q "3 prompt tokens, 5 new tokens" err.txt
+        expect_exit 0 "$CTUNE" generate --model "$name" --prompt "hi" --max-new-tokens 5 --device cpu
+    done
+    printf '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}\n' >ev.jsonl
+    expect_exit 0 "$CTUNE" eval --model tiny-qwen3_5 --generate ev.jsonl --max-new-tokens 4 --device cpu
+    grep -q "exact match: 0/1" out.txt
 }
 
 # qwen3_next trains on the CPU (its grouped in_proj_qkvz / in_proj_ba adapted,
-# as PEFT names them), its adapter evaluates, and merge writes the grouped weights.
+# as PEFT names them), its adapter evaluates and generates, and merge writes the grouped weights.
 qwen3_next_trains_evaluates_and_merges() {
     "$CTUNE" init --config "$ROOT/configs/models/tiny-qwen3-next" --out n --seed 3 >/dev/null
     "$CTUNE" train "$ROOT/configs/tiny.yaml" --set model=n --set output_dir=run --set device=cpu \
@@ -104,6 +112,8 @@ qwen3_next_trains_evaluates_and_merges() {
     "$CTUNE" eval "$ROOT/configs/tiny.yaml" --set model=n --set device=cpu --adapter run/final \
         --set "data.eval_files=[$ROOT/data/arith/eval.shard]" >eval.txt 2>&1
     grep -q "eval: loss" eval.txt
+    expect_exit 0 "$CTUNE" generate --model n --adapter run/final --prompt-ids 1,2,3 --max-new-tokens 4 --device cpu --ids
+    test "$(wc -w <out.txt)" -eq 4
     "$CTUNE" merge --model n --adapter run/final --out merged >merge.txt 2>&1
     grep -q "merged .* LoRA modules" merge.txt
     "$CTUNE" inspect merged | grep -q "weights: ok"
@@ -144,7 +154,7 @@ run_test unsupported_model_type_exits_2_with_message
 run_test existing_model_is_not_overwritten
 run_test small_shard_limit_writes_index_and_same_tensors
 run_test gdn_families_init_and_inspect_ok
-run_test gdn_generate_refuses_with_exit_2
+run_test gdn_families_generate_on_the_cpu
 run_test qwen3_next_trains_evaluates_and_merges
 run_test gdn_projection_of_the_other_layout_is_an_input_error
 run_test gdn_wrapper_trains_and_merges

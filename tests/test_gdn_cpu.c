@@ -3,8 +3,9 @@
  * scripts/gdn_fixtures.py, read from tests/fixtures/gdn: run from the repo root),
  * the conv and delta-rule backwards against central finite differences of the
  * fp32 forwards, packed documents against documents run alone, a 4096-token
- * document against a full-storage double backward written here, and thread-count
- * independence.
+ * document against a full-storage double backward written here, the decoding
+ * steps (a document fed in pieces with explicit states) against the forwards bit
+ * for bit, and thread-count independence.
  *
  * Tolerances (all comparisons NaN-proof; check_max_rel_err floors the
  * denominator at 1e-3 of the tensor's largest value, see check.h):
@@ -697,6 +698,62 @@ TEST(delta_long_document_bwd_matches_full_storage_reference)
     delta_in_free(&in);
 }
 
+// ---- decoding steps ----
+
+/* A document's pieces as generate.c feeds them: the prompt in chunks, then one token at a time. */
+enum { STEP_T = 70, STEP_NPIECES = 7 };
+static const int step_pieces[STEP_NPIECES] = {1, 2, 5, 1, 13, 47, 1};
+
+static bool all_finite(const float *a, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(a[i])) return false;
+    return true;
+}
+
+TEST(conv_steps_over_pieces_equal_conv_fwd_over_the_document)
+{
+    int T = STEP_T, C = 6, W = 4, ldx = 9;
+    int32_t pos[STEP_T];
+    for (int t = 0; t < T; t++) pos[t] = t;
+    float *x = rand_f((size_t)T * ldx, -2, 2), *w = rand_f((size_t)C * W, -1, 1);
+    float *want = ct_malloc((size_t)T * C * sizeof(float)), *got = fill_f((size_t)T * C, NAN);
+    float *state = fill_f((size_t)(W - 1) * C, 0.0f);
+    be->gdn_conv_fwd(be, want, C, x, ldx, w, pos, T, C, W);
+    for (int p = 0, t0 = 0; p < STEP_NPIECES; t0 += step_pieces[p++])
+        be->gdn_conv_step(be, got + (size_t)t0 * C, C, state, x + (size_t)t0 * ldx, ldx, w, step_pieces[p], C, W);
+    CHECK(all_finite(got, (size_t)T * C) && same_bits(got, want, (size_t)T * C),
+          "conv steps differ from conv_fwd (max rel err %.3g)", check_max_rel_err(got, want, (size_t)T * C));
+    bool last_rows = true; /* the state is the last W-1 inputs */
+    for (int j = 0; j < W - 1; j++)
+        for (int c = 0; c < C; c++)
+            last_rows &= state[(size_t)j * C + c] == x[(size_t)(T - W + 1 + j) * ldx + c];
+    CHECK(last_rows, "the conv state is not the last %d input rows", W - 1);
+    free(x); free(w); free(want); free(got); free(state);
+}
+
+TEST(delta_steps_over_pieces_equal_delta_fwd_over_the_document)
+{
+    delta_in in;
+    int len[1] = {STEP_T};
+    delta_in_rand(&in, len, 1, 2, 4, 8, 6);
+    int ld = qkv_ld(&in), Vd = in.Hv * in.Dv;
+    size_t n = (size_t)in.T * Vd;
+    float *want = ct_malloc(n * sizeof(float)), *got = fill_f(n, NAN);
+    float *S = fill_f((size_t)in.Hv * in.Dk * in.Dv, 0.0f);
+    delta_fwd(&in, in.qkv, want);
+    for (int p = 0, t0 = 0; p < STEP_NPIECES; t0 += step_pieces[p++]) {
+        const float *row = in.qkv + (size_t)t0 * ld;
+        be->gdn_delta_step(be, got + (size_t)t0 * Vd, Vd, S, qp(&in, row), ld, kp(&in, row), ld, vp(&in, row), ld,
+                           in.g + (size_t)t0 * in.Hv, in.beta + (size_t)t0 * in.Hv, step_pieces[p], in.Hk, in.Hv,
+                           in.Dk, in.Dv, in.scale);
+    }
+    CHECK(all_finite(got, n) && same_bits(got, want, n), "delta steps differ from delta_fwd (max rel err %.3g)",
+          check_max_rel_err(got, want, n));
+    free(want); free(got); free(S);
+    delta_in_free(&in);
+}
+
 // ---- 6: thread-count independence ----
 
 /* Every op once, all outputs into one buffer, on `threads` OpenMP threads. */
@@ -764,6 +821,8 @@ int main(void)
     RUN(delta_packed_equals_documents_alone_and_ignores_other_documents);
     RUN(delta_leaves_tokens_past_the_last_document_untouched);
     RUN(delta_long_document_bwd_matches_full_storage_reference);
+    RUN(conv_steps_over_pieces_equal_conv_fwd_over_the_document);
+    RUN(delta_steps_over_pieces_equal_delta_fwd_over_the_document);
     RUN(results_do_not_depend_on_the_thread_count);
     be->destroy(be);
     return check_summary();

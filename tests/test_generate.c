@@ -2,13 +2,17 @@
  * attention_fwd, KV-cache decoding against the training graph (the loss of a
  * document fed one token at a time equals graph_eval's, for dense models and the
  * three mixture-of-experts families; a prompt fed in chunks
- * gives the logits of one fed token by token), the samplers, and the byte
+ * gives the logits of one fed token by token; for the Gated DeltaNet hybrids
+ * qwen3_5 and qwen3_5_moe, whose conv and delta-rule states the decoder carries,
+ * the same loss check and greedy generations equal to HF transformers + PEFT's
+ * generate, tests/fixtures/generate_gdn, run from the repo root), the samplers, and the byte
  * tokenizer's chat template. GPU tests compare the CUDA backend with the CPU
  * and report "skipped: no GPU" without one. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "adapter.h"
 #include "backend.h"
 #include "check.h"
 #include "generate.h"
@@ -408,6 +412,116 @@ TEST(generate_stops_after_a_stop_token_and_is_reproducible)
     be->destroy(be);
 }
 
+// ---- Gated DeltaNet hybrids against HF ----
+
+/* A parity fixture's model and PEFT adapter (tests/fixtures/parity_NAME), read in place. */
+static int hf_fixture_open(fixture *f, const char *name)
+{
+    char path[256];
+    ct_error err = {0};
+    f->be = backend_cpu_new();
+    snprintf(path, sizeof path, "tests/fixtures/parity_%s/model", name);
+    if (model_load(&f->model, f->be, path, &err)) return printf("%s\n", err.msg), -1;
+    snprintf(path, sizeof path, "tests/fixtures/parity_%s/adapter", name);
+    if (adapter_load(&f->lora, &f->model, path, &err)) return printf("%s\n", err.msg), -1;
+    return 0;
+}
+
+static void hf_fixture_close(fixture *f)
+{
+    lora_free(&f->lora, f->be);
+    model_free(&f->model);
+    f->be->destroy(f->be);
+}
+
+/* One "KEY id id ..." line of tests/fixtures/generate_gdn/NAME.txt (scripts/generate_fixtures.py); returns the
+ * count, -1 when the line is not there. */
+static int read_ids(FILE *fp, const char *key, int32_t *ids, int max)
+{
+    char word[16];
+    if (fscanf(fp, "%15s", word) != 1 || strcmp(word, key)) return -1;
+    int n = 0;
+    while (n < max && fscanf(fp, "%d", &ids[n]) == 1) n++;
+    return n;
+}
+
+static const char *const gdn_hf_names[] = {"qwen3_5", "qwen3_5_moe"};
+
+TEST(gdn_greedy_generation_equals_hf_generate_with_the_adapter)
+{
+    for (int mi = 0; mi < 2; mi++) {
+        const char *name = gdn_hf_names[mi];
+        char path[256];
+        snprintf(path, sizeof path, "tests/fixtures/generate_gdn/%s.txt", name);
+        FILE *fp = fopen(path, "r");
+        REQUIRE(fp, "%s: missing (run from the repo root)", path);
+        int32_t prompt[64], want[64], got[64];
+        int n_prompt = read_ids(fp, "prompt", prompt, 64), n_want = read_ids(fp, "greedy", want, 64);
+        fclose(fp);
+        REQUIRE(n_prompt > 0 && n_want > 0, "%s: no prompt or greedy line", path);
+        fixture f;
+        REQUIRE(hf_fixture_open(&f, name) == 0, "parity_%s", name);
+        REQUIRE(f.model.cfg.gdn, "parity_%s has no GDN layers", name);
+        int chunks[2] = {1, 4}; /* the prompt token by token, and in chunks of 4 + 4 + 2 */
+        for (int ci = 0; ci < 2; ci++) {
+            ct_error err = {0};
+            ct_generator *g = generator_new(&f.model, &f.lora, n_prompt + n_want, chunks[ci], &err);
+            REQUIRE(g, "generator_new: %s", err.msg);
+            ct_sample_options o = {.max_new_tokens = n_want, .temperature = 0, .top_p = 1};
+            for (int run = 0; run < 2; run++) { /* the second run starts from reset states */
+                int n_got = 0;
+                REQUIRE(generate(g, prompt, n_prompt, &o, got, &n_got, NULL, NULL, &err) == CT_OK, "generate: %s",
+                        err.msg);
+                int first_diff = -1;
+                for (int i = 0; i < n_want && first_diff < 0; i++)
+                    if (i >= n_got || got[i] != want[i]) first_diff = i;
+                CHECK(n_got == n_want && first_diff < 0, "%s, chunk %d, run %d: token %d is %d, HF %d", name,
+                      chunks[ci], run, first_diff, first_diff >= 0 && first_diff < n_got ? got[first_diff] : -1,
+                      first_diff >= 0 ? want[first_diff] : -1);
+            }
+            generator_free(g);
+        }
+        hf_fixture_close(&f);
+    }
+}
+
+TEST(gdn_kv_cache_decoding_gives_the_graph_loss)
+{
+    for (int mi = 0; mi < 2; mi++) {
+        fixture f;
+        REQUIRE(hf_fixture_open(&f, gdn_hf_names[mi]) == 0, "parity_%s", gdn_hf_names[mi]);
+        double want = graph_loss(&f);
+        ct_error err = {0};
+        ct_generator *g = generator_new(&f.model, &f.lora, DOC, 1, &err);
+        REQUIRE(g, "generator_new: %s", err.msg);
+        int V = f.model.cfg.vocab_size;
+        float *logits = ct_malloc(V * sizeof(float));
+        double got = 0;
+        for (int t = 0; t + 1 < DOC; t++) {
+            REQUIRE(generator_feed(g, &doc[t], 1, logits, &err) == CT_OK, "feed: %s", err.msg);
+            got += nll(logits, V, doc[t + 1]);
+        }
+        CHECK(check_rel_err(got, want, 1e-6) < 1e-5, "%s: decoded loss %.7f, graph %.7f", gdn_hf_names[mi], got,
+              want);
+        generator_free(g);
+        free(logits);
+        hf_fixture_close(&f);
+    }
+}
+
+TEST(a_backend_without_the_gdn_steps_refuses_gdn_models_with_an_input_error)
+{
+    fixture f;
+    REQUIRE(hf_fixture_open(&f, "qwen3_5") == 0, "parity_qwen3_5");
+    f.be->gdn_conv_step = NULL; /* as the CUDA backend, which has no GDN decoding yet */
+    ct_error err = {0};
+    ct_generator *g = generator_new(&f.model, &f.lora, 8, 4, &err);
+    CHECK(!g && err.code == CT_ERR_INPUT && strstr(err.msg, "gdn_conv_step") && !strchr(err.msg, '\n'),
+          "generator_new: %s", err.msg);
+    generator_free(g);
+    hf_fixture_close(&f);
+}
+
 int main(void)
 {
     ct_rng_seed(&rng, 1234);
@@ -415,6 +529,9 @@ int main(void)
     RUN(attention_decode_on_gpu_matches_cpu);
     RUN(kv_cache_decoding_gives_the_graph_loss);
     RUN(a_prompt_fed_in_chunks_gives_the_logits_of_one_fed_token_by_token);
+    RUN(gdn_greedy_generation_equals_hf_generate_with_the_adapter);
+    RUN(gdn_kv_cache_decoding_gives_the_graph_loss);
+    RUN(a_backend_without_the_gdn_steps_refuses_gdn_models_with_an_input_error);
     RUN(kv_cache_decoding_on_gpu_matches_cpu);
     RUN(moe_kv_cache_decoding_on_gpu_matches_cpu);
     RUN(greedy_takes_the_argmax_and_the_lowest_id_on_ties);

@@ -495,6 +495,22 @@ struct ct_backend {
                           const void *k, int ldk, const void *v, int ldv, const float *g, const float *beta,
                           const int32_t *cu_seqlens, int n_docs, int T, int Hk, int Hv, int Dk, int Dv, float scale);
 
+    /* Decoding steps (generate.c): the conv and the delta rule of T new tokens that continue one sequence,
+     * its state carried in and out explicitly, both zero before the sequence's first token. NULL in a
+     * backend without GDN decoding. Over a document fed in pieces they equal gdn_conv_fwd / gdn_delta_fwd
+     * over the whole document, bit for bit.
+     * Conv: state (W-1, C) act, dense, oldest row first: the inputs of the W-1 tokens before the first new
+     * one. y[t,c] = silu( sum_j w[c*W + j] * r[t+j, c] ), r = [state rows ; x rows] (W-1+T rows); on return
+     * state holds r's last W-1 rows. x (T,C) ldx, y (T,C) ldy; y must not alias x or state. */
+    void (*gdn_conv_step)(ct_backend *be, void *y, int ldy, void *state, const void *x, int ldx, const void *w,
+                          int T, int C, int W);
+    /* Delta rule: S (Hv, Dk, Dv) fp32, per value head the state of gdn_delta_fwd, updated per token t in
+     * order by gdn_delta_fwd's formulas (q/k L2 norm inside, scale on q); q, k, v, o, g, beta as there
+     * (rows 0..T-1 of one document). o must not alias an input. */
+    void (*gdn_delta_step)(ct_backend *be, void *o, int ldo, float *S, const void *q, int ldq, const void *k,
+                           int ldk, const void *v, int ldv, const float *g, const float *beta, int T, int Hk,
+                           int Hv, int Dk, int Dv, float scale);
+
     /* The gated RMSNorm of a GDN layer's output, rows r = (t, h) of D elements:
      *   y = w * (x * rsqrt(mean(x^2) + eps)) * silu(z)     (w not offset: HF initialises it to 1)
      * x, z, y (T, nh, D) with token strides (head stride D); w (D). y may alias x or z. */

@@ -22,6 +22,10 @@
  * from its checkpoint, with the very helpers and loop orders of the forward, so
  * the recomputed states are the forward's bit for bit.
  *
+ * The decoding steps (gdn_conv_step, gdn_delta_step) run the same per-token
+ * code on states the caller keeps, so a document fed in pieces gets the bits
+ * of the whole-document forward.
+ *
  * Threads: the delta rule splits over (document, value head) pairs; its dq and
  * dk, shared by the Hv/Hk value heads of a key head, go to per-value-head
  * scratch and are summed over heads afterwards in head order (before the L2-norm
@@ -99,6 +103,30 @@ static void cpu_gdn_conv_bwd(ct_backend *be, void *dx_, int lddx, const void *dy
             dx[(size_t)t * lddx + c] = s;
         }
     free(dp);
+}
+
+/* The conv over [state ; x] (gdn_conv_step): a zero state row adds w * 0 = +-0 to
+ * a sum that is still +0, which is the forward's skipped tap, so a document fed
+ * in pieces gets gdn_conv_fwd's bits. */
+static void cpu_gdn_conv_step(ct_backend *be, void *y_, int ldy, void *state_, const void *x_, int ldx,
+                              const void *w_, int T, int C, int W)
+{
+    float *y = y_, *state = state_;
+    const float *x = x_, *w = w_;
+    CT_ASSERT(W >= 1 && W <= 8 && T >= 0, "gdn_conv_step: width %d, %d tokens", W, T);
+    #pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        float r[8]; /* the window of token t (W <= 8): W-1 earlier rows, then t's */
+        for (int j = 0; j < W - 1; j++) r[j] = state[(size_t)j * C + c];
+        for (int t = 0; t < T; t++) {
+            r[W - 1] = x[(size_t)t * ldx + c];
+            float s = 0;
+            for (int j = 0; j < W; j++) s += w[(size_t)c * W + j] * r[j];
+            y[(size_t)t * ldy + c] = siluf(s);
+            for (int j = 0; j < W - 1; j++) r[j] = r[j + 1];
+        }
+        for (int j = 0; j < W - 1; j++) state[(size_t)j * C + c] = r[j];
+    }
 }
 
 // ---- gates ----
@@ -231,6 +259,36 @@ static void cpu_gdn_delta_fwd(ct_backend *be, void *o_, int ldo, const void *q_,
             }
         }
         free(S); free(qn); free(kn); free(e); free(u);
+    }
+}
+
+/* gdn_delta_step: the forward's per-token loop on the caller's states. */
+static void cpu_gdn_delta_step(ct_backend *be, void *o_, int ldo, float *S, const void *q_, int ldq,
+                               const void *k_, int ldk, const void *v_, int ldv, const float *g,
+                               const float *beta, int T, int Hk, int Hv, int Dk, int Dv, float scale)
+{
+    float *o = o_;
+    const float *q = q_, *k = k_, *v = v_;
+    CT_ASSERT(Hk > 0 && Hv % Hk == 0 && Dk > 0 && Dv > 0 && T >= 0,
+              "gdn_delta_step: Hk %d, Hv %d, Dk %d, Dv %d, %d tokens", Hk, Hv, Dk, Dv, T);
+    int group = Hv / Hk;
+    #pragma omp parallel
+    {
+        float *qn = ct_malloc((size_t)Dk * sizeof(float)), *kn = ct_malloc((size_t)Dk * sizeof(float));
+        float *e = ct_malloc((size_t)Dv * sizeof(float)), *u = ct_malloc((size_t)Dv * sizeof(float));
+        #pragma omp for schedule(static)
+        for (int h = 0; h < Hv; h++) {
+            float *Sh = S + (size_t)h * Dk * Dv;
+            int kh = h / group;
+            for (int t = 0; t < T; t++) {
+                size_t th = (size_t)t * Hv + h;
+                l2norm_row(qn, q + (size_t)t * ldq + (size_t)kh * Dk, Dk, scale);
+                l2norm_row(kn, k + (size_t)t * ldk + (size_t)kh * Dk, Dk, 1.0f);
+                delta_step(Sh, e, u, kn, v + (size_t)t * ldv + (size_t)h * Dv, expf(g[th]), beta[th], Dk, Dv);
+                delta_read(o + (size_t)t * ldo + (size_t)h * Dv, Sh, qn, Dk, Dv);
+            }
+        }
+        free(qn); free(kn); free(e); free(u);
     }
 }
 
@@ -497,6 +555,8 @@ void cpu_gdn_install(ct_backend *be)
     be->gdn_gates_bwd = cpu_gdn_gates_bwd;
     be->gdn_delta_fwd = cpu_gdn_delta_fwd;
     be->gdn_delta_bwd = cpu_gdn_delta_bwd;
+    be->gdn_conv_step = cpu_gdn_conv_step;
+    be->gdn_delta_step = cpu_gdn_delta_step;
     be->gated_rmsnorm_fwd = cpu_gated_rmsnorm_fwd;
     be->gated_rmsnorm_bwd = cpu_gated_rmsnorm_bwd;
     be->sigmoid_gate_fwd = cpu_sigmoid_gate_fwd;

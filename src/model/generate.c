@@ -10,6 +10,14 @@
  * A sparse layer's MLP is graph_moe.c's moe_forward itself (routing, grouped
  * expert GEMMs and their LoRA, the weighted un-permute), on a workspace sized
  * for one chunk; gpt_oss's attention sinks go to attention_decode.
+ *
+ * Gated DeltaNet hybrids (qwen3_5*, qwen3_next): a gated attention layer's
+ * projection is [q | gate | k | v], its q/k norms zero-centred, its RoPE
+ * partial, and its attention output times sigmoid(gate) before o_proj. A GDN
+ * layer keeps no cache but two states per layer, zero at position 0: the
+ * conv's last W-1 input rows and the delta rule's S (Hv, Dk, Dv) fp32; the
+ * backend's gdn_conv_step / gdn_delta_step carry them over the new tokens,
+ * and the rest of the layer is graph.c's gdn_forward on the chunk's rows.
  * test_generate.c holds it to the graph: the loss of a document fed one token
  * at a time equals graph_eval's. */
 #include "generate.h"
@@ -28,16 +36,22 @@ struct ct_generator {
     const ct_lora *lo;
     ct_backend *be;
     int capacity, chunk, n_past;
-    void **k_cache, **v_cache;  /* (L) each (capacity, nkv*D) act, post-RoPE keys and values */
+    void **k_cache, **v_cache;  /* (L) each (capacity, nkv*D) act, post-RoPE keys and values; NULL in GDN layers */
+    void **conv_state;          /* (L) GDN layers: (W-1, CD) act, the conv's last inputs; else NULL */
+    float **delta_state;        /* (L) GDN layers: (Hv, Dk, Dv) fp32, the delta rule's S; else NULL */
     int32_t *tokens, *positions;/* (chunk) device */
     void *x;                    /* (chunk, H) the residual stream */
     void *xn, *h, *hn;          /* (chunk, H) */
-    void *qkv;                  /* (chunk, QKV) */
+    void *qkv;                  /* (chunk, QKV), QKV = Q [+ Q gate] + 2 KV */
     void *attn;                 /* (chunk, Q) */
     void *gu;                   /* (chunk, 2I) */
     void *act;                  /* (chunk, I) */
     void *xf;                   /* (1, H) final norm of the last token */
     void *logits;               /* (1, V) act */
+    void *proj;                 /* (chunk, NP) GDN input projection [qkv | z | b | a] */
+    void *conv;                 /* (chunk, CD) its conv + SiLU: q | k | v */
+    float *gg, *beta;           /* (chunk, Hv) decay (log) and write gates */
+    void *core, *normed;        /* (chunk, Vd) delta-rule output, gated RMSNorm of it */
     int32_t *host_pos;          /* (chunk) */
     ct_moe *moe;                /* sparse layers' block (NULL for a dense model) */
     void *moe_arena;            /* its buffers, for chunk tokens */
@@ -46,10 +60,23 @@ struct ct_generator {
 
 static void *act_at(const ct_generator *g, void *p, size_t elems) { return (char *)p + elems * g->be->act_bytes; }
 
+static bool layer_gdn(const ct_model_config *c, int l) { return c->gdn && c->layer_linear[l]; }
+
+static size_t conv_state_bytes(const ct_generator *g)
+{
+    const ct_model_config *c = &g->m->cfg;
+    return (size_t)(c->linear_conv_kernel_dim - 1) * model_gdn_conv_dim(c) * g->be->act_bytes;
+}
+
+static size_t delta_state_bytes(const ct_model_config *c)
+{
+    return (size_t)c->linear_num_value_heads * c->linear_key_head_dim * c->linear_value_head_dim * sizeof(float);
+}
+
 static void *galloc(ct_generator *g, size_t bytes)
 {
     if (g->failed) return NULL;
-    void *p = g->be->alloc(g->be, bytes);
+    void *p = g->be->alloc(g->be, bytes ? bytes : 1); /* a width-1 conv keeps a 0-byte state */
     if (!p) g->failed = true;
     return p;
 }
@@ -61,9 +88,9 @@ ct_generator *generator_new(const ct_model *m, const ct_lora *lo, int capacity, 
         CT_FAIL_INPUT(err, "generate: capacity %d and chunk %d must be >= 1", capacity, chunk);
         return NULL;
     }
-    if (c->gdn) {
-        CT_FAIL_INPUT(err, "generate: model_type %s: ctune's decoder has no Gated DeltaNet layers yet (train and "
-                      "eval run it; generate with transformers + PEFT from the saved adapter)", c->model_type);
+    if (c->gdn && (!m->be->gdn_conv_step || !m->be->gdn_delta_step)) {
+        CT_FAIL_INPUT(err, "generate: model_type %s has Gated DeltaNet layers; the %s backend has no gdn_conv_step / "
+                      "gdn_delta_step to decode them (generate with --device cpu)", c->model_type, m->be->name);
         return NULL;
     }
     if (capacity > c->max_position_embeddings) {
@@ -79,13 +106,33 @@ ct_generator *generator_new(const ct_model *m, const ct_lora *lo, int capacity, 
     g->capacity = capacity;
     g->chunk = chunk;
     size_t C = chunk, H = c->hidden_size, I = c->intermediate_size, D = c->head_dim, A = g->be->act_bytes;
-    size_t Q = c->num_attention_heads * D, KV = c->num_key_value_heads * D, QKV = Q + 2 * KV;
+    size_t Q = c->num_attention_heads * D, KV = c->num_key_value_heads * D;
+    size_t QKV = (model_attn_gated(c) ? 2 * Q : Q) + 2 * KV;
     int L = c->num_hidden_layers;
     g->k_cache = ct_calloc(L, sizeof *g->k_cache);
     g->v_cache = ct_calloc(L, sizeof *g->v_cache);
+    g->conv_state = ct_calloc(L, sizeof *g->conv_state);
+    g->delta_state = ct_calloc(L, sizeof *g->delta_state);
+    bool any_gdn = false;
     for (int l = 0; l < L; l++) {
+        if (layer_gdn(c, l)) {
+            g->conv_state[l] = galloc(g, conv_state_bytes(g));
+            g->delta_state[l] = galloc(g, delta_state_bytes(c));
+            any_gdn = true;
+            continue;
+        }
         g->k_cache[l] = galloc(g, (size_t)capacity * KV * A);
         g->v_cache[l] = galloc(g, (size_t)capacity * KV * A);
+    }
+    if (any_gdn) {
+        size_t NP = model_gdn_proj_dim(c), CD = model_gdn_conv_dim(c), Vd = model_gdn_value_dim(c);
+        size_t Hv = c->linear_num_value_heads;
+        g->proj = galloc(g, C * NP * A);
+        g->conv = galloc(g, C * CD * A);
+        g->gg = galloc(g, C * Hv * sizeof(float));
+        g->beta = galloc(g, C * Hv * sizeof(float));
+        g->core = galloc(g, C * Vd * A);
+        g->normed = galloc(g, C * Vd * A);
     }
     g->tokens = galloc(g, C * 4);
     g->positions = galloc(g, C * 4);
@@ -114,6 +161,7 @@ ct_generator *generator_new(const ct_model *m, const ct_lora *lo, int capacity, 
                         m->be->name, capacity, chunk);
         return NULL;
     }
+    generator_reset(g);
     return g;
 }
 
@@ -125,18 +173,30 @@ void generator_free(ct_generator *g)
     for (int l = 0; l < g->m->cfg.num_hidden_layers; l++) {
         FREE(g->k_cache[l]);
         FREE(g->v_cache[l]);
+        FREE(g->conv_state[l]);
+        FREE(g->delta_state[l]);
     }
     FREE(g->tokens); FREE(g->positions); FREE(g->x); FREE(g->xn); FREE(g->h); FREE(g->hn); FREE(g->qkv);
     FREE(g->attn); FREE(g->gu); FREE(g->act); FREE(g->xf); FREE(g->logits); FREE(g->moe_arena);
+    FREE(g->proj); FREE(g->conv); FREE(g->gg); FREE(g->beta); FREE(g->core); FREE(g->normed);
 #undef FREE
     moe_free(g->moe);
     free(g->k_cache);
     free(g->v_cache);
+    free(g->conv_state);
+    free(g->delta_state);
     free(g->host_pos);
     free(g);
 }
 
-void generator_reset(ct_generator *g) { g->n_past = 0; }
+void generator_reset(ct_generator *g)
+{
+    g->n_past = 0;
+    for (int l = 0; l < g->m->cfg.num_hidden_layers; l++) {
+        if (g->conv_state[l]) g->be->zero(g->be, g->conv_state[l], conv_state_bytes(g));
+        if (g->delta_state[l]) g->be->zero(g->be, g->delta_state[l], delta_state_bytes(&g->m->cfg));
+    }
+}
 int generator_position(const ct_generator *g) { return g->n_past; }
 
 static void lora_fwd(ct_generator *g, int l, ct_module mod, void *y, int ldy, const void *x, int ldx, int T)
@@ -147,22 +207,58 @@ static void lora_fwd(ct_generator *g, int l, ct_module mod, void *y, int ldy, co
                     lo->R, lo->scale, 0.0f, 0);
 }
 
-/* One layer over the T tokens in g->x (updated in place). */
-static void layer_forward(ct_generator *g, int l, int T)
+/* The LoRA modules on the GDN input projection and their first columns: qwen3_5's
+ * in_proj_qkv | z | b | a, or qwen3_next's in_proj_qkvz | ba (untargeted ones add nothing). */
+static void gdn_in_lora(ct_generator *g, int l, int T)
+{
+    const ct_model_config *c = &g->m->cfg;
+    int H = c->hidden_size, NP = model_gdn_proj_dim(c), CD = model_gdn_conv_dim(c);
+    int Vd = model_gdn_value_dim(c), Hv = c->linear_num_value_heads;
+    const ct_module mods[6] = {CT_MOD_IN_QKV, CT_MOD_IN_Z, CT_MOD_IN_QKVZ, CT_MOD_IN_B, CT_MOD_IN_A, CT_MOD_IN_BA};
+    const int col0[6] = {0, CD, 0, CD + Vd, CD + Vd + Hv, CD + Vd};
+    for (int i = 0; i < 6; i++) lora_fwd(g, l, mods[i], act_at(g, g->proj, col0[i]), NP, g->xn, H, T);
+}
+
+/* g->h = g->x + out_proj(gated_rmsnorm(delta(conv(P)), z)), P = g->xn Win^T (+LoRA),
+ * the conv and the delta rule continuing layer l's states. */
+static void gdn_mixer(ct_generator *g, int l, int T)
 {
     const ct_model_config *c = &g->m->cfg;
     const ct_layer_weights *w = &g->m->layers[l];
     ct_backend *be = g->be;
-    int H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
-    int nq = c->num_attention_heads, nkv = c->num_key_value_heads, Q = nq * D, KV = nkv * D, QKV = Q + 2 * KV;
+    int H = c->hidden_size, NP = model_gdn_proj_dim(c), CD = model_gdn_conv_dim(c);
+    int Kd = model_gdn_key_dim(c), Vd = model_gdn_value_dim(c), Hv = c->linear_num_value_heads;
+    int Hk = c->linear_num_key_heads, Dk = c->linear_key_head_dim, Dv = c->linear_value_head_dim;
+    be->linear_fwd(be, g->proj, NP, g->xn, H, w->win, NULL, T, H, NP, 0);
+    gdn_in_lora(g, l, T);
+    be->gdn_conv_step(be, g->conv, CD, g->conv_state[l], g->proj, NP, w->conv_w, T, CD, c->linear_conv_kernel_dim);
+    be->gdn_gates_fwd(be, g->gg, g->beta, act_at(g, g->proj, CD + Vd + Hv), NP, act_at(g, g->proj, CD + Vd), NP,
+                      w->A_log, w->dt_bias, T, Hv);
+    be->gdn_delta_step(be, g->core, Vd, g->delta_state[l], g->conv, CD, act_at(g, g->conv, Kd), CD,
+                       act_at(g, g->conv, 2 * Kd), CD, g->gg, g->beta, T, Hk, Hv, Dk, Dv, 1.0f / sqrtf((float)Dk));
+    be->gated_rmsnorm_fwd(be, g->normed, Vd, g->core, Vd, act_at(g, g->proj, CD), NP, w->gdn_norm, T, Hv, Dv,
+                          (float)c->rms_norm_eps);
+    be->copy_2d(be, g->h, H, g->x, H, T, H);
+    be->linear_fwd(be, g->h, H, g->normed, Vd, w->wout, NULL, T, Vd, H, 1);
+    lora_fwd(g, l, CT_MOD_OUT, g->h, H, g->normed, Vd, T);
+}
+
+/* g->h = g->x + o(attention over the cache of rope(norm_qk(qkv(g->xn)))) [* sigmoid(gate)]. */
+static void attention_mixer(ct_generator *g, int l, int T)
+{
+    const ct_model_config *c = &g->m->cfg;
+    const ct_layer_weights *w = &g->m->layers[l];
+    ct_backend *be = g->be;
+    int H = c->hidden_size, D = c->head_dim;
+    int nq = c->num_attention_heads, nkv = c->num_key_value_heads, Q = nq * D, KV = nkv * D;
+    int Qw = model_attn_gated(c) ? 2 * Q : Q, QKV = Qw + 2 * KV; /* q (and gate) columns, all columns */
     float eps = (float)c->rms_norm_eps;
 
-    be->rmsnorm_fwd(be, g->xn, H, NULL, g->x, H, w->attn_norm, c->norm_zero_centred, T, 1, H, eps);
     be->linear_fwd(be, g->qkv, QKV, g->xn, H, w->wqkv, w->bqkv, T, H, QKV, 0);
     lora_fwd(g, l, CT_MOD_Q, g->qkv, QKV, g->xn, H, T);
-    lora_fwd(g, l, CT_MOD_K, act_at(g, g->qkv, Q), QKV, g->xn, H, T);
-    lora_fwd(g, l, CT_MOD_V, act_at(g, g->qkv, Q + KV), QKV, g->xn, H, T);
-    void *q = g->qkv, *k = act_at(g, g->qkv, Q), *v = act_at(g, g->qkv, Q + KV);
+    lora_fwd(g, l, CT_MOD_K, act_at(g, g->qkv, Qw), QKV, g->xn, H, T);
+    lora_fwd(g, l, CT_MOD_V, act_at(g, g->qkv, Qw + KV), QKV, g->xn, H, T);
+    void *q = g->qkv, *k = act_at(g, g->qkv, Qw), *v = act_at(g, g->qkv, Qw + KV);
     const int32_t *pos = g->positions;
     const float *freq = g->m->inv_freq, scaling = g->m->attn_scaling;
     int rot = g->m->rot_dim;
@@ -181,10 +277,26 @@ static void layer_forward(ct_generator *g, int l, int T)
     int window = c->layer_sliding[l] ? c->sliding_window : 0;
     be->attention_decode(be, g->attn, Q, q, QKV, g->k_cache[l], KV, g->v_cache[l], KV, T, g->n_past, nq, nkv, D,
                          1.0f / sqrtf((float)D), window, w->sinks);
+    if (model_attn_gated(c)) /* in place */
+        be->sigmoid_gate_fwd(be, g->attn, Q, g->attn, Q, act_at(g, g->qkv, Q), QKV, D, T, nq, D);
 
     be->copy_2d(be, g->h, H, g->x, H, T, H);
     be->linear_fwd(be, g->h, H, g->attn, Q, w->wo, w->bo, T, Q, H, 1);
     lora_fwd(g, l, CT_MOD_O, g->h, H, g->attn, Q, T);
+}
+
+/* One layer over the T tokens in g->x (updated in place). */
+static void layer_forward(ct_generator *g, int l, int T)
+{
+    const ct_model_config *c = &g->m->cfg;
+    const ct_layer_weights *w = &g->m->layers[l];
+    ct_backend *be = g->be;
+    int H = c->hidden_size, I = c->intermediate_size;
+    float eps = (float)c->rms_norm_eps;
+
+    be->rmsnorm_fwd(be, g->xn, H, NULL, g->x, H, w->attn_norm, c->norm_zero_centred, T, 1, H, eps);
+    if (layer_gdn(c, l)) gdn_mixer(g, l, T);
+    else attention_mixer(g, l, T);
 
     be->rmsnorm_fwd(be, g->hn, H, NULL, g->h, H, w->mlp_norm, c->norm_zero_centred, T, 1, H, eps);
     if (c->layer_sparse[l]) {

@@ -8,7 +8,10 @@
  * appends their post-RoPE keys and values to the cache and attends over it
  * with the backend's attention_decode; only the last token's logits are
  * computed (one (1, H) x (H, V) product). Cost per new token: one pass over
- * the weights plus O(position) attention, never a recompute of the prefix. */
+ * the weights plus O(position) attention, never a recompute of the prefix.
+ * Gated DeltaNet layers keep no cache but two fixed-size states per layer (the
+ * conv's last inputs and the delta rule's S), carried by the backend's
+ * gdn_conv_step / gdn_delta_step; a backend without them refuses GDN models. */
 #ifndef CT_GENERATE_H
 #define CT_GENERATE_H
 
@@ -21,10 +24,10 @@ typedef struct ct_generator ct_generator;
  * tokens fed in one step (prompts are fed chunk by chunk). lo may be NULL (base
  * model); m and lo must outlive the generator. Fails (CT_ERR_RUNTIME) when the
  * backend is out of memory, CT_ERR_INPUT when capacity exceeds the model's
- * max_position_embeddings. */
+ * max_position_embeddings or the model has GDN layers the backend cannot decode. */
 ct_generator *generator_new(const ct_model *m, const ct_lora *lo, int capacity, int chunk, ct_error *err);
 void generator_free(ct_generator *g);
-/* Empties the cache (the next token is at position 0). */
+/* Empties the cache and zeroes the GDN states (the next token is at position 0). */
 void generator_reset(ct_generator *g);
 /* Positions in the cache. */
 int generator_position(const ct_generator *g);

@@ -1,6 +1,6 @@
 /* quant4.h — bitsandbytes' 4-bit weight formats (NF4, FP4) on the CPU, bit for
  * bit as bitsandbytes 0.50.2 writes them, and the Linear4bit tensors of a
- * safetensors checkpoint (QLoRA bases). Facts: /work/shared/QUANT.md 1.1-1.4.
+ * safetensors checkpoint (QLoRA bases). Nothing loads a model through it yet.
  *
  * Layout. A weight of n elements is flattened row-major and cut into blocks of
  * `blocksize` consecutive elements (the last block may be short). Each block

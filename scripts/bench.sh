@@ -14,7 +14,8 @@ SHAPES=${SHAPES:-qwen3-0.6b}
 STEPS=${STEPS:-30}
 WARMUP=${WARMUP:-5}
 HF_MODES=${HF_MODES-"packed packed-ckpt"}  # set empty for none
-CTUNE_MODES=${CTUNE_MODES-"ckpt nockpt"} # any of ckpt, nockpt, ckpt-auto (checkpoint_layers auto)
+CTUNE_MODES=${CTUNE_MODES-"ckpt nockpt"} # any of ckpt, nockpt, ckpt-auto (checkpoint_layers auto), ckpt-nf4 (QLoRA:
+                                         # model_quantization nf4, double quant, quantized on load)
 mkdir -p "$OUT"
 : >"$OUT/bench.jsonl"
 
@@ -32,13 +33,14 @@ for shape in $SHAPES; do
     fi
     gflop=$(python3 scripts/flops.py "configs/models/$shape/config.json" "$data/train.shard")
     for cmode in $CTUNE_MODES; do
-    ck=true cl=all; [ "$cmode" = nockpt ] && ck=false; [ "$cmode" = ckpt-auto ] && cl=auto
+    ck=true cl=all q=none; [ "$cmode" = nockpt ] && ck=false; [ "$cmode" = ckpt-auto ] && cl=auto
+    [ "$cmode" = ckpt-nf4 ] && q=nf4
     run=$OUT/ctune-$shape-$cmode
     rm -rf "$run"
     peak_start
     "$B/ctune" train configs/qwen3-0.6b.yaml --set model="$model" --set output_dir="$run" \
         --set "data.train_files=[$data/train.shard]" --set training.max_steps="$STEPS" \
-        --set memory.gradient_checkpointing=$ck --set memory.checkpoint_layers=$cl \
+        --set memory.gradient_checkpointing=$ck --set memory.checkpoint_layers=$cl --set model_quantization=$q \
         --set training.warmup_steps=2 --set training.logging_steps=1 >"$run.log" 2>&1
     rc=$?
     peak=$(peak_stop)

@@ -308,8 +308,8 @@ extern "C" ct_backend *backend_cuda_new_with(const ct_cuda_options *opt, ct_erro
     cuda_fill_moe_lora_ops(be);
     cuda_fill_moe_gemm_lora_ops(be);
     cuda_fill_moe_shared_gate_ops(be);
-    /* Gated DeltaNet: the delta rule is not written yet, so model_load still
-     * refuses GDN hybrids on CUDA (it needs every op). */
+    cuda_fill_quant_ops(be);
+    /* Gated DeltaNet (model_load needs every GDN op). */
     cuda_fill_gdn_pointwise_ops(be);
     cuda_fill_gdn_delta_ops(be);
     return be;

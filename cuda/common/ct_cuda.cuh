@@ -174,6 +174,9 @@ void cuda_fill_gdn_pointwise_ops(ct_backend *be);
 /* gdn_delta.cu: the chunked gated delta rule, forward and backward */
 void cuda_fill_gdn_delta_ops(ct_backend *be);
 
+/* dequant4.cu: frozen 4-bit weights (NF4, FP4, MXFP4) decoded to bf16 */
+void cuda_fill_quant_ops(ct_backend *be);
+
 /* linear_lora.cu (+ the plain linear layers, which are one gemm each) */
 void cuda_linear_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const void *W,
                      const void *bias, int T, int in, int out, int accumulate);

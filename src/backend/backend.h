@@ -21,6 +21,7 @@
 #define CT_BACKEND_H
 
 #include "common.h"
+#include "quant4.h"
 #include "safetensors.h"
 
 typedef struct ct_backend ct_backend;
@@ -152,6 +153,17 @@ struct ct_backend {
     /* dx (T,in) (=|+=) dy (T,out) @ W */
     void (*linear_bwd_input)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy,
                              const void *W, int T, int in, int out, int accumulate);
+
+    /* A frozen 4-bit weight decoded for the GEMMs above (model_weight): y (n)
+     * weight = code[q_i] * scale[i / blocksize], q_i the i-th 4-bit code of
+     * `codes` (n/2 bytes), code = quant4_code(type). NF4 and FP4 (bitsandbytes):
+     * the even element in the high nibble, scales fp32 (absmax). MXFP4: the even
+     * element in the low nibble, scales E8M0 bytes (2^(s-127)), blocksize 32.
+     * The product is exact in fp32 and rounded once to the weight type, as
+     * bitsandbytes' dequantize_4bit and HF's MXFP4 dequantization do.
+     * n % blocksize == 0 (asserted). */
+    void (*dequant4)(ct_backend *be, void *y, const uint8_t *codes, const void *scales, size_t n, int blocksize,
+                     quant4_type type);
 
     /* LoRA (PEFT): y += scale * (drop(x) @ A^T) @ B^T ; A (R,in), B (out,R) fp32. */
     void (*lora_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx,

@@ -204,6 +204,25 @@ static void cpu_linear_bwd_input(ct_backend *be, void *dx, int lddx, const void 
     cpu_sgemm(0, 0, T, in, out, 1.0f, dy, lddy, W, in, accumulate ? 1.0f : 0.0f, dx, lddx);
 }
 
+static void cpu_dequant4(ct_backend *be, void *y, const uint8_t *codes, const void *scales, size_t n, int blocksize,
+                         quant4_type type)
+{
+    (void)be;
+    bool mx = type == QUANT4_MXFP4;
+    CT_ASSERT(blocksize > 0 && n % (size_t)blocksize == 0 && (!mx || blocksize == QUANT4_MXFP4_BLOCKSIZE),
+              "dequant4: n %zu, blocksize %d", n, blocksize);
+    const float *code = quant4_code(type);
+    float *out = y;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        uint8_t byte = codes[i / 2];
+        uint8_t q = (i % 2 == 0) != mx ? byte >> 4 : byte & 0x0F; /* bnb: even high; MXFP4: even low */
+        size_t b = i / (size_t)blocksize;
+        float s = mx ? ldexpf(1.0f, (int)((const uint8_t *)scales)[b] - 127) : ((const float *)scales)[b];
+        out[i] = code[q] * s;
+    }
+}
+
 /* Dropout multiplier of x[t, i]: 0 or 1/(1-p), from the counter-based hash so
  * that forward, backward and the CUDA backend draw the same mask. */
 static inline float dropout_mult(uint64_t seed, int t, int in, int i, float p)
@@ -507,6 +526,7 @@ ct_backend *backend_cpu_new(void)
     be->linear_fwd = cpu_linear_fwd;
     be->linear_fwd_residual = cpu_linear_fwd_residual;
     be->linear_bwd_input = cpu_linear_bwd_input;
+    be->dequant4 = cpu_dequant4;
     be->lora_fwd = cpu_lora_fwd;
     be->lora_bwd = cpu_lora_bwd;
     be->lora_fwd_cols = cpu_lora_fwd_cols;

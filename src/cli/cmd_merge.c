@@ -21,6 +21,12 @@
  * parameters are targeted (PEFT nests its wrapper inside down_proj's), plain
  * "experts" is down_proj, or the one parameter targeted.
  *
+ * A 4-bit base (bitsandbytes NF4/FP4 Linear4bit tensors) merges as PEFT's
+ * merge does: each 4-bit weight is decoded (code * absmax, fp32) and written
+ * in bf16, with its delta when adapted; its quant_state tensors are dropped
+ * and config.json loses its quantization_config, so the output is a plain
+ * bf16 checkpoint.
+ *
  * The output keeps the input's layout: the same tensor names in files of the
  * same names (one model.safetensors, or the shards plus a rewritten
  * model.safetensors.index.json), and a copy of every other file of the model
@@ -36,6 +42,7 @@
 #include "adapter.h"
 #include "commands.h"
 #include "json.h"
+#include "quant4.h"
 #include "safetensors.h"
 
 #define INDEX_NAME "model.safetensors.index.json"
@@ -44,6 +51,25 @@ typedef struct merge_pair {
     const st_tensor *base, *A, *B;
     int experts;          /* > 0: base is an expert parameter [experts, in, out] */
 } merge_pair;
+
+/* The suffixes of a bitsandbytes 4-bit weight's quant_state tensors. */
+static const char *const quant_state_suffixes[] = {
+    ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4",
+    ".quant_state.bitsandbytes__fp4"};
+
+/* True when NAME is part of the quant_state of a 4-bit weight of r. */
+static bool is_quant_state(const st_reader *r, const char *name)
+{
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof quant_state_suffixes / sizeof quant_state_suffixes[0]; i++) {
+        size_t k = strlen(quant_state_suffixes[i]);
+        if (n <= k || strcmp(name + n - k, quant_state_suffixes[i])) continue;
+        char w[1024];
+        snprintf(w, sizeof w, "%.*s", (int)(n - k), name);
+        if (quant4_is_quantized(r, w)) return true;
+    }
+    return false;
+}
 
 static bool has_suffix(const char *s, const char *suffix)
 {
@@ -81,6 +107,23 @@ static float *to_f32(const st_tensor *t)
         }
     }
     return out;
+}
+
+/* The base tensor's values as fp32 (a 4-bit weight decoded) and its shape;
+ * NULL (err set) when its quant_state is broken. */
+static float *base_f32(const st_reader *r, const st_tensor *t, int *ndim, int64_t *shape, ct_error *err)
+{
+    if (!quant4_is_quantized(r, t->name)) {
+        *ndim = t->ndim;
+        memcpy(shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+        return to_f32(t);
+    }
+    quant4_info info;
+    float *v;
+    if (quant4_load_f32(r, t->name, &info, &v, err)) return NULL;
+    *ndim = info.ndim;
+    memcpy(shape, info.shape, sizeof(int64_t) * (size_t)info.ndim);
+    return v;
 }
 
 static bool targets(const ct_lora_config *lc, const char *projection)
@@ -179,17 +222,28 @@ static int match_pairs(const st_reader *base, const st_reader *ad, const char *a
         }
         bool expert = W && W->ndim == 3;
         char ws[64], as[64], bs[64];
+        st_tensor Wv; /* W as its values read: a 4-bit weight's real shape */
+        quant4_info qi;
+        bool q4 = W && quant4_is_quantized(base, W->name);
+        if (W) Wv = *W;
+        if (q4 && !(rc = quant4_read_info(base, W->name, &qi, err))) {
+            Wv.ndim = qi.ndim;
+            memcpy(Wv.shape, qi.shape, sizeof qi.shape);
+            Wv.dtype = CT_DTYPE_F32;
+        }
+        if (rc) break;
         if (!B) rc = CT_FAIL_INPUT(err, "%s: '%s' has no lora_B", ad_path, t->name);
         else if (!W) rc = CT_FAIL_INPUT(err, "%s: the base model has no tensor '%s' for '%s'", ad_path, name, t->name);
         else if (!targets(lc, projection))
             rc = CT_FAIL_INPUT(err, "%s: '%s' is not in adapter_config.json's %s", ad_path, t->name,
                                expert ? "target_parameters" : "target_modules");
-        else if (!is_float(t->dtype) || !is_float(B->dtype) || !is_float(W->dtype))
-            rc = CT_FAIL_INPUT(err, "%s: '%s': LoRA and base weights must be BF16, F16 or F32", ad_path, module);
-        else if (!pair_fits(t, B, W, lc->r, expert)) {
+        else if (!is_float(t->dtype) || !is_float(B->dtype) || !is_float(Wv.dtype))
+            rc = CT_FAIL_INPUT(err, "%s: '%s': LoRA and base weights must be BF16, F16 or F32 (or bitsandbytes 4-bit)",
+                               ad_path, module);
+        else if (!pair_fits(t, B, &Wv, lc->r, expert)) {
             format_shape(as, sizeof as, t);
             format_shape(bs, sizeof bs, B);
-            format_shape(ws, sizeof ws, W);
+            format_shape(ws, sizeof ws, &Wv);
             rc = CT_FAIL_INPUT(err, "%s: '%s': lora_A %s and lora_B %s do not fit the base weight %s '%s' with r = %d",
                                ad_path, module, as, bs, ws, W->name, lc->r);
         } else {
@@ -215,10 +269,10 @@ static int match_pairs(const st_reader *base, const st_reader *ad, const char *a
 }
 
 /* bf16(W + (B @ A) * scale), each element's product summed in fp32 over r. */
-static uint16_t *merged_weight(const merge_pair *p, float scale)
+static uint16_t *merged_weight(const merge_pair *p, const float *W, const int64_t *shape, float scale)
 {
-    size_t out = (size_t)p->base->shape[0], in = (size_t)p->base->shape[1], R = (size_t)p->A->shape[0];
-    float *W = to_f32(p->base), *A = to_f32(p->A), *B = to_f32(p->B);
+    size_t out = (size_t)shape[0], in = (size_t)shape[1], R = (size_t)p->A->shape[0];
+    float *A = to_f32(p->A), *B = to_f32(p->B);
     uint16_t *merged = ct_malloc(out * in * sizeof(uint16_t));
     #pragma omp parallel
     {
@@ -235,7 +289,6 @@ static uint16_t *merged_weight(const merge_pair *p, float scale)
         }
         free(delta);
     }
-    free(W);
     free(A);
     free(B);
     return merged;
@@ -266,19 +319,37 @@ static uint16_t *merged_expert_param(const merge_pair *p, float scale)
 
 /* Adds t to w as bf16 (merged with its pair when it has one) or, for integer
  * tensors, as it is. Returns the bytes written. */
-static int add_tensor(st_writer *w, const st_tensor *t, const merge_pair *pairs, size_t np, float scale,
-                      size_t *bytes, ct_error *err)
+static int add_tensor(st_writer *w, const st_reader *r, const st_tensor *t, const merge_pair *pairs, size_t np,
+                      float scale, size_t *bytes, ct_error *err)
 {
     const merge_pair *p = NULL;
     for (size_t k = 0; k < np && !p; k++)
         if (pairs[k].base == t) p = &pairs[k];
-    if (!is_float(t->dtype)) {
+    if (is_quant_state(r, t->name)) return CT_OK; /* its weight is written in bf16 */
+    bool q4 = quant4_is_quantized(r, t->name);
+    if (!is_float(t->dtype) && !q4) {
         *bytes += t->nbytes;
         return st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, err);
     }
     uint16_t *data;
-    if (p) {
-        data = p->experts ? merged_expert_param(p, scale) : merged_weight(p, scale);
+    int ndim = t->ndim;
+    int64_t shape[ST_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    size_t numel = t->numel;
+    if (p && p->experts) {
+        data = merged_expert_param(p, scale);
+    } else if (p || q4) {
+        float *W = base_f32(r, t, &ndim, shape, err);
+        if (!W) return err->code;
+        numel = 1;
+        for (int d = 0; d < ndim; d++) numel *= (size_t)shape[d];
+        if (p) {
+            data = merged_weight(p, W, shape, scale);
+        } else {
+            data = ct_malloc(numel * sizeof(uint16_t) + 2);
+            for (size_t i = 0; i < numel; i++) data[i] = ct_f32_to_bf16(W[i]);
+        }
+        free(W);
     } else {
         data = ct_malloc(t->numel * sizeof(uint16_t) + 2);
         if (t->dtype == CT_DTYPE_BF16) {
@@ -292,18 +363,18 @@ static int add_tensor(st_writer *w, const st_tensor *t, const merge_pair *pairs,
     /* A merged model must not be written with NaN or Inf in it (an adapter's
      * huge lora_alpha, a broken base): cheap to count here, costly to find later. */
     size_t bad = 0;
-    for (size_t i = 0; i < t->numel; i++) bad += (data[i] & 0x7f80) == 0x7f80;
+    for (size_t i = 0; i < numel; i++) bad += (data[i] & 0x7f80) == 0x7f80;
     if (bad) {
         free(data);
         if (p)
             return CT_FAIL_INPUT(err, "%s: merging the adapter gives %zu non-finite values of %zu (scaling %g from "
                                  "the adapter's lora_alpha and r; expected a finite merged weight)", t->name, bad,
-                                 t->numel, (double)scale);
+                                 numel, (double)scale);
         return CT_FAIL_INPUT(err, "%s: the base model holds %zu non-finite values of %zu (expected finite weights)",
-                             t->name, bad, t->numel);
+                             t->name, bad, numel);
     }
-    *bytes += t->numel * 2;
-    int rc = st_writer_add(w, t->name, CT_DTYPE_BF16, t->ndim, t->shape, data, err);
+    *bytes += numel * 2;
+    int rc = st_writer_add(w, t->name, CT_DTYPE_BF16, ndim, shape, data, err);
     free(data);
     return rc;
 }
@@ -318,6 +389,68 @@ static bool is_regular(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* One past the end of the JSON value that starts at text[i] (a string, an
+ * object, an array, or a scalar ended by a comma, a bracket or a space). */
+static size_t json_skip(const char *text, size_t len, size_t i)
+{
+    int depth = 0;
+    for (; i < len; i++) {
+        char ch = text[i];
+        if (ch == '"') { /* to the closing quote */
+            for (i++; i < len && text[i] != '"'; i++)
+                if (text[i] == '\\') i++;
+            if (depth == 0) return i + 1;
+        } else if (ch == '{' || ch == '[') {
+            depth++;
+        } else if (ch == '}' || ch == ']') {
+            if (depth == 0) return i;
+            if (--depth == 0) return i + 1;
+        } else if (depth == 0 && (ch == ',' || ch == ' ' || ch == '\n' || ch == '\r' || ch == '\t')) {
+            return i;
+        }
+    }
+    return len;
+}
+
+/* config.json without its top-level "quantization_config" member (the merged
+ * weights are bf16): the text is kept as written otherwise. *len is updated. */
+static void strip_quantization_config(char *text, size_t *len)
+{
+    static const char key[] = "\"quantization_config\"";
+    size_t n = *len, i = 0;
+    int depth = 0;
+    size_t last_sep = 0; /* the ',' or '{' before the current member */
+    while (i < n) {
+        char ch = text[i];
+        if (ch == '"') {
+            size_t end = json_skip(text, n, i);
+            if (depth == 1 && end - i == sizeof key - 1 && !memcmp(text + i, key, sizeof key - 1)) {
+                size_t v = end;
+                while (v < n && (text[v] == ' ' || text[v] == ':' || text[v] == '\n' || text[v] == '\t')) v++;
+                size_t vend = json_skip(text, n, v), cut0 = last_sep, cut1 = vend;
+                if (text[last_sep] == '{') { /* the first member: drop the comma after it instead */
+                    cut0 = last_sep + 1;
+                    while (cut1 < n && text[cut1] != ',' && text[cut1] != '}') cut1++;
+                    if (cut1 < n && text[cut1] == ',') cut1++;
+                }
+                memmove(text + cut0, text + cut1, n - cut1);
+                *len = n - (cut1 - cut0);
+                return;
+            }
+            i = end;
+            continue;
+        }
+        if (ch == '{' || ch == '[') {
+            if (++depth == 1) last_sep = i;
+        } else if (ch == '}' || ch == ']') {
+            depth--;
+        } else if (ch == ',' && depth == 1) {
+            last_sep = i;
+        }
+        i++;
+    }
 }
 
 /* Copies every other plain file of the model folder (config.json, tokenizer
@@ -336,6 +469,7 @@ static int copy_side_files(const char *model, const char *out, ct_error *err)
         if (!is_regular(src)) continue;
         size_t len;
         char *data = ct_read_file(src, &len, err);
+        if (data && !strcmp(e->d_name, "config.json")) strip_quantization_config(data, &len);
         if (!data) rc = err->code;
         else rc = ct_write_file_atomic(dst, data, len, err);
         free(data);
@@ -349,9 +483,10 @@ static int write_index(const st_reader *base, const char *out, size_t total, ct_
     json_writer j;
     json_writer_init(&j);
     json_write_rawf(&j, "{\n  \"metadata\": {\n    \"total_size\": %zu\n  },\n  \"weight_map\": {", total);
-    for (size_t i = 0; i < st_count(base); i++) {
+    for (size_t i = 0, k = 0; i < st_count(base); i++) {
         const st_tensor *t = st_at(base, i);
-        json_write_raw(&j, i ? ",\n    " : "\n    ");
+        if (is_quant_state(base, t->name)) continue;
+        json_write_raw(&j, k++ ? ",\n    " : "\n    ");
         json_write_string(&j, t->name);
         json_write_raw(&j, ": ");
         json_write_string(&j, base_name(t->file));
@@ -383,7 +518,7 @@ static int write_files(const st_reader *base, const char *out, const merge_pair 
         for (size_t i = 0; i < n && !rc; i++) {
             const st_tensor *t = st_at(base, i);
             if (strcmp(t->file, files[k])) continue;
-            rc = add_tensor(w, t, pairs, np, scale, total, err);
+            rc = add_tensor(w, base, t, pairs, np, scale, total, err);
             count++;
         }
         char path[CT_PATH_MAX + 300];

@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "memory_plan.h"
+#include "model.h"
 #include "model_config.h"
 #include "safetensors.h"
 
@@ -51,9 +52,10 @@ static void print_memory_estimate(const ct_model_config *mc, const ct_param_coun
 {
     size_t n;
     ct_tensor_spec *specs = model_tensor_specs(mc, &n);
-    double lora = 0;
+    double lora = 0, q4 = 0, widest = 0; /* weights HF's bitsandbytes quantizes; the widest dense decode */
     for (size_t i = 0; i < n; i++) {
         const ct_tensor_spec *s = &specs[i];
+        if (model_tensor_bnb_quantized(s)) q4 += (double)model_tensor_numel(s);
         if (s->kind != CT_TENSOR_LINEAR) continue;
         /* [out, in] or, for fused experts, [E, in, out]: one matrix per leading index */
         double a = (double)s->shape[s->ndim - 2], b = (double)s->shape[s->ndim - 1];
@@ -75,6 +77,19 @@ static void print_memory_estimate(const ct_model_config *mc, const ct_param_coun
     printf("                  weights %.3g + LoRA/Adam %.3g (%s params) + saved layer inputs %.3g"
            " + working set %.3g + workspace %.3g GiB\n",
            gib(weights), gib(lora_b), human(b, sizeof b, lora), gib(saved), gib(working), gib(workspace));
+    if (q4 > 0) {
+        /* the fused weights model_weight decodes: q|k|v (or the GDN input), gate|up */
+        double H = mc->hidden_size, D = mc->head_dim;
+        double qkv = ((mc->attn_output_gate ? 2 : 1) * mc->num_attention_heads + 2 * mc->num_key_value_heads) * D * H;
+        double gu = 2.0 * (mc->intermediate_size > mc->shared_expert_intermediate_size ? mc->intermediate_size
+                                                                                       : mc->shared_expert_intermediate_size) * H;
+        widest = qkv > gu ? qkv : gu;
+        if (mc->gdn && model_gdn_proj_dim(mc) * H > widest) widest = model_gdn_proj_dim(mc) * H;
+        /* 4-bit codes + an fp32 absmax per 64 (model.h: ct_qweight) + the bf16 decode buffer */
+        double w4 = 2.0 * ((double)pc->total - q4) + q4 * (0.5 + 4.0 / 64) + 2 * widest;
+        printf("  memory (nf4)    %.3g GiB with model_quantization: nf4 (%s weights in 4 bits): weights %.3g GiB\n",
+               gib(w4 + lora_b + saved + working + workspace), human(b, sizeof b, q4), gib(w4));
+    }
 }
 
 /* Non-finite values of a floating tensor (NaN or Inf: every exponent bit set);

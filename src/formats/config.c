@@ -57,11 +57,12 @@ typedef struct key_spec {
 } key_spec;
 
 _Static_assert(sizeof(ct_sched_type) == sizeof(int) && sizeof(ct_tristate) == sizeof(int) &&
-               sizeof(ct_device) == sizeof(int) && sizeof(ct_checkpoint_layers) == sizeof(int),
+               sizeof(ct_device) == sizeof(int) && sizeof(ct_model_quant) == sizeof(int) && sizeof(ct_checkpoint_layers) == sizeof(int),
                "K_ENUM stores enums through an int");
 
 static const char *const sched_names[] = { "constant", "linear", "cosine", NULL };
 static const char *const device_names[] = { "auto", "cpu", "cuda", NULL };
+static const char *const quant_names[] = { "none", "nf4", "fp4", NULL };
 static const char *const tri_names[] = { "auto", "on", "off", NULL };
 static const char *const ckpt_layer_names[] = { "all", "auto", NULL };
 static const char *const init_names[] = { "true", "gaussian", NULL };
@@ -90,6 +91,8 @@ static const key_spec keys[] = {
     PATHK("model", model, "a Hugging Face model folder"),
     PATHK("output_dir", output_dir, "a folder for checkpoints and logs"),
     ENUMK("device", device, device_names, "auto, cpu or cuda"),
+    ENUMK("model_quantization", model_quantization, quant_names, "none, nf4 or fp4"),
+    BOOLK("bnb_4bit_use_double_quant", bnb_4bit_use_double_quant),
     INTK("lora.r", lora.r, 1, 4096, 0, "an integer in [1, 4096]"),
     FLTK("lora.lora_alpha", lora.lora_alpha, 0, INFINITY, LO_OPEN, "a number > 0"),
     FLTK("lora.lora_dropout", lora.lora_dropout, 0, 1, HI_OPEN, "a number in [0, 1)"),
@@ -152,12 +155,16 @@ static const char *const aliases[][2] = {
     { "sequence_len", "data.max_length" }, { "max_seq_length", "data.max_length" },
     { "micro_batch_size", "data.tokens_per_micro_batch" }, { "batch_size", "data.tokens_per_micro_batch" },
     { "datasets", "data.train_files" },
+    { "load_in_4bit", "model_quantization" }, { "bnb_4bit_quant_type", "model_quantization" },
+    { "quantization", "model_quantization" }, { "use_bnb_nested_quant", "bnb_4bit_use_double_quant" },
 };
 
 void config_defaults(ct_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->device = CT_DEVICE_AUTO;
+    cfg->model_quantization = CT_MODEL_QUANT_NONE;
+    cfg->bnb_4bit_use_double_quant = true;
     ct_lora_config *l = &cfg->lora;
     l->r = 16;
     l->lora_alpha = 32;

@@ -2,6 +2,8 @@
  * config classes (docs/ARCHITECTURE.md, "Model folders"); where a field is absent we use the value
  * HF would, so a checkpoint means the same model here as in transformers. */
 #include "model_config.h"
+#include "mxfp4.h"
+#include "quant4.h"
 
 #include <limits.h>
 #include <math.h>
@@ -545,6 +547,36 @@ static int parse_gdn(ct_model_config *mc, const json_value *root, const char *sr
 
 /* ---- config.json ---- */
 
+/* quantization_config (top level, also for the multimodal wrappers): the 4-bit
+ * forms ctune reads; any other method is refused here rather than failing on
+ * its tensors' names later. */
+static int parse_quantization(ct_model_config *mc, const json_value *root, const char *src, ct_error *err)
+{
+    const json_value *q = json_get(root, "quantization_config");
+    mc->quant_method = CT_QUANT_NONE;
+    if (!q || q->type == JSON_NULL) return CT_OK;
+    if (q->type != JSON_OBJECT) return CT_FAIL_INPUT(err, "%s: key 'quantization_config': expected an object", src);
+    const json_value *m = json_get_type(q, "quant_method", JSON_STRING);
+    if (!m) return CT_FAIL_INPUT(err, "%s: quantization_config has no quant_method string", src);
+    if (!strcmp(m->string, "mxfp4")) { /* the tensors say which experts are MXFP4; the config must parse */
+        mxfp4_config mx;
+        mc->quant_method = CT_QUANT_MXFP4;
+        return mxfp4_read_config(q, src, &mx, err);
+    }
+    if (strcmp(m->string, "bitsandbytes") != 0)
+        return CT_FAIL_INPUT(err, "%s: quantization_config.quant_method '%s' is not supported (ctune reads "
+                             "bitsandbytes 4-bit and mxfp4 checkpoints; dequantize this one to bf16 first)", src, m->string);
+    bool in4 = false, in8 = false;
+    int rc = opt_bool(q, "load_in_4bit", false, &in4, src, err);
+    if (!rc) rc = opt_bool(q, "load_in_8bit", false, &in8, src, err);
+    if (rc) return rc;
+    if (in8 || !in4)
+        return CT_FAIL_INPUT(err, "%s: quantization_config: bitsandbytes %s is not supported (ctune reads 4-bit "
+                             "checkpoints: load_in_4bit true)", src, in8 ? "8-bit (load_in_8bit)" : "without load_in_4bit");
+    mc->quant_method = CT_QUANT_BNB4;
+    return CT_OK;
+}
+
 static int parse_root(ct_model_config *mc, const json_value *root, const char *src, ct_error *err)
 {
     if (!root || root->type != JSON_OBJECT) return CT_FAIL_INPUT(err, "%s: expected a JSON object", src);
@@ -563,6 +595,8 @@ static int parse_root(ct_model_config *mc, const json_value *root, const char *s
     const json_value *archs = json_get_type(root, "architectures", JSON_ARRAY);
     if (archs && archs->count > 0 && archs->items[0]->type == JSON_STRING)
         snprintf(mc->architectures, sizeof mc->architectures, "%s", archs->items[0]->string);
+
+    if ((rc = parse_quantization(mc, root, src, err))) return rc;
 
     /* The multimodal wrappers hold the language model in text_config and its
      * tensors under model.language_model.; everything below reads text_config. */
@@ -828,6 +862,18 @@ ct_tensor_spec *model_tensor_specs(const ct_model_config *mc, size_t *n)
     return s.v;
 }
 
+bool model_tensor_bnb_quantized(const ct_tensor_spec *t)
+{
+    if (t->kind != CT_TENSOR_LINEAR || t->expert || t->ndim != 2) return false;
+    size_t n = strlen(t->name);
+    static const char *const routers[] = {".mlp.gate.weight", ".block_sparse_moe.gate.weight", ".mlp.router.weight"};
+    for (size_t i = 0; i < sizeof routers / sizeof routers[0]; i++) {
+        size_t k = strlen(routers[i]);
+        if (n > k && !strcmp(t->name + n - k, routers[i])) return false;
+    }
+    return true;
+}
+
 size_t model_tensor_numel(const ct_tensor_spec *t)
 {
     size_t n = 1;
@@ -896,12 +942,28 @@ int model_check_weights(const ct_model_config *mc, const st_reader *r, ct_error 
                 rc = CT_FAIL_INPUT(err, "%s: tensor %s is missing: the experts are stored fused (%s); ctune reads "
                                    "them per expert for now (save the model with transformers' save_pretrained, "
                                    "which writes that form)", where, s->name, fused);
+            else if (st_find(r, packed) && mc->arch == CT_ARCH_GPT_OSS && s->expert)
+                continue; /* MXFP4 experts: model.c reads and checks _blocks and _scales */
             else if (st_find(r, packed))
-                rc = CT_FAIL_INPUT(err, "%s: tensor %s is stored quantized (%s); ctune needs bf16 weights "
-                                   "(dequantize the checkpoint first)", where, s->name, packed);
+                rc = CT_FAIL_INPUT(err, "%s: tensor %s is stored quantized (%s); ctune reads that form for "
+                                   "gpt_oss experts only (dequantize the checkpoint first)", where, s->name, packed);
             else
                 rc = CT_FAIL_INPUT(err, "%s: tensor %s is missing (model_type %s expects it)", where, s->name, mc->model_type);
             break;
+        }
+        if (quant4_is_quantized(r, s->name)) { /* a bitsandbytes 4-bit weight: its quant_state holds the shape */
+            quant4_info qi;
+            if ((rc = quant4_read_info(r, s->name, &qi, err))) break;
+            bool same = qi.ndim == s->ndim;
+            for (int d = 0; same && d < s->ndim; d++) same = qi.shape[d] == s->shape[d];
+            if (!same) {
+                format_shape(got, sizeof got, qi.ndim, qi.shape);
+                format_shape(want, sizeof want, s->ndim, s->shape);
+                rc = CT_FAIL_INPUT(err, "%s: tensor %s: 4-bit shape %s does not match the config's %s", t->file, s->name,
+                                   got, want);
+                break;
+            }
+            continue;
         }
         if (t->dtype != CT_DTYPE_BF16 && t->dtype != CT_DTYPE_F16 && t->dtype != CT_DTYPE_F32) {
             rc = CT_FAIL_INPUT(err, "%s: tensor %s: dtype %s is not supported (need BF16, F16 or F32)", t->file, s->name,

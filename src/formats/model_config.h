@@ -99,6 +99,9 @@ typedef struct ct_model_config {
     int mrope_section[3];             /* accepted; text-only input makes M-RoPE ordinary partial RoPE */
     bool mrope_interleaved;
     int mtp_num_hidden_layers;        /* MTP heads in the checkpoint (HF drops them; so does ctune) */
+    /* config.json's quantization_config: how the checkpoint stores its frozen
+     * weights (each tensor is still recognised by its own keys at load) */
+    enum { CT_QUANT_NONE, CT_QUANT_BNB4, CT_QUANT_MXFP4 } quant_method;
     char tensor_prefix[32];           /* "model." or, for the wrappers, "model.language_model." */
 } ct_model_config;
 
@@ -140,6 +143,11 @@ typedef struct ct_tensor_spec {
     bool expert;          /* routed-expert weights: a token uses K/E of them */
 } ct_tensor_spec;
 size_t model_tensor_numel(const ct_tensor_spec *t);
+/* Whether HF's bitsandbytes integration quantizes it: a layer's nn.Linear
+ * weights (attention, dense MLP, shared expert and its gate, the GDN
+ * projections). Routed experts and routers are parameters in transformers 5
+ * and stay bf16, as do embeddings, lm_head, norms and biases. */
+bool model_tensor_bnb_quantized(const ct_tensor_spec *t);
 /* Returns a malloc'd array the caller frees; *n receives its length. */
 ct_tensor_spec *model_tensor_specs(const ct_model_config *mc, size_t *n);
 

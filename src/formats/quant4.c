@@ -14,10 +14,12 @@
 #include "quant4.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "json.h"
+#include "mxfp4.h"
 
 static const float nf4_code[16] = {
     -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
@@ -87,7 +89,10 @@ static const float dynamic_map[256] = {
     0x1.eep-1f,       0x1.f53334p-1f,   0x1.fc6666p-1f,   0x1p+0f,
 };
 
-const float *quant4_code(quant4_type t) { return t == QUANT4_NF4 ? nf4_code : fp4_code; }
+const float *quant4_code(quant4_type t)
+{
+    return t == QUANT4_NF4 ? nf4_code : t == QUANT4_FP4 ? fp4_code : mxfp4_code();
+}
 const float *quant4_dynamic_map(void) { return dynamic_map; }
 
 bool quant4_blocksize_valid(size_t blocksize)
@@ -107,6 +112,7 @@ int quant4_quantize(uint8_t *packed, float *absmax, const float *x, size_t n, si
 {
     CT_ASSERT(quant4_blocksize_valid(blocksize), "quant4_quantize: blocksize %zu is not a power of two in [32, 4096]",
               blocksize);
+    CT_ASSERT(t != QUANT4_MXFP4, "quant4_quantize: MXFP4 has its own encoder");
     for (size_t i = 0; i < n; i++)
         if (!isfinite(x[i])) return CT_FAIL_INPUT(err, "quant4: element %zu is %g; only finite values quantize", i, x[i]);
     const float *code = quant4_code(t);
@@ -117,6 +123,8 @@ int quant4_quantize(uint8_t *packed, float *absmax, const float *x, size_t n, si
     memset(packed, 0, quant4_packed_bytes(n));
     if (n % 2) packed[n / 2] = encode4(0.0f, bounds, order);
     size_t nblocks = quant4_num_blocks(n, blocksize);
+    /* blocks start at even elements, so no two blocks share a byte */
+#pragma omp parallel for schedule(static)
     for (size_t b = 0; b < nblocks; b++) {
         size_t lo = b * blocksize, hi = lo + blocksize < n ? lo + blocksize : n;
         float am = 0.0f;
@@ -138,8 +146,9 @@ int quant4_quantize(uint8_t *packed, float *absmax, const float *x, size_t n, si
 void quant4_dequantize(float *y, const uint8_t *packed, const float *absmax, size_t n, size_t blocksize,
                        quant4_type t)
 {
-    CT_ASSERT(blocksize > 0, "quant4_dequantize: blocksize 0");
+    CT_ASSERT(blocksize > 0 && t != QUANT4_MXFP4, "quant4_dequantize: blocksize 0 or MXFP4");
     const float *code = quant4_code(t);
+#pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         uint8_t q = i % 2 == 0 ? packed[i / 2] >> 4 : packed[i / 2] & 0x0F;
         y[i] = code[q] * absmax[i / blocksize];
@@ -264,6 +273,16 @@ void quant4_double_dequantize(float *absmax, const uint8_t *q8, const float *nes
 }
 
 /* ---- Linear4bit tensors in safetensors ---- */
+
+void quant4_double_roundtrip(float *absmax, size_t nblocks)
+{
+    uint8_t *q8 = ct_malloc(nblocks);
+    float *nested = ct_malloc(ct_ceil_div(nblocks, QUANT4_NESTED_BLOCKSIZE) * sizeof(float)), offset;
+    quant4_double_quantize(q8, nested, &offset, absmax, nblocks);
+    quant4_double_dequantize(absmax, q8, nested, quant4_dynamic_map(), offset, nblocks);
+    free(q8);
+    free(nested);
+}
 
 static const st_tensor *state_tensor(const st_reader *r, const char *name, quant4_type *type)
 {
@@ -431,9 +450,10 @@ int quant4_read_info(const st_reader *r, const char *name, quant4_info *info, ct
     return CT_OK;
 }
 
-int quant4_load_f32(const st_reader *r, const char *name, quant4_info *info, float **out, ct_error *err)
+int quant4_load_blocks(const st_reader *r, const char *name, quant4_info *info, const uint8_t **codes,
+                       float **absmax_out, ct_error *err)
 {
-    *out = NULL;
+    *absmax_out = NULL;
     int rc = quant4_read_info(r, name, info, err);
     if (rc) return rc;
     char key[1024];
@@ -457,8 +477,20 @@ int quant4_load_f32(const st_reader *r, const char *name, quant4_info *info, flo
     } else if ((rc = read_f32(am_t, true, &absmax, err))) {
         return rc;
     }
+    *codes = st_find(r, name)->data;
+    *absmax_out = absmax;
+    return CT_OK;
+}
+
+int quant4_load_f32(const st_reader *r, const char *name, quant4_info *info, float **out, ct_error *err)
+{
+    *out = NULL;
+    const uint8_t *codes;
+    float *absmax;
+    int rc = quant4_load_blocks(r, name, info, &codes, &absmax, err);
+    if (rc) return rc;
     float *y = ct_malloc(info->numel * sizeof(float));
-    quant4_dequantize(y, st_find(r, name)->data, absmax, info->numel, info->blocksize, info->type);
+    quant4_dequantize(y, codes, absmax, info->numel, info->blocksize, info->type);
     free(absmax);
     *out = y;
     return CT_OK;

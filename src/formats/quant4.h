@@ -1,6 +1,7 @@
 /* quant4.h — bitsandbytes' 4-bit weight formats (NF4, FP4) on the CPU, bit for
  * bit as bitsandbytes 0.50.2 writes them, and the Linear4bit tensors of a
- * safetensors checkpoint (QLoRA bases). Nothing loads a model through it yet.
+ * safetensors checkpoint (QLoRA bases), read by model.c. It also names the
+ * MXFP4 code (gpt-oss experts), which the same dequantization op decodes.
  *
  * Layout. A weight of n elements is flattened row-major and cut into blocks of
  * `blocksize` consecutive elements (the last block may be short). Each block
@@ -27,12 +28,16 @@
 
 #include "safetensors.h"
 
-typedef enum { QUANT4_NF4, QUANT4_FP4 } quant4_type;
+/* MXFP4 (OCP microscaling, gpt-oss checkpoints): E2M1 values, the even element
+ * in the LOW nibble, blocks of 32 sharing one E8M0 scale byte s (2^(s-127)). */
+typedef enum { QUANT4_NF4, QUANT4_FP4, QUANT4_MXFP4 } quant4_type;
+#define QUANT4_MXFP4_BLOCKSIZE 32 /* mxfp4.h: the format, its checks and its encoder */
 
 #define QUANT4_NESTED_BLOCKSIZE 256
 
 /* The 16 fp32 values a 4-bit code stands for (bnb's get_4bit_type, except that
- * FP4 code 8 is -0.0, as bnb's kernels decode it). */
+ * FP4 code 8 is -0.0, as bnb's kernels decode it; MXFP4: 0, .5, 1, 1.5, 2, 3,
+ * 4, 6 and their negatives, code 8 -0.0). */
 const float *quant4_code(quant4_type t);
 /* bnb's create_dynamic_map(signed=True): 256 sorted fp32 values in [-1, 1]. */
 const float *quant4_dynamic_map(void);
@@ -64,6 +69,10 @@ void quant4_double_quantize(uint8_t *q8, float *nested_absmax, float *offset, co
 void quant4_double_dequantize(float *absmax, const uint8_t *q8, const float *nested_absmax,
                               const float *map, float offset, size_t nblocks);
 
+/* absmax[0..nblocks) replaced by what dequantize_4bit reads back after double
+ * quantization (quant4_double_quantize, then quant4_double_dequantize). */
+void quant4_double_roundtrip(float *absmax, size_t nblocks);
+
 /* One Linear4bit weight as its quant_state describes it. */
 typedef struct quant4_info {
     quant4_type type;
@@ -90,5 +99,12 @@ int quant4_read_info(const st_reader *r, const char *name, quant4_info *info, ct
 /* quant4_read_info, then dequantizes NAME to fp32 into *out (info->numel
  * floats, malloc'd; the caller frees it). *out is NULL on failure. */
 int quant4_load_f32(const st_reader *r, const char *name, quant4_info *info, float **out, ct_error *err);
+
+/* quant4_read_info, then NAME's packed codes (*codes: the file's bytes, valid
+ * while r is open) and its absmax as fp32 (*absmax: malloc'd, one per block;
+ * double quantization undone exactly as bnb's dequantize_4bit does). Non-finite
+ * or negative stored statistics are CT_ERR_INPUT naming the tensor. */
+int quant4_load_blocks(const st_reader *r, const char *name, quant4_info *info, const uint8_t **codes,
+                       float **absmax, ct_error *err);
 
 #endif

@@ -338,9 +338,10 @@ void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, 
     /* gate on columns [0, I), up on [I, 2I); gpt_oss: gate is the whole gate_up, up has no slot */
     const ct_module gate_up[2] = {CT_MOD_GATE, CT_MOD_UP}, down[1] = {CT_MOD_DOWN};
     const int gate_up_col0[2] = {0, I}, down_col0[1] = {0};
-    if (!linear_lora_fwd(mo, ml, l, gate_up, gate_up_col0, 2, a, a->gu, 2 * I, hn, H, a->row_slot, w->wgu_e, w->bgu_e,
+    const void *wgu_e = MODEL_WEIGHT(mo->m, l, wgu_e);
+    if (!linear_lora_fwd(mo, ml, l, gate_up, gate_up_col0, 2, a, a->gu, 2 * I, hn, H, a->row_slot, wgu_e, w->bgu_e,
                          H, 2 * I, a->u_gu, &a->u_gu_ok)) {
-        be->moe_linear_fwd(be, a->gu, 2 * I, hn, H, a->row_slot, K, w->wgu_e, w->bgu_e, a->offsets, E, H, 2 * I, 0);
+        be->moe_linear_fwd(be, a->gu, 2 * I, hn, H, a->row_slot, K, wgu_e, w->bgu_e, a->offsets, E, H, 2 * I, 0);
         lora_fwd(mo, ml, l, CT_MOD_GATE, a, a->gu, 2 * I, hn, H, a->row_slot);
         lora_fwd(mo, ml, l, CT_MOD_UP, a, act_at(mo, a->gu, I), 2 * I, hn, H, a->row_slot);
     }
@@ -348,11 +349,11 @@ void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, 
     else be->swiglu_fwd(be, a->act, a->gu, n, I);
     if (mo->Is) { /* the shared expert and its gate's logit, which backward reads (a recompute too) */
         int Is = mo->Is;
-        be->linear_fwd(be, a->sgu, 2 * Is, hn, H, w->wsh_gu, NULL, T, H, 2 * Is, 0);
+        be->linear_fwd(be, a->sgu, 2 * Is, hn, H, MODEL_WEIGHT(mo->m, l, wsh_gu), NULL, T, H, 2 * Is, 0);
         shared_lora_fwd(mo, ml, l, CT_MOD_GATE, a->sgu, 2 * Is, hn, H, T);
         shared_lora_fwd(mo, ml, l, CT_MOD_UP, act_at(mo, a->sgu, Is), 2 * Is, hn, H, T);
         be->swiglu_fwd(be, a->sact, a->sgu, T, Is);
-        be->linear_fwd(be, a->s, H, a->sact, Is, w->wsh_down, NULL, T, Is, H, 0);
+        be->linear_fwd(be, a->s, H, a->sact, Is, MODEL_WEIGHT(mo->m, l, wsh_down), NULL, T, Is, H, 0);
         shared_lora_fwd(mo, ml, l, CT_MOD_DOWN, a->s, H, a->sact, Is, T);
         be->linear_fwd(be, a->sg, 1, hn, H, w->wsh_gate, NULL, T, H, 1, 0);
         shared_lora_fwd(mo, ml, l, CT_MOD_SH_GATE, a->sg, 1, hn, H, T);
@@ -361,9 +362,10 @@ void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, 
         a->u_d_ok = false;
         return;
     }
-    if (!linear_lora_fwd(mo, ml, l, down, down_col0, 1, a, mo->ye, H, a->act, I, NULL, w->wdown_e, w->bdown_e, I, H,
+    const void *wdown_e = MODEL_WEIGHT(mo->m, l, wdown_e);
+    if (!linear_lora_fwd(mo, ml, l, down, down_col0, 1, a, mo->ye, H, a->act, I, NULL, wdown_e, w->bdown_e, I, H,
                          a->u_d, &a->u_d_ok)) {
-        be->moe_linear_fwd(be, mo->ye, H, a->act, I, NULL, K, w->wdown_e, w->bdown_e, a->offsets, E, I, H, 0);
+        be->moe_linear_fwd(be, mo->ye, H, a->act, I, NULL, K, wdown_e, w->bdown_e, a->offsets, E, I, H, 0);
         lora_fwd(mo, ml, l, CT_MOD_DOWN, a, mo->ye, H, a->act, I, NULL);
     }
     be->moe_scatter(be, out, H, mo->ye, a->slot_row, a->w, T, K, H, res, H);
@@ -382,8 +384,8 @@ void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dou
                         H);
     const ct_module down[1] = {CT_MOD_DOWN}, gate_up[2] = {CT_MOD_GATE, CT_MOD_UP};
     const int down_col0[1] = {0}, gate_up_col0[2] = {0, I};
-    linear_lora_bwd(mo, ml, l, down, down_col0, 1, a, mo->dact, I, mo->dye, H, w->wdown_e, I, H, a->act, I, NULL,
-                    a->u_d_ok ? a->u_d : NULL);
+    linear_lora_bwd(mo, ml, l, down, down_col0, 1, a, mo->dact, I, mo->dye, H, MODEL_WEIGHT(mo->m, l, wdown_e), I, H,
+                    a->act, I, NULL, a->u_d_ok ? a->u_d : NULL);
     const bool clamped = c->arch == CT_ARCH_GPT_OSS;
     if (be->moe_act_bwd) { /* one pass over dact and gu for dgu and dw */
         be->moe_act_bwd(be, mo->dgu, mo->dw, mo->dact, a->gu, a->w, a->row_slot, n, I, clamped, GPT_OSS_ALPHA,
@@ -395,8 +397,8 @@ void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dou
         else
             be->swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I);
     }
-    linear_lora_bwd(mo, ml, l, gate_up, gate_up_col0, 2, a, mo->dxe, H, mo->dgu, 2 * I, w->wgu_e, H, 2 * I, a->hn, H,
-                    a->row_slot, a->u_gu_ok ? a->u_gu : NULL);
+    linear_lora_bwd(mo, ml, l, gate_up, gate_up_col0, 2, a, mo->dxe, H, mo->dgu, 2 * I, MODEL_WEIGHT(mo->m, l, wgu_e), H,
+                    2 * I, a->hn, H, a->row_slot, a->u_gu_ok ? a->u_gu : NULL);
     be->moe_scatter(be, dhn, H, mo->dxe, a->slot_row, NULL, T, K, H, NULL, 0);
 
     be->moe_route_bwd(be, mo->dlogits, mo->dw, a->logits, a->idx, a->w, aux ? mo->aux_grad : NULL, T, E, K, mo->rule);
@@ -405,10 +407,10 @@ void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dou
     if (mo->Is) { /* the shared expert: out += sigmoid(sg) s, s = down(swiglu(gu(hn))), sg = hn . wsh_gate */
         int Is = mo->Is;
         be->moe_shared_gate_bwd(be, mo->ds, H, mo->dsg, 1, dout, H, a->s, H, a->sg, 1, T, H);
-        be->linear_bwd_input(be, mo->dsact, Is, mo->ds, H, w->wsh_down, T, Is, H, 0);
+        be->linear_bwd_input(be, mo->dsact, Is, mo->ds, H, MODEL_WEIGHT(mo->m, l, wsh_down), T, Is, H, 0);
         shared_lora_bwd(mo, ml, l, CT_MOD_DOWN, mo->dsact, Is, mo->ds, H, a->sact, Is, T);
         be->swiglu_bwd(be, mo->dsgu, mo->dsact, a->sgu, T, Is);
-        be->linear_bwd_input(be, dhn, H, mo->dsgu, 2 * Is, w->wsh_gu, T, H, 2 * Is, 1);
+        be->linear_bwd_input(be, dhn, H, mo->dsgu, 2 * Is, MODEL_WEIGHT(mo->m, l, wsh_gu), T, H, 2 * Is, 1);
         shared_lora_bwd(mo, ml, l, CT_MOD_GATE, dhn, H, mo->dsgu, 2 * Is, a->hn, H, T);
         shared_lora_bwd(mo, ml, l, CT_MOD_UP, dhn, H, act_at(mo, mo->dsgu, Is), 2 * Is, a->hn, H, T);
         be->linear_bwd_input(be, dhn, H, mo->dsg, 1, w->wsh_gate, T, H, 1, 1);

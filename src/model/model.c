@@ -2,6 +2,7 @@
  * weights, and the experts of sparse layers stacked per projection (see
  * model.h). The graph itself lives in graph.c and graph_moe.c. */
 #include "model.h"
+#include "mxfp4.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -78,13 +79,16 @@ int model_module_layer_shape(const ct_model_config *c, int l, ct_module mod, int
 typedef struct loader {
     ct_backend *be;
     const st_reader *r;
+    const ct_model_config *c;
+    const ct_load_options *opt; /* quantize on load, or NULL */
     size_t bytes;           /* backend bytes allocated so far */
+    size_t quant_weights;   /* weights held in 4 bits */
+    size_t dequant_max;     /* elements of the largest 4-bit weight */
     ct_error *err;
 } loader;
 
-static void *alloc_weight(loader *ld, size_t n)
+static void *alloc_bytes(loader *ld, size_t bytes)
 {
-    size_t bytes = n * ld->be->weight_bytes;
     void *p = ld->be->alloc(ld->be, bytes);
     if (!p) {
         CT_FAIL_RUNTIME(ld->err, "out of %s memory loading weights (%zu bytes more after %zu)",
@@ -95,25 +99,27 @@ static void *alloc_weight(loader *ld, size_t n)
     return p;
 }
 
+static void *alloc_weight(loader *ld, size_t n) { return alloc_bytes(ld, n * ld->be->weight_bytes); }
+
 /* NaN and Inf among a float tensor's values (bf16, f16 or f32): one pass over
  * the mapped file, cheap next to the upload, so that a broken checkpoint is
  * an error at load and not a run of NaN losses or a generate that prints 0s. */
-static size_t count_nonfinite(const st_tensor *t)
+static size_t count_nonfinite(const void *data, ct_dtype dtype, size_t n)
 {
     size_t bad = 0;
-    const unsigned char *b = t->data;
-    if (t->dtype == CT_DTYPE_F32) {
+    const unsigned char *b = data;
+    if (dtype == CT_DTYPE_F32) {
 #pragma omp parallel for reduction(+ : bad) schedule(static)
-        for (size_t i = 0; i < t->numel; i++) {
+        for (size_t i = 0; i < n; i++) {
             uint32_t u;
             memcpy(&u, b + 4 * i, 4);
             bad += (u & 0x7f800000u) == 0x7f800000u;
         }
         return bad;
     }
-    const uint16_t exp = t->dtype == CT_DTYPE_BF16 ? 0x7f80 : 0x7c00; /* bf16 | f16 */
+    const uint16_t exp = dtype == CT_DTYPE_BF16 ? 0x7f80 : 0x7c00; /* bf16 | f16 */
 #pragma omp parallel for reduction(+ : bad) schedule(static)
-    for (size_t i = 0; i < t->numel; i++) {
+    for (size_t i = 0; i < n; i++) {
         uint16_t h;
         memcpy(&h, b + 2 * i, 2);
         bad += (h & exp) == exp;
@@ -121,260 +127,486 @@ static size_t count_nonfinite(const st_tensor *t)
     return bad;
 }
 
-/* Uploads tensor NAME into dst at element offset `at`; shape was checked already. */
-static int put(loader *ld, void *dst, size_t at, const char *name)
+/* The values of tensor NAME on the host: the mapped bytes as stored (bf16, f16
+ * or f32), or a bitsandbytes 4-bit weight decoded to fp32 (owned). Shapes were
+ * checked by model_check_weights. */
+typedef struct host_vals {
+    const void *data;
+    ct_dtype dtype;
+    size_t numel;
+    float *owned;
+} host_vals;
+
+static int host_get(loader *ld, const char *name, host_vals *h)
 {
+    memset(h, 0, sizeof *h);
+    if (quant4_is_quantized(ld->r, name)) {
+        quant4_info info;
+        int rc = quant4_load_f32(ld->r, name, &info, &h->owned, ld->err);
+        if (rc) return rc;
+        size_t bad = count_nonfinite(h->owned, CT_DTYPE_F32, info.numel);
+        if (bad) {
+            free(h->owned);
+            return CT_FAIL_INPUT(ld->err, "model: 4-bit tensor '%s' decodes to %zu non-finite values (its absmax is "
+                                 "broken)", name, bad);
+        }
+        *h = (host_vals){h->owned, CT_DTYPE_F32, info.numel, h->owned};
+        return CT_OK;
+    }
     const st_tensor *t = st_find(ld->r, name);
     if (!t) return CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
-    size_t bad = count_nonfinite(t);
+    size_t bad = count_nonfinite(t->data, t->dtype, t->numel);
     if (bad)
         return CT_FAIL_INPUT(ld->err, "model: tensor '%s' holds %zu non-finite values of %zu (expected finite "
                              "weights: the model files are broken)", name, bad, t->numel);
-    ld->be->upload_weight(ld->be, (char *)dst + at * ld->be->weight_bytes, t->data, t->dtype, t->numel);
+    *h = (host_vals){t->data, t->dtype, t->numel, NULL};
     return CT_OK;
 }
 
-/* Allocates and fills a weight that is one tensor on disk. */
-static void *load_one(loader *ld, const char *name, size_t n)
+/* How the rows of a tensor on disk land in its fused weight (model.h). */
+typedef enum {
+    ROWS_AS_IS,
+    ROWS_Q_GATED,   /* gated attention's q_proj: model_q_row */
+    ROWS_GDN_QKVZ,  /* qwen3_next's in_proj_qkvz: model_gdn_qkvz_row */
+    ROWS_GDN_BA,    /* qwen3_next's in_proj_ba: model_gdn_ba_row */
+    ROWS_TRANSPOSED /* a gpt_oss expert stack [E, in, out] (for x @ W) into (E, out, in) */
+} row_order;
+
+/* One tensor of a fused weight: its rows [row0, row0 + rows) of the weight. */
+typedef struct slot_part {
+    char name[256];
+    size_t row0, rows;
+    row_order order;
+} slot_part;
+
+static size_t dest_row(const loader *ld, row_order order, size_t i)
 {
-    void *p = alloc_weight(ld, n);
-    if (p && put(ld, p, 0, name) != CT_OK) {
-        ld->be->free(ld->be, p); /* not yet owned by the model, which frees the rest */
-        ld->bytes -= n * ld->be->weight_bytes;
-        return NULL;
+    const ct_model_config *c = ld->c;
+    switch (order) {
+    case ROWS_Q_GATED: return (size_t)model_q_row((int)i, c->head_dim, c->num_attention_heads * c->head_dim);
+    case ROWS_GDN_QKVZ: return (size_t)model_gdn_qkvz_row(c, (int)i);
+    case ROWS_GDN_BA: return (size_t)model_gdn_ba_row(c, (int)i);
+    default: return i;
     }
-    return p;
 }
 
-/* A gpt_oss expert tensor [E, in, out] (for x @ W) uploaded as (E, out, in):
- * transposed on the host in its own dtype, then converted by upload_weight. */
-static int put_transposed(loader *ld, void *dst, const char *name, size_t E, size_t in, size_t out)
+/* src (rows of row_bytes, disk order) into dst in the fused order. A
+ * transposed part is E stacks of [cols, rows / E] elements of es bytes. */
+static void reorder(const loader *ld, void *dst, const void *src, const slot_part *p, size_t cols, size_t es,
+                    size_t E)
 {
-    const st_tensor *t = st_find(ld->r, name);
-    if (!t) return CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
-    size_t bad = count_nonfinite(t);
-    if (bad)
-        return CT_FAIL_INPUT(ld->err, "model: tensor '%s' holds %zu non-finite values of %zu (expected finite "
-                             "weights: the model files are broken)", name, bad, t->numel);
-    size_t es = ct_dtype_size(t->dtype), n = in * out;
-    unsigned char *tmp = ct_malloc(n * es);
-    for (size_t e = 0; e < E; e++) {
-        const unsigned char *src = (const unsigned char *)t->data + e * n * es;
-        for (size_t i = 0; i < in; i++)
-            for (size_t o = 0; o < out; o++) memcpy(tmp + (o * in + i) * es, src + (i * out + o) * es, es);
-        ld->be->upload_weight(ld->be, (char *)dst + e * n * ld->be->weight_bytes, tmp, t->dtype, n);
+    if (p->order == ROWS_TRANSPOSED) {
+        size_t out = p->rows / E, n = out * cols;
+        for (size_t e = 0; e < E; e++) {
+            const unsigned char *s = (const unsigned char *)src + e * n * es;
+            unsigned char *d = (unsigned char *)dst + e * n * es;
+            for (size_t i = 0; i < cols; i++)
+                for (size_t o = 0; o < out; o++) memcpy(d + (o * cols + i) * es, s + (i * out + o) * es, es);
+        }
+        return;
     }
-    free(tmp);
-    return CT_OK;
+    size_t rb = cols * es;
+    for (size_t i = 0; i < p->rows; i++)
+        memcpy((unsigned char *)dst + dest_row(ld, p->order, i) * rb, (const unsigned char *)src + i * rb, rb);
 }
 
-/* Attention sinks as fp32 whatever the backend's weight type: the attention ops
- * read them as float. */
-static float *host_f32(const st_tensor *t);
+/* How a fused weight is held: dense as stored (4-bit parts decoded at load),
+ * in 4 bits, or dense with its values rounded through 4 bits at load (what
+ * quantize-on-load gives a weight ctune cannot hold in 4 bits). */
+typedef enum { FORM_DENSE, FORM_Q4, FORM_ROUNDTRIP } slot_form_kind;
 
-static float *load_sinks(loader *ld, const char *name, size_t n)
+/* A part can join a 4-bit weight when its blocks are whole and, if its rows
+ * move, no block spans two rows. */
+static bool part_fits_q4(const slot_part *p, size_t cols, size_t bs)
 {
-    const st_tensor *t = st_find(ld->r, name);
-    if (!t) {
-        CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
-        return NULL;
+    return (p->rows * cols) % bs == 0 && (p->order == ROWS_AS_IS || cols % bs == 0) && p->order != ROWS_TRANSPOSED;
+}
+
+/* The form of a fused weight of `cols` columns: 4 bits when every part is a
+ * bitsandbytes 4-bit tensor of one type and blocksize that fits, or when none
+ * is, the weight is quantizable and the load options quantize (ROUNDTRIP where
+ * a part does not fit, or where there is no q to hold it: with_q false). */
+static int slot_form(loader *ld, const slot_part *parts, int n, size_t cols, bool quantizable, bool with_q,
+                     slot_form_kind *form, quant4_type *type, int *blocksize)
+{
+    int stored = 0;
+    bool mixed = false;
+    quant4_info first = {0};
+    for (int i = 0; i < n; i++) {
+        if (!quant4_is_quantized(ld->r, parts[i].name)) continue;
+        quant4_info info;
+        int rc = quant4_read_info(ld->r, parts[i].name, &info, ld->err);
+        if (rc) return rc;
+        if (stored++ == 0) first = info;
+        else mixed |= info.type != first.type || info.blocksize != first.blocksize;
     }
-    float *host = host_f32(t);
-    float *p = ld->be->alloc(ld->be, n * sizeof(float));
-    if (p) {
-        ld->be->upload(ld->be, p, host, n * sizeof(float));
-        ld->bytes += n * sizeof(float);
+    *form = FORM_DENSE;
+    size_t bs = 0;
+    if (stored == n && !mixed && with_q) {
+        bs = first.blocksize;
+        *type = first.type;
+    } else if (stored == 0 && quantizable && ld->opt && ld->opt->quantize) {
+        bs = (size_t)ld->opt->blocksize;
+        *type = ld->opt->type;
+        *form = FORM_ROUNDTRIP;
     } else {
-        CT_FAIL_RUNTIME(ld->err, "out of %s memory loading weights", ld->be->name);
+        return CT_OK;
     }
-    free(host);
-    return p;
+    *blocksize = (int)bs;
+    bool fits = with_q;
+    for (int i = 0; i < n && fits; i++) fits = part_fits_q4(&parts[i], cols, bs);
+    if (fits) *form = FORM_Q4;
+    return CT_OK;
 }
 
-/* A float tensor's values as fp32 on the host (bf16, f16 or f32); shape checked already. */
-static float *host_f32(const st_tensor *t)
+/* bitsandbytes' quantize_4bit of n fp32 values: codes ((n+1)/2 bytes) and the
+ * absmax as dequantize_4bit reads it (after the 8-bit round trip with double
+ * quantization). */
+static int quantize_host(loader *ld, uint8_t *codes, float *absmax, const float *x, size_t n, quant4_type type,
+                         int blocksize, const char *name)
 {
-    float *host = ct_malloc(t->numel * sizeof(float));
-    for (size_t i = 0; i < t->numel; i++) {
-        if (t->dtype == CT_DTYPE_F32) {
-            memcpy(&host[i], (const char *)t->data + 4 * i, 4);
+    ct_error qerr = {0};
+    if (quant4_quantize(codes, absmax, x, n, (size_t)blocksize, type, &qerr))
+        return CT_FAIL_INPUT(ld->err, "model_quantization: tensor %s: %s", name, qerr.msg);
+    if (ld->opt->double_quant) quant4_double_roundtrip(absmax, quant4_num_blocks(n, (size_t)blocksize));
+    return CT_OK;
+}
+
+static float f16_to_f32(uint16_t h)
+{
+    int ex = (h >> 10) & 0x1f, man = h & 0x3ff;
+    float v = ex == 0 ? ldexpf((float)man, -24) : ex == 31 ? (man ? NAN : INFINITY) : ldexpf((float)(man | 0x400), ex - 25);
+    return h >> 15 ? -v : v;
+}
+
+/* A tensor's values as fp32 in its file order (malloc'd). */
+static float *vals_f32(const host_vals *h)
+{
+    float *f = ct_malloc(h->numel * sizeof(float));
+    for (size_t i = 0; i < h->numel; i++) {
+        if (h->dtype == CT_DTYPE_F32) {
+            memcpy(&f[i], (const char *)h->data + 4 * i, 4);
         } else {
-            uint16_t h;
-            memcpy(&h, (const char *)t->data + 2 * i, 2);
-            if (t->dtype == CT_DTYPE_BF16) host[i] = ct_bf16_to_f32(h);
-            else { /* F16 */
-                int ex = (h >> 10) & 0x1f, man = h & 0x3ff;
-                float v = ex == 0 ? ldexpf((float)man, -24) : ex == 31 ? (man ? NAN : INFINITY)
-                                                                      : ldexpf((float)(man | 0x400), ex - 25);
-                host[i] = h >> 15 ? -v : v;
-            }
+            uint16_t v;
+            memcpy(&v, (const char *)h->data + 2 * i, 2);
+            f[i] = h->dtype == CT_DTYPE_BF16 ? ct_bf16_to_f32(v) : f16_to_f32(v);
         }
     }
-    return host;
+    return f;
+}
+
+/* A 4-bit part: its codes and fp32 absmax (from the file, or quantized now, in
+ * the file's order as bitsandbytes would), moved to its rows of q. */
+static int put_q4_part(loader *ld, ct_qweight *q, const slot_part *p, size_t cols)
+{
+    size_t n = p->rows * cols, nb = n / (size_t)q->blocksize, bpr = cols / (size_t)q->blocksize;
+    const uint8_t *codes = NULL;
+    uint8_t *own_codes = NULL;
+    float *absmax = NULL;
+    int rc;
+    if (quant4_is_quantized(ld->r, p->name)) {
+        quant4_info info;
+        if ((rc = quant4_load_blocks(ld->r, p->name, &info, &codes, &absmax, ld->err))) return rc;
+    } else {
+        host_vals h;
+        if ((rc = host_get(ld, p->name, &h))) return rc;
+        float *x = vals_f32(&h);
+        free(h.owned);
+        codes = own_codes = ct_malloc(n / 2);
+        absmax = ct_malloc(nb * sizeof(float));
+        rc = quantize_host(ld, own_codes, absmax, x, n, q->type, q->blocksize, p->name);
+        free(x);
+        if (rc) goto done;
+    }
+    uint8_t *dc = q->codes + p->row0 * cols / 2;
+    float *ds = (float *)q->scales + p->row0 * cols / (size_t)q->blocksize;
+    if (p->order == ROWS_AS_IS) {
+        ld->be->upload(ld->be, dc, codes, n / 2);
+        ld->be->upload(ld->be, ds, absmax, nb * sizeof(float));
+    } else { /* whole row blocks (part_fits_q4): rows of cols/2 code bytes and bpr scales move alike */
+        uint8_t *rc_ = ct_malloc(n / 2);
+        float *ra = ct_malloc(nb * sizeof(float));
+        reorder(ld, rc_, codes, p, cols / 2, 1, 1);
+        reorder(ld, ra, absmax, p, bpr, sizeof(float), 1);
+        ld->be->upload(ld->be, dc, rc_, n / 2);
+        ld->be->upload(ld->be, ds, ra, nb * sizeof(float));
+        free(rc_);
+        free(ra);
+    }
+done:
+    free(own_codes);
+    free(absmax);
+    return rc;
+}
+
+/* A dense part: its stored values (4-bit ones decoded; with roundtrip,
+ * quantized and decoded in the file's order as HF would), reordered, uploaded
+ * at its rows of dst. */
+static int put_dense_part(loader *ld, void *dst, const slot_part *p, size_t cols, size_t E, bool roundtrip)
+{
+    host_vals h;
+    int rc = host_get(ld, p->name, &h);
+    if (rc) return rc;
+    void *at = (char *)dst + p->row0 * cols * ld->be->weight_bytes;
+    float *rt = NULL;
+    if (roundtrip) {
+        size_t n = h.numel, bs = (size_t)ld->opt->blocksize;
+        rt = vals_f32(&h);
+        uint8_t *codes = ct_malloc(quant4_packed_bytes(n));
+        float *absmax = ct_malloc(quant4_num_blocks(n, bs) * sizeof(float));
+        rc = quantize_host(ld, codes, absmax, rt, n, ld->opt->type, (int)bs, p->name);
+        if (!rc) quant4_dequantize(rt, codes, absmax, n, bs, ld->opt->type);
+        free(codes);
+        free(absmax);
+        free(h.owned);
+        h = (host_vals){rt, CT_DTYPE_F32, n, NULL};
+    }
+    if (!rc && p->order == ROWS_AS_IS) {
+        ld->be->upload_weight(ld->be, at, h.data, h.dtype, h.numel);
+    } else if (!rc) {
+        size_t es = ct_dtype_size(h.dtype);
+        void *tmp = ct_malloc(h.numel * es);
+        reorder(ld, tmp, h.data, p, cols, es, E);
+        ld->be->upload_weight(ld->be, at, tmp, h.dtype, h.numel);
+        free(tmp);
+    }
+    free(h.owned);
+    free(rt);
+    return rc;
+}
+
+/* A fused weight of rows x cols from its parts: in 4 bits into *q when
+ * slot_form says so (q NULL: never), else dense into *dense. E: the expert
+ * count of a transposed part (1 otherwise). quantizable: a weight HF's
+ * bitsandbytes quantizes (an nn.Linear), which quantize-on-load then
+ * quantizes too. */
+static int load_slot(loader *ld, void **dense, ct_qweight *q, size_t rows, size_t cols, const slot_part *parts,
+                     int n, bool quantizable, size_t E)
+{
+    slot_form_kind form;
+    quant4_type type = QUANT4_NF4;
+    int bs = 0;
+    int rc = slot_form(ld, parts, n, cols, quantizable, q != NULL, &form, &type, &bs);
+    if (rc) return rc;
+    if (form == FORM_Q4) {
+        *q = (ct_qweight){.numel = rows * cols, .blocksize = bs, .type = type};
+        if (!(q->codes = alloc_bytes(ld, rows * cols / 2)) ||
+            !(q->scales = alloc_bytes(ld, rows * cols / (size_t)bs * sizeof(float))))
+            return ld->err->code;
+        for (int i = 0; i < n; i++)
+            if ((rc = put_q4_part(ld, q, &parts[i], cols))) return rc;
+        ld->quant_weights += rows * cols;
+        if (rows * cols > ld->dequant_max) ld->dequant_max = rows * cols;
+        return CT_OK;
+    }
+    if (!(*dense = alloc_weight(ld, rows * cols))) return ld->err->code;
+    for (int i = 0; i < n; i++)
+        if ((rc = put_dense_part(ld, *dense, &parts[i], cols, E, form == FORM_ROUNDTRIP))) return rc;
+    return CT_OK;
+}
+
+/* A weight that is one tensor on disk, kept dense (norms, biases, routers,
+ * embeddings): a 4-bit one is decoded. */
+static void *load_one(loader *ld, const char *name, size_t n)
+{
+    slot_part p = {.rows = 1, .order = ROWS_AS_IS};
+    snprintf(p.name, sizeof p.name, "%s", name);
+    void *w = NULL;
+    if (load_slot(ld, &w, NULL, 1, n, &p, 1, false, 1) == CT_OK) return w;
+    if (w) { /* not yet owned by the model, which frees the rest */
+        ld->be->free(ld->be, w);
+        ld->bytes -= n * ld->be->weight_bytes;
+    }
+    return NULL;
+}
+
+/* Attention sinks and the GDN decay parameters as fp32 whatever the backend's
+ * weight type: the ops read them as float. */
+static float *load_f32(loader *ld, const char *name, size_t n)
+{
+    host_vals h;
+    if (host_get(ld, name, &h)) return NULL;
+    float *host = vals_f32(&h);
+    free(h.owned);
+    float *d = alloc_bytes(ld, n * sizeof(float));
+    if (d) ld->be->upload(ld->be, d, host, n * sizeof(float));
+    free(host);
+    return d;
 }
 
 /* A norm weight, uploaded as stored (non-finite values refused) for either
  * convention: the zero-centred norms of a GDN hybrid (HF: x r (1 + w), 1 + w
  * in fp32) get their offset inside the norm ops, from c->norm_zero_centred at
  * each call, since a bf16 weight cannot hold 1 + w exactly. */
-static void *load_norm(loader *ld, const ct_model_config *c, const char *name, size_t n)
-{
-    return load_one(ld, name, n);
-}
+static void *load_norm(loader *ld, const char *name, size_t n) { return load_one(ld, name, n); }
 
-/* Gated attention's q_proj rows (out = 2Q, HF order: per head h, D query rows
- * then D gate rows) uploaded into dst rows [all queries | all gates]:
- * HF row r goes to model_q_row(r). */
-static int put_q_gated(loader *ld, void *dst, const char *name, size_t D, size_t Q, size_t H)
+/* An MXFP4 expert stack of gpt_oss (BASE_blocks, BASE_scales: mxfp4.h),
+ * already in the (E, out, in) order, so its bytes go up as they are. */
+static int load_mxfp4(loader *ld, ct_qweight *q, const char *base, size_t E, size_t rows, size_t cols)
 {
-    const st_tensor *t = st_find(ld->r, name);
-    if (!t) return CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
-    if (count_nonfinite(t))
-        return CT_FAIL_INPUT(ld->err, "model: tensor '%s' holds non-finite values (expected finite weights: the "
-                             "model files are broken)", name);
-    size_t es = ct_dtype_size(t->dtype);
-    for (size_t r = 0; r < 2 * Q; r++)
-        ld->be->upload_weight(ld->be, (char *)dst + (size_t)model_q_row((int)r, (int)D, (int)Q) * H * ld->be->weight_bytes,
-                              (const char *)t->data + r * H * es, t->dtype, H);
+    const uint8_t *blocks, *scales;
+    int rc = mxfp4_read_experts(ld->r, base, (int64_t)E, (int64_t)rows, (int64_t)cols, &blocks, &scales, ld->err);
+    if (rc) return rc;
+    size_t n = E * rows * cols;
+    *q = (ct_qweight){.numel = n, .blocksize = QUANT4_MXFP4_BLOCKSIZE, .type = QUANT4_MXFP4};
+    if (!(q->codes = alloc_bytes(ld, n / 2)) || !(q->scales = alloc_bytes(ld, n / QUANT4_MXFP4_BLOCKSIZE)))
+        return ld->err->code;
+    ld->be->upload(ld->be, q->codes, blocks, n / 2);
+    ld->be->upload(ld->be, q->scales, scales, n / QUANT4_MXFP4_BLOCKSIZE);
+    ld->quant_weights += n;
+    if (n > ld->dequant_max) ld->dequant_max = n;
     return CT_OK;
 }
 
+#define PART(p, r0, nrows, ord, ...) \
+    ((p).row0 = (r0), (p).rows = (nrows), (p).order = (ord), snprintf((p).name, sizeof (p).name, __VA_ARGS__))
+
 /* The experts and router of sparse layer l (names: docs/ARCHITECTURE.md, "Model folders"). */
-static int load_sparse(loader *ld, const ct_model_config *c, int l, ct_layer_weights *w)
+static int load_sparse(loader *ld, const ct_model_config *c, int l, ct_layer_weights *w, ct_layer_qweights *qw)
 {
     size_t H = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts;
+    const char *pre = c->tensor_prefix;
     char n[256];
+    int rc;
 #define NAME(...) (snprintf(n, sizeof n, __VA_ARGS__), n)
-    if (!(w->wgu_e = alloc_weight(ld, E * 2 * I * H)) || !(w->wdown_e = alloc_weight(ld, E * H * I)))
-        return ld->err->code;
     if (c->arch == CT_ARCH_GPT_OSS) {
-        if (!(w->router = load_one(ld, NAME("model.layers.%d.mlp.router.weight", l), E * H)) ||
-            !(w->router_bias = load_one(ld, NAME("model.layers.%d.mlp.router.bias", l), E)) ||
-            !(w->bgu_e = load_one(ld, NAME("model.layers.%d.mlp.experts.gate_up_proj_bias", l), E * 2 * I)) ||
-            !(w->bdown_e = load_one(ld, NAME("model.layers.%d.mlp.experts.down_proj_bias", l), E * H)))
+        if (!(w->router = load_one(ld, NAME("%slayers.%d.mlp.router.weight", pre, l), E * H)) ||
+            !(w->router_bias = load_one(ld, NAME("%slayers.%d.mlp.router.bias", pre, l), E)) ||
+            !(w->bgu_e = load_one(ld, NAME("%slayers.%d.mlp.experts.gate_up_proj_bias", pre, l), E * 2 * I)) ||
+            !(w->bdown_e = load_one(ld, NAME("%slayers.%d.mlp.experts.down_proj_bias", pre, l), E * H)))
             return ld->err->code;
-        if (put_transposed(ld, w->wgu_e, NAME("model.layers.%d.mlp.experts.gate_up_proj", l), E, H, 2 * I) ||
-            put_transposed(ld, w->wdown_e, NAME("model.layers.%d.mlp.experts.down_proj", l), E, I, H))
-            return ld->err->code;
+        const char *proj[2] = {"gate_up_proj", "down_proj"};
+        for (int k = 0; k < 2; k++) {
+            size_t rows = k == 0 ? 2 * I : H, cols = k == 0 ? H : I;
+            void **dense = k == 0 ? &w->wgu_e : &w->wdown_e;
+            ct_qweight *q = k == 0 ? &qw->wgu_e : &qw->wdown_e;
+            NAME("%slayers.%d.mlp.experts.%s", pre, l, proj[k]);
+            if (mxfp4_is_quantized(ld->r, n)) {
+                if ((rc = load_mxfp4(ld, q, n, E, rows, cols))) return rc;
+                continue;
+            }
+            slot_part p;
+            PART(p, 0, E * rows, ROWS_TRANSPOSED, "%s", n);
+            if ((rc = load_slot(ld, dense, q, E * rows, cols, &p, 1, false, E))) return rc;
+        }
         return CT_OK;
     }
     bool mixtral = c->arch == CT_ARCH_MIXTRAL;
-    const char *block = mixtral ? "block_sparse_moe" : "mlp", *pre = c->tensor_prefix;
+    const char *block = mixtral ? "block_sparse_moe" : "mlp";
     const char *gate = mixtral ? "w1" : "gate_proj", *up = mixtral ? "w3" : "up_proj";
     const char *down = mixtral ? "w2" : "down_proj";
     if (!(w->router = load_one(ld, NAME("%slayers.%d.%s.gate.weight", pre, l, block), E * H))) return ld->err->code;
+    slot_part *parts = ct_calloc(2 * E, sizeof *parts);
     for (size_t e = 0; e < E; e++) {
-        size_t gu = e * 2 * I * H;
-        if (put(ld, w->wgu_e, gu, NAME("%slayers.%d.%s.experts.%zu.%s.weight", pre, l, block, e, gate)) ||
-            put(ld, w->wgu_e, gu + I * H, NAME("%slayers.%d.%s.experts.%zu.%s.weight", pre, l, block, e, up)) ||
-            put(ld, w->wdown_e, e * H * I, NAME("%slayers.%d.%s.experts.%zu.%s.weight", pre, l, block, e, down)))
-            return ld->err->code;
+        PART(parts[2 * e], e * 2 * I, I, ROWS_AS_IS, "%slayers.%d.%s.experts.%zu.%s.weight", pre, l, block, e, gate);
+        PART(parts[2 * e + 1], e * 2 * I + I, I, ROWS_AS_IS, "%slayers.%d.%s.experts.%zu.%s.weight", pre, l, block, e, up);
     }
+    /* routed experts are parameters in transformers 5, which its bitsandbytes
+     * leaves in bf16: quantize-on-load does the same; a folder that stores them
+     * in 4 bits (per-expert Linear4bit) keeps them so */
+    rc = load_slot(ld, &w->wgu_e, &qw->wgu_e, E * 2 * I, H, parts, (int)(2 * E), false, 1);
+    for (size_t e = 0; e < E && !rc; e++)
+        PART(parts[e], e * H, H, ROWS_AS_IS, "%slayers.%d.%s.experts.%zu.%s.weight", pre, l, block, e, down);
+    if (!rc) rc = load_slot(ld, &w->wdown_e, &qw->wdown_e, E * H, I, parts, (int)E, false, 1);
+    free(parts);
+    if (rc) return rc;
     if (c->shared_expert_intermediate_size > 0) {
         size_t Is = c->shared_expert_intermediate_size;
-        if (!(w->wsh_gu = alloc_weight(ld, 2 * Is * H))) return ld->err->code;
-        if (put(ld, w->wsh_gu, 0, NAME("%slayers.%d.mlp.shared_expert.gate_proj.weight", pre, l)) ||
-            put(ld, w->wsh_gu, Is * H, NAME("%slayers.%d.mlp.shared_expert.up_proj.weight", pre, l)))
-            return ld->err->code;
-        if (!(w->wsh_down = load_one(ld, NAME("%slayers.%d.mlp.shared_expert.down_proj.weight", pre, l), H * Is)) ||
-            !(w->wsh_gate = load_one(ld, NAME("%slayers.%d.mlp.shared_expert_gate.weight", pre, l), H)))
-            return ld->err->code;
+        slot_part p[2];
+        PART(p[0], 0, Is, ROWS_AS_IS, "%slayers.%d.mlp.shared_expert.gate_proj.weight", pre, l);
+        PART(p[1], Is, Is, ROWS_AS_IS, "%slayers.%d.mlp.shared_expert.up_proj.weight", pre, l);
+        if ((rc = load_slot(ld, &w->wsh_gu, &qw->wsh_gu, 2 * Is, H, p, 2, true, 1))) return rc;
+        PART(p[0], 0, H, ROWS_AS_IS, "%slayers.%d.mlp.shared_expert.down_proj.weight", pre, l);
+        if ((rc = load_slot(ld, &w->wsh_down, &qw->wsh_down, H, Is, p, 1, true, 1))) return rc;
+        PART(p[0], 0, 1, ROWS_AS_IS, "%slayers.%d.mlp.shared_expert_gate.weight", pre, l);
+        if ((rc = load_slot(ld, &w->wsh_gate, NULL, 1, H, p, 1, true, 1))) return rc;
     }
 #undef NAME
     return CT_OK;
 }
 
-/* qwen3_next's grouped in_proj_qkvz (rows = conv_dim + value_dim) or in_proj_ba
- * (rows = 2 Hv) uploaded into win from row `at`: HF row i goes to row at +
- * model_gdn_qkvz_row(i) (model_gdn_ba_row(i)), so win holds [qkv | z | b | a]
- * as for qwen3_5 and the graph reads one layout. */
-static int put_gdn_grouped(loader *ld, void *win, size_t at, const char *name, const ct_model_config *c, bool ba)
-{
-    const st_tensor *t = st_find(ld->r, name);
-    if (!t) return CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
-    if (count_nonfinite(t))
-        return CT_FAIL_INPUT(ld->err, "model: tensor '%s' holds non-finite values (expected finite weights: the "
-                             "model files are broken)", name);
-    size_t H = c->hidden_size, es = ct_dtype_size(t->dtype), rows = t->numel / H;
-    for (size_t i = 0; i < rows; i++) {
-        size_t to = at + (size_t)(ba ? model_gdn_ba_row(c, (int)i) : model_gdn_qkvz_row(c, (int)i));
-        ld->be->upload_weight(ld->be, (char *)win + to * H * ld->be->weight_bytes, (const char *)t->data + i * H * es,
-                              t->dtype, H);
-    }
-    return CT_OK;
-}
-
-/* A Gated DeltaNet layer's mixer (linear_attn.*) and its fused input projection. */
-static int load_gdn(loader *ld, const ct_model_config *c, int l, ct_layer_weights *w)
+/* A Gated DeltaNet layer's mixer (linear_attn.*) and its fused input projection
+ * [qkv | z | b | a] (qwen3_next's grouped in_proj_qkvz / in_proj_ba reordered). */
+static int load_gdn(loader *ld, const ct_model_config *c, int l, ct_layer_weights *w, ct_layer_qweights *qw)
 {
     size_t H = c->hidden_size, conv = model_gdn_conv_dim(c), Vd = model_gdn_value_dim(c);
     size_t Hv = c->linear_num_value_heads, W = c->linear_conv_kernel_dim;
     char n[256];
+    int rc, np;
+    slot_part p[4];
 #define NAME(fmt) (snprintf(n, sizeof n, "%slayers.%d.linear_attn." fmt, c->tensor_prefix, l), n)
-    if (!(w->win = alloc_weight(ld, (size_t)model_gdn_proj_dim(c) * H))) return ld->err->code;
+#define GDN_PART(i, r0, rows, ord, fmt) PART(p[i], r0, rows, ord, "%slayers.%d.linear_attn." fmt, c->tensor_prefix, l)
     if (c->gdn_grouped_proj) {
-        if (put_gdn_grouped(ld, w->win, 0, NAME("in_proj_qkvz.weight"), c, false) ||
-            put_gdn_grouped(ld, w->win, conv + Vd, NAME("in_proj_ba.weight"), c, true))
-            return ld->err->code;
-    } else if (put(ld, w->win, 0, NAME("in_proj_qkv.weight")) || put(ld, w->win, conv * H, NAME("in_proj_z.weight")) ||
-               put(ld, w->win, (conv + Vd) * H, NAME("in_proj_b.weight")) ||
-               put(ld, w->win, (conv + Vd + Hv) * H, NAME("in_proj_a.weight"))) {
-        return ld->err->code;
+        GDN_PART(0, 0, conv + Vd, ROWS_GDN_QKVZ, "in_proj_qkvz.weight");
+        GDN_PART(1, conv + Vd, 2 * Hv, ROWS_GDN_BA, "in_proj_ba.weight");
+        np = 2;
+    } else {
+        GDN_PART(0, 0, conv, ROWS_AS_IS, "in_proj_qkv.weight");
+        GDN_PART(1, conv, Vd, ROWS_AS_IS, "in_proj_z.weight");
+        GDN_PART(2, conv + Vd, Hv, ROWS_AS_IS, "in_proj_b.weight");
+        GDN_PART(3, conv + Vd + Hv, Hv, ROWS_AS_IS, "in_proj_a.weight");
+        np = 4;
     }
+    if ((rc = load_slot(ld, &w->win, &qw->win, (size_t)model_gdn_proj_dim(c), H, p, np, true, 1))) return rc;
+    GDN_PART(0, 0, H, ROWS_AS_IS, "out_proj.weight");
+    if ((rc = load_slot(ld, &w->wout, &qw->wout, H, Vd, p, 1, true, 1))) return rc;
     if (!(w->conv_w = load_one(ld, NAME("conv1d.weight"), conv * W)) ||
-        !(w->A_log = load_sinks(ld, NAME("A_log"), Hv)) || !(w->dt_bias = load_sinks(ld, NAME("dt_bias"), Hv)) ||
-        !(w->gdn_norm = load_one(ld, NAME("norm.weight"), c->linear_value_head_dim)) ||
-        !(w->wout = load_one(ld, NAME("out_proj.weight"), H * Vd)))
+        !(w->A_log = load_f32(ld, NAME("A_log"), Hv)) || !(w->dt_bias = load_f32(ld, NAME("dt_bias"), Hv)) ||
+        !(w->gdn_norm = load_norm(ld, NAME("norm.weight"), c->linear_value_head_dim)))
         return ld->err->code;
+#undef GDN_PART
 #undef NAME
     return CT_OK;
 }
 
-static int load_layer(loader *ld, const ct_model_config *c, int l, ct_layer_weights *w)
+static int load_layer(loader *ld, const ct_model_config *c, int l, ct_layer_weights *w, ct_layer_qweights *qw)
 {
     size_t H = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
     size_t Q = c->num_attention_heads * D, KV = c->num_key_value_heads * D;
     size_t Qw = model_attn_gated(c) ? 2 * Q : Q; /* q_proj rows: queries (and gates) */
+    const char *pre = c->tensor_prefix;
     char n[256];
-#define NAME(fmt) (snprintf(n, sizeof n, "%slayers.%d." fmt, c->tensor_prefix, l), n)
-    if (!(w->attn_norm = load_norm(ld, c, NAME("input_layernorm.weight"), H))) return ld->err->code;
-    if (!(w->mlp_norm = load_norm(ld, c, NAME("post_attention_layernorm.weight"), H))) return ld->err->code;
+    slot_part p[3];
+    int rc;
+#define NAME(fmt) (snprintf(n, sizeof n, "%slayers.%d." fmt, pre, l), n)
+    if (!(w->attn_norm = load_norm(ld, NAME("input_layernorm.weight"), H))) return ld->err->code;
+    if (!(w->mlp_norm = load_norm(ld, NAME("post_attention_layernorm.weight"), H))) return ld->err->code;
     if (c->gdn && c->layer_linear[l]) {
-        if (load_gdn(ld, c, l, w)) return ld->err->code;
+        if ((rc = load_gdn(ld, c, l, w, qw))) return rc;
     } else {
-        if (!(w->wqkv = alloc_weight(ld, (Qw + 2 * KV) * H))) return ld->err->code;
-        if ((model_attn_gated(c) ? put_q_gated(ld, w->wqkv, NAME("self_attn.q_proj.weight"), D, Q, H)
-                                 : put(ld, w->wqkv, 0, NAME("self_attn.q_proj.weight"))) ||
-            put(ld, w->wqkv, Qw * H, NAME("self_attn.k_proj.weight")) ||
-            put(ld, w->wqkv, (Qw + KV) * H, NAME("self_attn.v_proj.weight")))
-            return ld->err->code;
+        PART(p[0], 0, Qw, model_attn_gated(c) ? ROWS_Q_GATED : ROWS_AS_IS, "%slayers.%d.self_attn.q_proj.weight", pre, l);
+        PART(p[1], Qw, KV, ROWS_AS_IS, "%slayers.%d.self_attn.k_proj.weight", pre, l);
+        PART(p[2], Qw + KV, KV, ROWS_AS_IS, "%slayers.%d.self_attn.v_proj.weight", pre, l);
+        if ((rc = load_slot(ld, &w->wqkv, &qw->wqkv, Qw + 2 * KV, H, p, 3, true, 1))) return rc;
         if (c->attention_bias) {
             if (model_attn_gated(c))
                 return CT_FAIL_INPUT(ld->err, "model: attention_bias with gated attention is not supported");
-            if (!(w->bqkv = alloc_weight(ld, Q + 2 * KV))) return ld->err->code;
-            if (put(ld, w->bqkv, 0, NAME("self_attn.q_proj.bias")) ||
-                put(ld, w->bqkv, Q, NAME("self_attn.k_proj.bias")) ||
-                put(ld, w->bqkv, Q + KV, NAME("self_attn.v_proj.bias")))
-                return ld->err->code;
+            /* a bias as a column: rows of one element */
+            PART(p[0], 0, Q, ROWS_AS_IS, "%slayers.%d.self_attn.q_proj.bias", pre, l);
+            PART(p[1], Q, KV, ROWS_AS_IS, "%slayers.%d.self_attn.k_proj.bias", pre, l);
+            PART(p[2], Q + KV, KV, ROWS_AS_IS, "%slayers.%d.self_attn.v_proj.bias", pre, l);
+            if ((rc = load_slot(ld, &w->bqkv, NULL, Q + 2 * KV, 1, p, 3, false, 1))) return rc;
         }
         if (c->qk_norm) {
-            if (!(w->q_norm = load_norm(ld, c, NAME("self_attn.q_norm.weight"), D))) return ld->err->code;
-            if (!(w->k_norm = load_norm(ld, c, NAME("self_attn.k_norm.weight"), D))) return ld->err->code;
+            if (!(w->q_norm = load_norm(ld, NAME("self_attn.q_norm.weight"), D))) return ld->err->code;
+            if (!(w->k_norm = load_norm(ld, NAME("self_attn.k_norm.weight"), D))) return ld->err->code;
         }
-        if (!(w->wo = load_one(ld, NAME("self_attn.o_proj.weight"), H * Q))) return ld->err->code;
+        PART(p[0], 0, H, ROWS_AS_IS, "%slayers.%d.self_attn.o_proj.weight", pre, l);
+        if ((rc = load_slot(ld, &w->wo, &qw->wo, H, Q, p, 1, true, 1))) return rc;
         if (c->o_proj_bias && !(w->bo = load_one(ld, NAME("self_attn.o_proj.bias"), H))) return ld->err->code;
-        if (c->attention_sinks && !(w->sinks = load_sinks(ld, NAME("self_attn.sinks"), c->num_attention_heads)))
+        if (c->attention_sinks && !(w->sinks = load_f32(ld, NAME("self_attn.sinks"), c->num_attention_heads)))
             return ld->err->code;
     }
-    if (c->layer_sparse[l]) return load_sparse(ld, c, l, w);
-    if (!(w->wgu = alloc_weight(ld, 2 * I * H))) return ld->err->code;
-    if (put(ld, w->wgu, 0, NAME("mlp.gate_proj.weight")) || put(ld, w->wgu, I * H, NAME("mlp.up_proj.weight")))
-        return ld->err->code;
-    if (!(w->wdown = load_one(ld, NAME("mlp.down_proj.weight"), H * I))) return ld->err->code;
+    if (c->layer_sparse[l]) return load_sparse(ld, c, l, w, qw);
+    PART(p[0], 0, I, ROWS_AS_IS, "%slayers.%d.mlp.gate_proj.weight", pre, l);
+    PART(p[1], I, I, ROWS_AS_IS, "%slayers.%d.mlp.up_proj.weight", pre, l);
+    if ((rc = load_slot(ld, &w->wgu, &qw->wgu, 2 * I, H, p, 2, true, 1))) return rc;
+    PART(p[0], 0, H, ROWS_AS_IS, "%slayers.%d.mlp.down_proj.weight", pre, l);
+    if ((rc = load_slot(ld, &w->wdown, &qw->wdown, H, I, p, 1, true, 1))) return rc;
     if (c->mlp_bias) {
-        if (!(w->bgu = alloc_weight(ld, 2 * I))) return ld->err->code;
-        if (put(ld, w->bgu, 0, NAME("mlp.gate_proj.bias")) || put(ld, w->bgu, I, NAME("mlp.up_proj.bias")))
-            return ld->err->code;
+        PART(p[0], 0, I, ROWS_AS_IS, "%slayers.%d.mlp.gate_proj.bias", pre, l);
+        PART(p[1], I, I, ROWS_AS_IS, "%slayers.%d.mlp.up_proj.bias", pre, l);
+        if ((rc = load_slot(ld, &w->bgu, NULL, 2 * I, 1, p, 2, false, 1))) return rc;
         if (!(w->bdown = load_one(ld, NAME("mlp.down_proj.bias"), H))) return ld->err->code;
     }
 #undef NAME
@@ -398,7 +630,7 @@ static bool backend_has_gdn(const ct_backend *be)
            be->sigmoid_gate_bwd;
 }
 
-int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
+int model_load_with(ct_model *m, ct_backend *be, const char *dir, const ct_load_options *opt, ct_error *err)
 {
     memset(m, 0, sizeof *m);
     m->be = be;
@@ -416,6 +648,14 @@ int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
         return CT_FAIL_INPUT(err, "%s: model_type '%s' is a mixture of experts; the %s backend does not implement "
                              "the MoE ops yet (set device: cpu to train it on the CPU reference backend)",
                              dir, c->model_type, be->name);
+    if (opt && opt->quantize) {
+        CT_ASSERT(opt->type != QUANT4_MXFP4 && quant4_blocksize_valid((size_t)opt->blocksize),
+                  "model_load_with: quantize to type %d, blocksize %d", (int)opt->type, opt->blocksize);
+        if (c->quant_method != CT_QUANT_NONE)
+            return CT_FAIL_INPUT(err, "%s: model_quantization asks to quantize on load, but the folder is already "
+                                 "quantized (quantization_config.quant_method %s); remove model_quantization to "
+                                 "train on it as stored", dir, c->quant_method == CT_QUANT_BNB4 ? "bitsandbytes" : "mxfp4");
+    }
     st_reader *r = st_open(dir, err);
     if (!r) return err->code;
     rc = model_check_weights(c, r, err);
@@ -423,25 +663,28 @@ int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
         st_close(r);
         return rc;
     }
-    loader ld = {.be = be, .r = r, .err = err};
+    loader ld = {.be = be, .r = r, .c = c, .opt = opt, .err = err};
     size_t V = c->vocab_size, H = c->hidden_size;
     m->layers = ct_calloc(c->num_hidden_layers, sizeof *m->layers);
+    m->qlayers = ct_calloc(c->num_hidden_layers, sizeof *m->qlayers);
     rc = CT_OK;
     char name[96];
     snprintf(name, sizeof name, "%sembed_tokens.weight", c->tensor_prefix);
     if (!(m->embed = load_one(&ld, name, V * H))) rc = err->code;
     snprintf(name, sizeof name, "%snorm.weight", c->tensor_prefix);
-    if (!rc && !(m->final_norm = load_norm(&ld, c, name, H))) rc = err->code;
+    if (!rc && !(m->final_norm = load_norm(&ld, name, H))) rc = err->code;
     if (!rc) {
         if (c->tie_word_embeddings) m->lm_head = m->embed;
         else if (!(m->lm_head = load_one(&ld, "lm_head.weight", V * H))) rc = err->code;
     }
-    for (int l = 0; !rc && l < c->num_hidden_layers; l++) rc = load_layer(&ld, c, l, &m->layers[l]);
+    for (int l = 0; !rc && l < c->num_hidden_layers; l++) rc = load_layer(&ld, c, l, &m->layers[l], &m->qlayers[l]);
     st_close(r);
+    if (!rc && ld.dequant_max && !(m->dequant_buf = alloc_weight(&ld, ld.dequant_max))) rc = err->code;
     if (rc) {
         model_free(m);
         return rc;
     }
+    m->quant_weights = ld.quant_weights;
     m->rot_dim = model_rope_dim(c);
     float *inv = ct_malloc(sizeof(float) * (size_t)(m->rot_dim / 2));
     model_rope_inv_freq(c, inv, &m->attn_scaling);
@@ -457,6 +700,18 @@ int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
     return CT_OK;
 }
 
+int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
+{
+    return model_load_with(m, be, dir, NULL, err);
+}
+
+const void *model_weight(const ct_model *m, const void *dense, const ct_qweight *q)
+{
+    if (!q || !q->codes) return dense;
+    m->be->dequant4(m->be, m->dequant_buf, q->codes, q->scales, q->numel, q->blocksize, q->type);
+    return m->dequant_buf;
+}
+
 void model_free(ct_model *m)
 {
     ct_backend *be = m->be;
@@ -469,6 +724,17 @@ void model_free(ct_model *m)
         }
         free(m->layers);
     }
+    if (m->qlayers) {
+        for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+            ct_qweight *q = (ct_qweight *)&m->qlayers[l];
+            for (size_t i = 0; i < sizeof(ct_layer_qweights) / sizeof(ct_qweight); i++) {
+                if (q[i].codes) be->free(be, q[i].codes);
+                if (q[i].scales) be->free(be, q[i].scales);
+            }
+        }
+        free(m->qlayers);
+    }
+    if (m->dequant_buf) be->free(be, m->dequant_buf);
     if (m->lm_head && m->lm_head != m->embed) be->free(be, m->lm_head);
     if (m->embed) be->free(be, m->embed);
     if (m->final_norm) be->free(be, m->final_norm);

@@ -58,6 +58,27 @@ typedef struct ct_layer_weights {
     void *wsh_gate;    /* (1, H): the scalar gate, sigmoid(hn . w) per token */
 } ct_layer_weights;   /* every field a backend pointer (model_free walks them) */
 
+/* A frozen weight held in 4 bits (a QLoRA base: docs/quantization.md) instead
+ * of its dense field above, which is then NULL. The (rows, cols) matrix is
+ * stored as 4-bit codes, two per byte in row-major order, with one scale per
+ * block of `blocksize` consecutive elements of a row (cols % blocksize == 0):
+ * bitsandbytes' absmax as fp32 (double quantization undone exactly at load, so
+ * that fusing q|k|v and permuting rows move bytes only; 0.5 bit per weight
+ * more than the 8-bit form) or MXFP4's E8M0 bytes. The graph reads it through
+ * model_weight, which decodes it to a dense weight right before each GEMM. */
+typedef struct ct_qweight {
+    uint8_t *codes;   /* backend memory, numel / 2 bytes; NULL: the weight is dense */
+    void *scales;     /* backend memory: numel / blocksize fp32 (NF4, FP4) or bytes (MXFP4) */
+    size_t numel;
+    int blocksize;
+    quant4_type type;
+} ct_qweight;
+
+/* The 4-bit forms of the fields of ct_layer_weights that may have one. */
+typedef struct ct_layer_qweights {
+    ct_qweight wqkv, wo, wgu, wdown, win, wout, wgu_e, wdown_e, wsh_gu, wsh_down;
+} ct_layer_qweights;
+
 typedef struct ct_model {
     ct_model_config cfg;
     ct_backend *be;
@@ -65,17 +86,40 @@ typedef struct ct_model {
     void *final_norm;         /* (H) */
     void *lm_head;            /* (V, H); == embed when tied */
     ct_layer_weights *layers; /* (L) */
+    ct_layer_qweights *qlayers; /* (L) */
+    void *dequant_buf;        /* the dense weight model_weight decodes into: the largest 4-bit one; NULL if none */
+    size_t quant_weights;     /* weights held in 4 bits */
     float *inv_freq;          /* (rot_dim/2) fp32, backend memory */
     float attn_scaling;
     int rot_dim;
     size_t weight_bytes;      /* backend memory held by weights */
 } ct_model;
 
+/* What model_load_with does with dense linear weights: quantize them on load
+ * (QLoRA from a bf16 folder), exactly as bitsandbytes' quantize_4bit would. */
+typedef struct ct_load_options {
+    bool quantize;
+    quant4_type type;     /* NF4 or FP4 */
+    int blocksize;        /* bitsandbytes' 64 */
+    bool double_quant;    /* compress_statistics: the absmax kept in 8 bits, as decoded from them */
+} ct_load_options;
+
 /* Reads DIR/config.json and the safetensors in DIR, checks every tensor's name,
- * shape and dtype, and uploads the weights (fused) to the backend. A mixture of
- * experts on a backend without the MoE ops is CT_ERR_INPUT, and so is a Gated
- * DeltaNet hybrid on a backend without the GDN ops (CUDA, for now). */
+ * shape and dtype, and uploads the weights (fused) to the backend. Weights the
+ * folder stores in 4 bits (bitsandbytes NF4/FP4, gpt_oss's MXFP4 experts) stay
+ * in 4 bits where the whole fused weight is (else they are decoded at load); opt
+ * (NULL: none) may quantize the others. A mixture of experts on a backend
+ * without the MoE ops is CT_ERR_INPUT, and so is a Gated DeltaNet hybrid on a
+ * backend without the GDN ops. */
 int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err);
+int model_load_with(ct_model *m, ct_backend *be, const char *dir, const ct_load_options *opt, ct_error *err);
+
+/* The dense weight for a GEMM: `dense` itself, or q (when it holds a 4-bit
+ * weight) decoded into m->dequant_buf, valid until the next model_weight call.
+ * Ops run in order on one stream, so one buffer serves every layer. */
+const void *model_weight(const ct_model *m, const void *dense, const ct_qweight *q);
+/* model_weight of field F of layer L. */
+#define MODEL_WEIGHT(m, l, F) model_weight((m), (m)->layers[l].F, (m)->qlayers ? &(m)->qlayers[l].F : NULL)
 void model_free(ct_model *m);
 
 /* Per-projection sizes: in and out features of each LoRA-able module. */

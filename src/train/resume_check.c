@@ -23,6 +23,8 @@ typedef enum {
 
 static const struct { const char *key; key_rule rule; } rules[] = {
     {"model", RULE_EXACT},
+    {"model_quantization", RULE_EXACT},  /* the base the adapter was trained against */
+    {"bnb_4bit_use_double_quant", RULE_EXACT},
     {"lora.r", RULE_SHAPE},
     {"lora.target_modules", RULE_SHAPE},
     {"lora.lora_alpha", RULE_EXACT},

@@ -163,7 +163,10 @@ static int run_setup(run *r, const ct_config *cfg, bool need_train, ct_error *er
 {
     r->cfg = cfg;
     if (!(r->be = train_backend(cfg, err))) return err->code;
-    int rc = model_load(&r->model, r->be, cfg->model, err);
+    ct_load_options lopt = {.quantize = cfg->model_quantization != CT_MODEL_QUANT_NONE,
+                            .type = cfg->model_quantization == CT_MODEL_QUANT_FP4 ? QUANT4_FP4 : QUANT4_NF4,
+                            .blocksize = 64, .double_quant = cfg->bnb_4bit_use_double_quant};
+    int rc = model_load_with(&r->model, r->be, cfg->model, &lopt, err);
     if (rc) return rc;
     uint32_t V = (uint32_t)r->model.cfg.vocab_size;
     const char *train_pat[CT_MAX_FILES], *eval_pat[CT_MAX_FILES];
@@ -515,6 +518,10 @@ int train_run(const ct_config *cfg, ct_error *err)
         log_note(&r.log, "ctune: %s backend, model %s (%s, %d layers), %zu LoRA parameters, %d steps",
                  r.be->name, cfg->model, r.model.cfg.model_type, r.model.cfg.num_hidden_layers, r.lora.n_params,
                  r.total_steps);
+        if (r.model.quant_weights)
+            log_note(&r.log, "base: %.3g G weights held in 4 bits (%s), decoded per GEMM", r.model.quant_weights / 1e9,
+                     cfg->model_quantization == CT_MODEL_QUANT_FP4 ? "fp4, quantized on load"
+                     : cfg->model_quantization == CT_MODEL_QUANT_NF4 ? "nf4, quantized on load" : "as stored");
         log_note(&r.log, "data: %zu documents, %zu tokens, %zu micro-batches per epoch, packing efficiency %.1f%%, "
                  "%zu documents truncated to %d tokens",
                  s.docs, s.tokens, s.batches, 100.0 * s.efficiency, s.truncated_docs, cfg->data.max_length);

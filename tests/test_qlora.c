@@ -1,0 +1,343 @@
+/* test_qlora.c — 4-bit frozen bases on the CPU backend (model.c's loader,
+ * model_weight, the dequant4 op).
+ *
+ * The oracle for quantize-on-load: a folder whose quantizable weights were
+ * quantized and decoded here, tensor by tensor in the file's order, with the
+ * bitsandbytes functions of quant4.c (test_quant4 checks those bit for bit
+ * against bitsandbytes), and stored as fp32. Loading the bf16 folder with
+ * model_quantization must give the same loss and LoRA gradients, bit for bit:
+ * on the CPU the 4-bit weights decode to exactly those fp32 values, whether
+ * they are held in 4 bits (fused q|k|v, gate|up; the rows of gated attention's
+ * q_proj and qwen3_next's grouped projections moved) or, where a block would
+ * span rows that move, rounded through 4 bits at load. A check that the loss
+ * differs from the unquantized model's keeps the comparison from passing
+ * vacuously. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "config.h"
+#include "graph.h"
+#include "model_fixture.h"
+#include "json.h"
+#include "mxfp4.h"
+#include "quant4.h"
+
+/* A weight HF's bitsandbytes quantizes (an nn.Linear of a layer; routed
+ * experts are parameters in transformers 5 and stay bf16). */
+static bool quantizable(const char *name)
+{
+    static const char *const mods[] = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
+                                       "gate_proj.weight", "up_proj.weight", "down_proj.weight", "in_proj_qkv.weight",
+                                       "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight",
+                                       "in_proj_qkvz.weight", "in_proj_ba.weight", "out_proj.weight",
+                                       "shared_expert_gate.weight"};
+    if (!strstr(name, "layers.") || (strstr(name, ".experts.") && !strstr(name, "shared_expert"))) return false;
+    for (size_t i = 0; i < sizeof mods / sizeof mods[0]; i++) {
+        size_t a = strlen(name), b = strlen(mods[i]);
+        if (a > b && !strcmp(name + a - b, mods[i]) && name[a - b - 1] == '.') return true;
+    }
+    return false;
+}
+
+static float *tensor_f32(const st_tensor *t)
+{
+    float *f = ct_malloc(t->numel * sizeof(float));
+    for (size_t i = 0; i < t->numel; i++) {
+        uint16_t h;
+        memcpy(&h, (const char *)t->data + 2 * i, 2);
+        f[i] = ct_bf16_to_f32(h);
+    }
+    return f;
+}
+
+/* DST: SRC's config and its tensors, the quantizable ones quantized and decoded (fp32). */
+static int write_rounded(const char *src, const char *dst, quant4_type type, int bs, bool dq)
+{
+    ct_error err = {0};
+    char path[1024], cmd[2200];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/", dst, src, dst);
+    if (system(cmd)) return -1;
+    st_reader *r = st_open(src, &err);
+    if (!r) return printf("%s\n", err.msg), -1;
+    st_writer *w = st_writer_new();
+    int rc = 0;
+    for (size_t i = 0; i < st_count(r) && !rc; i++) {
+        const st_tensor *t = st_at(r, i);
+        if (!quantizable(t->name) || t->dtype != CT_DTYPE_BF16) {
+            rc = st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, &err);
+            continue;
+        }
+        size_t n = t->numel, nb = quant4_num_blocks(n, (size_t)bs);
+        float *x = tensor_f32(t), *absmax = ct_malloc(nb * sizeof(float));
+        uint8_t *codes = ct_malloc(quant4_packed_bytes(n));
+        rc = quant4_quantize(codes, absmax, x, n, (size_t)bs, type, &err);
+        if (!rc && dq) quant4_double_roundtrip(absmax, nb);
+        if (!rc) quant4_dequantize(x, codes, absmax, n, (size_t)bs, type);
+        if (!rc) rc = st_writer_add(w, t->name, CT_DTYPE_F32, t->ndim, t->shape, x, &err);
+        free(x); free(absmax); free(codes);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dst);
+    if (!rc) rc = st_writer_save(w, path, &err);
+    if (rc) printf("%s\n", err.msg);
+    st_writer_free(w);
+    st_close(r);
+    return rc;
+}
+
+/* Loss and LoRA gradients (r 4, every module, B random) of two packed documents. */
+static double loss_grads(const char *dir, const ct_load_options *opt, float **grads, size_t *n, size_t *q4)
+{
+    ct_error err = {0};
+    ct_backend *be = backend_cpu_new();
+    ct_model m;
+    if (model_load_with(&m, be, dir, opt, &err)) {
+        printf("model_load: %s\n", err.msg);
+        be->destroy(be);
+        return NAN;
+    }
+    *q4 = m.quant_weights;
+    static ct_config cfg; /* the defaults: all-linear */
+    config_defaults(&cfg);
+    ct_lora_config lc = cfg.lora;
+    lc.r = 4;
+    lc.lora_alpha = 8;
+    ct_lora lo;
+    if (lora_init(&lo, &m, &lc, 3, &err)) return printf("lora_init: %s\n", err.msg), NAN;
+    float *p = ct_malloc(lo.n_params * sizeof(float));
+    be->download(be, p, lo.params, lo.n_params * sizeof(float));
+    ct_rng rng;
+    ct_rng_seed(&rng, 11);
+    for (size_t i = 0; i < lo.n_params; i++) p[i] += 0.05f * ct_rng_normal(&rng); /* B != 0: dA is tested too */
+    be->upload(be, lo.params, p, lo.n_params * sizeof(float));
+    free(p);
+    static const int32_t a[] = {1, 5, 9, 2, 33, 17, 8, 60, 4}, b[] = {50, 22, 9, 13, 13, 2, 63};
+    const int32_t *docs[] = {a, b};
+    int lens[] = {9, 7};
+    ct_batch batch;
+    batch_alloc(&batch, 64);
+    fixture_batch(&batch, docs, lens, 2);
+    ct_graph *g = graph_new(&m, 64, true, &err);
+    if (!g) return printf("graph_new: %s\n", err.msg), NAN;
+    be->zero(be, lo.grads, lo.n_params * sizeof(float));
+    be->zero(be, graph_loss_sum(g), sizeof(float));
+    graph_set_batch(g, &batch);
+    graph_train_step(g, &lo, 1.0f / batch.n_targets, 0);
+    float sum;
+    be->download(be, &sum, graph_loss_sum(g), sizeof sum);
+    double loss = sum / batch.n_targets;
+    *n = lo.n_params;
+    *grads = ct_malloc(lo.n_params * sizeof(float));
+    be->download(be, *grads, lo.grads, lo.n_params * sizeof(float));
+    graph_free(g);
+    batch_free(&batch);
+    lora_free(&lo, be);
+    model_free(&m);
+    be->destroy(be);
+    return loss;
+}
+
+/* Quantize-on-load of SRC equals the rounded folder bit for bit; q4_expected:
+ * whether every quantizable weight should be held in 4 bits. */
+static void check_on_load(const char *src, quant4_type type, int bs, bool dq, bool q4_expected)
+{
+    char dst[] = "/tmp/ctune_qlora_XXXXXX";
+    REQUIRE(mkdtemp(dst), "mkdtemp");
+    REQUIRE(write_rounded(src, dst, type, bs, dq) == 0, "writing the rounded folder from %s", src);
+    ct_load_options opt = {.quantize = true, .type = type, .blocksize = bs, .double_quant = dq};
+    float *gq = NULL, *gr = NULL, *g0 = NULL;
+    size_t nq, nr, n0, q4, q4r, q40;
+    double lq = loss_grads(src, &opt, &gq, &nq, &q4);
+    double lr = loss_grads(dst, NULL, &gr, &nr, &q4r);
+    double l0 = loss_grads(src, NULL, &g0, &n0, &q40);
+    REQUIRE(isfinite(lq) && isfinite(lr) && isfinite(l0) && nq == nr, "losses %g %g %g", lq, lr, l0);
+    CHECK(lq == lr, "%s: loss %.9g (quantized on load) vs %.9g (rounded folder)", src, lq, lr);
+    CHECK(!memcmp(gq, gr, nq * sizeof(float)), "%s: LoRA gradients differ from the rounded folder's", src);
+    CHECK(lq != l0, "%s: quantizing changed nothing (loss %.9g both): the comparison would be vacuous", src, lq);
+    CHECK(q4r == 0 && q40 == 0, "dense folders hold %zu, %zu 4-bit weights", q4r, q40);
+    CHECK(q4_expected ? q4 > 0 : q4 == 0, "%s: %zu weights held in 4 bits (expected %s)", src, q4,
+          q4_expected ? "some" : "none");
+    free(gq); free(gr); free(g0);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dst);
+    if (system(cmd)) {}
+}
+
+/* From a bf16 gpt_oss folder SRC: MX, its experts in MXFP4 (mxfp4.h) with the
+ * quantization_config the Hub's checkpoints carry, and DEC, the same experts
+ * decoded (fp32, HF's [E, in, out] layout). */
+static int write_mxfp4_pair(const char *src, const char *mx, const char *dec)
+{
+    ct_error err = {0};
+    char path[1024];
+    st_reader *r = st_open(src, &err);
+    if (!r) return printf("%s\n", err.msg), -1;
+    st_writer *wm = st_writer_new(), *wd = st_writer_new();
+    int rc = 0;
+    for (size_t i = 0; i < st_count(r) && !rc; i++) {
+        const st_tensor *t = st_at(r, i);
+        size_t n = strlen(t->name);
+        bool expert = t->ndim == 3 && n > 5 && !strcmp(t->name + n - 5, "_proj");
+        if (!expert) {
+            rc = st_writer_add(wm, t->name, t->dtype, t->ndim, t->shape, t->data, &err);
+            if (!rc) rc = st_writer_add(wd, t->name, t->dtype, t->ndim, t->shape, t->data, &err);
+            continue;
+        }
+        size_t E = (size_t)t->shape[0], in = (size_t)t->shape[1], out = (size_t)t->shape[2];
+        float *x = tensor_f32(t), *xt = ct_malloc(t->numel * sizeof(float)), *y = ct_malloc(t->numel * sizeof(float));
+        for (size_t e = 0; e < E; e++) /* [E, in, out] -> (E, out, in) */
+            for (size_t a = 0; a < in; a++)
+                for (size_t o = 0; o < out; o++) xt[(e * out + o) * in + a] = x[(e * in + a) * out + o];
+        rc = mxfp4_write_experts(wm, t->name, xt, (int64_t)E, (int64_t)out, (int64_t)in, &err);
+        uint8_t *blocks = ct_malloc(t->numel / 2), *scales = ct_malloc(t->numel / 32);
+        if (!rc) rc = mxfp4_quantize(blocks, scales, xt, E * out, in, &err);
+        if (!rc) {
+            mxfp4_dequantize(xt, blocks, scales, E * out, in);
+            for (size_t e = 0; e < E; e++)
+                for (size_t a = 0; a < in; a++)
+                    for (size_t o = 0; o < out; o++) y[(e * in + a) * out + o] = xt[(e * out + o) * in + a];
+            rc = st_writer_add(wd, t->name, CT_DTYPE_F32, t->ndim, t->shape, y, &err);
+        }
+        free(x); free(xt); free(y); free(blocks); free(scales);
+    }
+    char cmd[2200];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s %s && cp %s/config.json %s/", mx, dec, src, dec);
+    if (!rc && system(cmd)) rc = -1;
+    snprintf(path, sizeof path, "%s/model.safetensors", mx);
+    if (!rc) rc = st_writer_save(wm, path, &err);
+    snprintf(path, sizeof path, "%s/model.safetensors", dec);
+    if (!rc) rc = st_writer_save(wd, path, &err);
+    if (!rc) { /* config.json + quantization_config */
+        size_t len;
+        snprintf(path, sizeof path, "%s/config.json", src);
+        char *text = ct_read_file(path, &len, &err);
+        json_writer j;
+        json_writer_init(&j);
+        mxfp4_write_config(&j);
+        char *end = text ? strrchr(text, '}') : NULL;
+        if (!end) rc = -1;
+        else {
+            json_writer out;
+            json_writer_init(&out);
+            json_write_rawf(&out, "%.*s, \"quantization_config\": %.*s}\n", (int)(end - text), text, (int)j.len, j.buf);
+            snprintf(path, sizeof path, "%s/config.json", mx);
+            rc = ct_write_file_atomic(path, out.buf, out.len, &err);
+            json_writer_free(&out);
+        }
+        json_writer_free(&j);
+        free(text);
+    }
+    if (rc) printf("mxfp4 folders: %s\n", err.msg);
+    st_writer_free(wm);
+    st_writer_free(wd);
+    st_close(r);
+    return rc;
+}
+
+static char llama_dir[64], qwen3_moe_dir[64], gpt_oss_dir[64];
+
+/* The gpt_oss fixture with intermediate_size 32: MXFP4 needs whole blocks of 32 inputs. */
+static const char *gpt_oss_json(void)
+{
+    static char json[2048];
+    const char *at = strstr(fixture_gpt_oss_json, "\"intermediate_size\": 16");
+    CT_ASSERT(at, "the gpt_oss fixture's intermediate_size");
+    snprintf(json, sizeof json, "%.*s\"intermediate_size\": 32%s", (int)(at - fixture_gpt_oss_json), fixture_gpt_oss_json,
+             at + strlen("\"intermediate_size\": 16"));
+    return json;
+}
+
+TEST(gpt_oss_mxfp4_experts_equal_their_decoded_values)
+{
+    char mx[] = "/tmp/ctune_mxfp4_XXXXXX", dec[] = "/tmp/ctune_mxdec_XXXXXX";
+    REQUIRE(mkdtemp(mx) && mkdtemp(dec), "mkdtemp");
+    REQUIRE(write_mxfp4_pair(gpt_oss_dir, mx, dec) == 0, "writing the MXFP4 folders");
+    float *gm = NULL, *gd = NULL;
+    size_t nm, nd, q4m, q4d;
+    double lm = loss_grads(mx, NULL, &gm, &nm, &q4m), ld = loss_grads(dec, NULL, &gd, &nd, &q4d);
+    REQUIRE(isfinite(lm) && isfinite(ld) && nm == nd, "losses %g %g", lm, ld);
+    CHECK(lm == ld, "loss %.9g (MXFP4) vs %.9g (decoded)", lm, ld);
+    CHECK(!memcmp(gm, gd, nm * sizeof(float)), "LoRA gradients differ between the MXFP4 and the decoded folder");
+    CHECK(q4m > 0 && q4d == 0, "4-bit weights: %zu (MXFP4), %zu (decoded)", q4m, q4d);
+    free(gm); free(gd);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", mx, dec);
+    if (system(cmd)) {}
+}
+
+TEST(nf4_on_load_equals_bitsandbytes_rounding_llama)
+{
+    check_on_load(llama_dir, QUANT4_NF4, 64, true, true);
+}
+
+TEST(fp4_without_double_quant_blocksize_32)
+{
+    check_on_load(llama_dir, QUANT4_FP4, 32, false, true);
+}
+
+TEST(qwen3_5_gated_q_rows_move_in_4_bits)
+{
+    /* blocksize 32 divides H = 32: q_proj's rows move as whole blocks */
+    check_on_load("tests/fixtures/parity_qwen3_5/model", QUANT4_NF4, 32, true, true);
+}
+
+TEST(qwen3_5_blocks_spanning_moved_rows_round_at_load)
+{
+    /* blocksize 64 > H: gated q_proj's rows cannot move as blocks (rounded at load), the rest are 4-bit */
+    check_on_load("tests/fixtures/parity_qwen3_5/model", QUANT4_NF4, 64, true, true);
+}
+
+TEST(qwen3_next_grouped_projections_and_shared_expert)
+{
+    check_on_load("tests/fixtures/parity_qwen3_next/model", QUANT4_NF4, 32, true, true);
+}
+
+TEST(moe_experts_stay_bf16_like_transformers_5)
+{
+    check_on_load(qwen3_moe_dir, QUANT4_NF4, 32, true, true);
+}
+
+TEST(quantization_configs_other_than_4_bit_are_refused)
+{
+    static const char *const cases[][2] = {
+        {"{\"quant_method\": \"gptq\", \"bits\": 4}", "'gptq' is not supported"},
+        {"{\"quant_method\": \"bitsandbytes\", \"load_in_8bit\": true}", "8-bit"},
+        {"{\"load_in_4bit\": true}", "no quant_method"},
+        {"[1]", "expected an object"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[1200];
+        snprintf(json, sizeof json, "%.*s, \"quantization_config\": %s}", (int)strlen(fixture_llama_json) - 1,
+                 fixture_llama_json, cases[i][0]);
+        ct_model_config mc;
+        ct_error err = {0};
+        CHECK(model_config_parse(&mc, json, strlen(json), "config.json", &err) == CT_ERR_INPUT &&
+                  strstr(err.msg, cases[i][1]),
+              "case %zu: %s", i, err.msg);
+    }
+}
+
+int main(void)
+{
+    snprintf(llama_dir, sizeof llama_dir, "/tmp/ctune_qlora_llama_XXXXXX");
+    snprintf(qwen3_moe_dir, sizeof qwen3_moe_dir, "/tmp/ctune_qlora_moe_XXXXXX");
+    snprintf(gpt_oss_dir, sizeof gpt_oss_dir, "/tmp/ctune_qlora_gptoss_XXXXXX");
+    CT_ASSERT(mkdtemp(llama_dir) && mkdtemp(qwen3_moe_dir) && mkdtemp(gpt_oss_dir), "mkdtemp");
+    CT_ASSERT(!fixture_write_model(llama_dir, fixture_llama_json, 5) &&
+                  !fixture_write_model(qwen3_moe_dir, fixture_qwen3_moe_json, 6) &&
+                  !fixture_write_model(gpt_oss_dir, gpt_oss_json(), 8),
+              "fixture models");
+    RUN(nf4_on_load_equals_bitsandbytes_rounding_llama);
+    RUN(fp4_without_double_quant_blocksize_32);
+    RUN(qwen3_5_gated_q_rows_move_in_4_bits);
+    RUN(qwen3_5_blocks_spanning_moved_rows_round_at_load);
+    RUN(qwen3_next_grouped_projections_and_shared_expert);
+    RUN(moe_experts_stay_bf16_like_transformers_5);
+    RUN(quantization_configs_other_than_4_bit_are_refused);
+    RUN(gpt_oss_mxfp4_experts_equal_their_decoded_values);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s %s", llama_dir, qwen3_moe_dir, gpt_oss_dir);
+    if (system(cmd)) {}
+    return check_summary();
+}

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """hf_parity.py - the HF transformers + PEFT reference that judges ctune.
 
-Needs torch, transformers, peft and safetensors (no network). Two modes:
+Needs torch, transformers, peft and safetensors (no network; bitsandbytes for
+4-bit bases). Two modes, grads and train, and a helper, quantize (below):
 
   grads: loss and LoRA gradients of one batch, for the committed CPU fixtures
     python3 scripts/hf_parity.py grads --model DIR --adapter DIR --docs DOCS.jsonl \\
-        --out EXPECTED.safetensors [--device cpu|cuda] [--dtype float32|bfloat16|float64]
+        --out EXPECTED.safetensors [--device cpu|cuda] [--dtype float32|bfloat16|float64] [--quantize nf4|fp4]
   DOCS.jsonl: one {"input_ids": [...], "labels": [...]} per line (labels -100 =
   ignored, else the token; "loss_mask" 0/1 instead of labels, or neither = all).
   Each document runs alone (batch 1, positions 0..T-1); the target of position t
@@ -50,7 +51,7 @@ Needs torch, transformers, peft and safetensors (no network). Two modes:
         --lr LR --scheduler cosine|linear|constant --warmup W --steps N \\
         [--weight-decay 0] [--beta1 0.9] [--beta2 0.999] [--eps 1e-8] \\
         [--max-grad-norm 1.0] [--device cuda] [--dtype bfloat16|float32] \\
-        [--run-steps K] [--out RESULT.json]
+        [--run-steps K] [--out RESULT.json] [--quantize nf4|fp4]
   --shards in the order ctune opened them (global document ids follow it);
   BATCHES.jsonl is ctune's CTUNE_TRACE output, one line per optimizer step:
   {"step": k, "micro_batches": [[[doc_id, length], ...], ...]}. --steps N is the
@@ -63,6 +64,44 @@ Needs torch, transformers, peft and safetensors (no network). Two modes:
   logged one, and is compared the same way (use logging_steps: 1 for per-step).
   Prints a table and the max relative difference |ctune - hf| / |hf|; exits 0
   whatever the difference (the caller judges), 2 on malformed input.
+
+  4-bit bases (bitsandbytes QLoRA; needs bitsandbytes, 0.50.2 checked). A
+  --model folder whose config.json has quantization_config (quant_method
+  bitsandbytes, load_in_4bit) is loaded by HF as it is: every Linear4bit keeps
+  the folder's codes and absmax (NF4 or FP4, double quant or not). Its
+  bnb_4bit_compute_dtype is replaced by the mode's --dtype (float32 for the CPU
+  fixtures, bfloat16 on the GPU): passing a BitsAndBytesConfig does not do it
+  (from_pretrained keeps the folder's quantization_config then), so the
+  folder's model config goes in with that one key changed. bnb's backward
+  dequantizes to quant_state.dtype (the dtype the weight was quantized from,
+  bfloat16 in a saved checkpoint) while its forward dequantizes to the input's
+  dtype, so in float32 the input gradient would go through bf16-rounded weights
+  (4.4e-3 off in the gradients of parity_qwen3_nf4): quant_state.dtype is set to
+  the mode's dtype, and then both passes use code * absmax in fp32, equal bit
+  for bit to a plain fp32 model holding those weights (what ctune's CPU
+  backend computes). In bfloat16 both passes dequantize to bf16 and run a bf16
+  GEMM (ctune's CUDA backend); on CUDA bnb's fused small-M GEMM kernels (M <=
+  1536 rows) are turned off so that every GEMM takes that dequantize-then-
+  F.linear path, as ctune does. Each q/k/v/o/gate/up/down must be a Linear4bit
+  (else exit 2). PEFT's prepare_model_for_kbit_training is not called: it
+  freezes the base (PEFT does so anyway), turns on gradient checkpointing
+  (a recompute: the same math) and upcasts every non-4-bit fp16/bf16 parameter
+  (norms, embeddings, lm_head) to fp32. In float32 that upcast is a no-op; in
+  bfloat16 it would run the norms, embeddings and head in fp32 where ctune keeps
+  them as stored (bf16), so it would change the math the check compares.
+  The LoRA weights stay fp32 either way (autocast_adapter_dtype).
+  --quantize nf4|fp4 loads a bf16 folder and quantizes it on load instead
+  (BitsAndBytesConfig load_in_4bit, that type, double quant for nf4, bnb's
+  blocksize 64, quant storage uint8): the reference of ctune's
+  model_quantization. On the CPU that is bnb's CPU quantizer (the torch op
+  quantize_4bit and its C++ quantize_blockwise), which ctune's quant4 matches
+  bit for bit; on CUDA bnb's own kernel, which may round a tie otherwise.
+
+  quantize: writes a bf16 --model quantized by bitsandbytes, as HF saves it
+    python3 scripts/hf_parity.py quantize --model DIR --out DIR4 \\
+        [--quant-type nf4|fp4] [--double-quant|--no-double-quant] [--device cpu|cuda]
+  (save_pretrained of the 4-bit model: the Linear4bit tensors of QUANT.md 1.4 and
+  config.json's quantization_config, compute dtype bfloat16).
 
   The model runs with eager attention and, on transformers v5, eager experts
   (the default grouped_mm wants 16-byte row strides, which tiny widths lack).
@@ -267,6 +306,7 @@ def load_model(args):
         if not os.path.isdir(d):
             die(d, "not a directory")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[args.dtype]
+    qcfg = bnb_config(args, dtype)
     if dtype == torch.float64:
         n = fp64_model_source(args.model)
         print(f"float64: {n} fp32 casts of the model's source read as fp64", file=sys.stderr)
@@ -278,14 +318,20 @@ def load_model(args):
     impl = {"attn_implementation": "eager"}
     if int(transformers.__version__.split(".")[0]) >= 5:
         impl["experts_implementation"] = "eager"
+    if qcfg is not None:  # a 4-bit model is placed by device_map and cannot be cast or moved after
+        impl["device_map"] = {"": args.device}
+        impl["config" if getattr(args, "quantize", None) is None else "quantization_config"] = qcfg
     try:
         base = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, **impl)
     except TypeError:  # transformers < 4.56 knows only torch_dtype
         base = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=dtype, **impl)
-    base.to(dtype)  # exact either way: the checkpoint's bf16 values fit fp32 exactly
+    if qcfg is None:
+        base.to(dtype)  # exact either way: the checkpoint's bf16 values fit fp32 exactly
+    else:
+        bnb_prepare(base, args, dtype)
     # autocast_adapter_dtype=True keeps the LoRA weights fp32 on a bf16 base, as ctune does
     model = PeftModel.from_pretrained(base, args.adapter, is_trainable=True, autocast_adapter_dtype=True)
-    model.to(args.device)
+    model.to(args.device)  # on a 4-bit base, the LoRA weights only: the base sits there already
     if dtype == torch.float64:
         model.to(dtype)  # the LoRA weights too (their bf16/fp32 values are exact in fp64)
     model.train()
@@ -315,6 +361,100 @@ def load_model(args):
     model.ctune_fused = fused_experts(model, args.adapter, params)
     check_loaded(args.adapter, model, params)
     return model, params
+
+
+# ---------------------------------------------------------------- 4-bit bases
+
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def bnb_config(args, dtype):
+    """How to load --model 4-bit, or None for a plain model: --quantize's
+    BitsAndBytesConfig, or the folder's model config whose quantization_config
+    (quant_method bitsandbytes, 4-bit) has bnb_4bit_compute_dtype replaced by
+    the mode's dtype. Exit 2 on a config this reference does not model."""
+    cfg_path = os.path.join(args.model, "config.json")
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        die(cfg_path, f"cannot read: {e}")
+    q = cfg.get("quantization_config")
+    quantize = getattr(args, "quantize", None)
+    if q is None and not quantize:
+        return None
+    if q is not None and quantize:
+        die(args.model, f"--quantize {quantize}: the folder is quantized already")
+    import torch
+    if dtype not in (torch.float32, torch.bfloat16):
+        die(args.model, "a 4-bit base runs in float32 or bfloat16 only (--dtype)")
+    from transformers import BitsAndBytesConfig
+    if quantize:  # ctune's model_quantization: nf4 / fp4 (bnb's Linear4bit blocksize is 64)
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quantize,
+                                  bnb_4bit_use_double_quant=quantize == "nf4",
+                                  bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage="uint8")
+    if not isinstance(q, dict) or q.get("quant_method") != "bitsandbytes":
+        die(cfg_path, f"quantization_config: quant_method {q.get('quant_method') if isinstance(q, dict) else q!r} "
+                      "is not bitsandbytes")
+    if not (q.get("load_in_4bit") or q.get("_load_in_4bit")):
+        die(cfg_path, "quantization_config: only bitsandbytes 4-bit (load_in_4bit) is modelled")
+    if q.get("bnb_4bit_quant_storage", "uint8") != "uint8":
+        die(cfg_path, f"quantization_config: bnb_4bit_quant_storage {q['bnb_4bit_quant_storage']!r} is not uint8")
+    # from_pretrained ignores a quantization_config argument when the folder has
+    # one: the folder's goes in through the model config, its compute dtype replaced
+    from transformers import AutoConfig
+    mcfg = AutoConfig.from_pretrained(args.model)
+    mcfg.quantization_config = dict(q, bnb_4bit_compute_dtype=str(dtype).replace("torch.", ""))
+    return mcfg
+
+
+def bnb_prepare(base, args, dtype):
+    """After loading a 4-bit base: every Linear4bit dequantizes to the mode's
+    dtype in both passes, each q/k/v/o/gate/up/down is a Linear4bit, and, on
+    CUDA, bnb's fused small-M GEMM kernels are off (see the module docstring)."""
+    import bitsandbytes as bnb
+    import torch
+    n4, plain = 0, []
+    for name, mod in base.named_modules():
+        if isinstance(mod, bnb.nn.Linear4bit):
+            if mod.compute_dtype != dtype:
+                die(args.model, f"{name}: bitsandbytes computes in {mod.compute_dtype}, not {dtype}")
+            mod.weight.quant_state.dtype = dtype  # what backward's dequantize_4bit returns
+            n4 += 1
+        elif isinstance(mod, torch.nn.Linear) and name.rsplit(".", 1)[-1] in LINEAR_NAMES:
+            plain.append(name)
+    if plain or not n4:
+        die(args.model, f"{len(plain)} projections are not Linear4bit ({', '.join(plain[:4])}"
+                        f"{' ...' if len(plain) > 4 else ''}); {n4} are")
+    if str(args.device).startswith("cuda"):
+        try:
+            from bitsandbytes.backends.cuda import ops as bnb_cuda_ops
+            bnb_cuda_ops._gemm_4bit_custom_max_m = 0  # every GEMM: dequantize to bf16, then F.linear
+        except (ImportError, AttributeError) as e:
+            print(f"warning: cannot turn bnb's fused 4-bit GEMMs off ({e})", file=sys.stderr)
+    qs = next(m.weight.quant_state for m in base.modules() if isinstance(m, bnb.nn.Linear4bit))
+    print(f"4-bit base: {n4} Linear4bit ({qs.quant_type}, blocksize {qs.blocksize}, "
+          f"double quant {bool(qs.nested)}), dequantized to {dtype}", file=sys.stderr)
+
+
+def cmd_quantize(args):
+    """Writes --model quantized by bitsandbytes (HF save_pretrained of the 4-bit
+    model) to --out: the checkpoint format ctune loads (QUANT.md 1.4)."""
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    if not os.path.isdir(args.model):
+        die(args.model, "not a directory")
+    qc = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=args.quant_type,
+                            bnb_4bit_use_double_quant=args.double_quant,
+                            bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage="uint8")
+    base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16, quantization_config=qc,
+                                                device_map={"": args.device})
+    import bitsandbytes as bnb
+    n4 = sum(isinstance(m, bnb.nn.Linear4bit) for m in base.modules())
+    base.save_pretrained(args.out)
+    print(f"{args.model} -> {args.out}: {n4} Linear4bit ({args.quant_type}, double quant {args.double_quant}, "
+          f"quantized on {args.device})")
+    return 0
 
 
 def fused_experts(model, adapter_dir, params):
@@ -644,6 +784,8 @@ def main():
     common.add_argument("--model", required=True, help="HF model folder")
     common.add_argument("--adapter", required=True, help="PEFT adapter folder")
     common.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    common.add_argument("--quantize", choices=["nf4", "fp4"], default=None,
+                        help="quantize the bf16 --model on load with bitsandbytes (nf4: double quant)")
     g = sub.add_parser("grads", parents=[common])
     g.add_argument("--docs", required=True)
     g.add_argument("--out", required=True)
@@ -669,6 +811,12 @@ def main():
                    help="fail (exit 1) when the first logged step's loss or grad norm differs by more (relative)")
     t.add_argument("--tol-loss", type=float, default=None,
                    help="fail (exit 1) when any logged step's loss differs by more (relative)")
+    q = sub.add_parser("quantize")
+    q.add_argument("--model", required=True, help="bf16 HF model folder")
+    q.add_argument("--out", required=True, help="folder for the 4-bit checkpoint")
+    q.add_argument("--quant-type", choices=["nf4", "fp4"], default="nf4")
+    q.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=True)
+    q.add_argument("--device", default=None, help="where bitsandbytes quantizes: cpu or cuda")
     args = ap.parse_args()
     if args.mode == "train" and (args.steps < 1 or args.warmup < 0 or args.run_steps < 0):
         ap.error("--steps must be >= 1, --warmup and --run-steps >= 0")
@@ -676,7 +824,7 @@ def main():
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
-    return (cmd_grads if args.mode == "grads" else cmd_train)(args) or 0
+    return {"grads": cmd_grads, "train": cmd_train, "quantize": cmd_quantize}[args.mode](args) or 0
 
 
 if __name__ == "__main__":

@@ -16,6 +16,19 @@
 #                              model/ + adapter/ (scripts/hf_parity.py grads, fp32 CPU;
 #                              the Gated DeltaNet ones in fp64: see hf_parity.py --dtype float64)
 #
+# 4-bit fixtures (bitsandbytes QLoRA bases), each made from a base fixture above,
+# whose docs.jsonl, data/ and adapter/ it copies (so remake the base first):
+#   parity_qwen3_nf4         parity_qwen3's model as HF + bitsandbytes 0.50.2 quantize
+#                            and save it on the CPU: NF4, double quant, blocksize 64
+#   parity_llama_fp4         parity_llama's, FP4 without double quant
+#   parity_qwen3_nf4_onload  parity_qwen3's bf16 model; train.yaml sets
+#                            model_quantization: nf4 (ctune quantizes on load),
+#                            HF quantizes on load too (hf_parity.py --quantize nf4)
+# Their local half copies the base's files (and the bf16 model for _onload); their
+# hf half writes model/ (hf_parity.py quantize) and expected.safetensors (fp32 CPU:
+# bnb's CPU quantizer is the one bnb uses there, and ctune's quant4 matches it bit
+# for bit). Without bitsandbytes the hf half skips them, unless they are named.
+#
 # NAMEs default to all fixtures. Each half regenerates its outputs from scratch;
 # commit the results together. The hf half fails (hf_parity.py exits 3) when
 # PEFT leaves any adapter tensor unloaded. tests/fixtures/random_parity/ holds
@@ -25,14 +38,51 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ALL="parity_llama parity_qwen3 parity_qwen3_moe parity_gpt_oss parity_mixtral parity_qwen3_5 parity_qwen3_5_moe parity_qwen3_next"
+QUANT4="parity_qwen3_nf4 parity_llama_fp4 parity_qwen3_nf4_onload"
 PYTHON=${PYTHON:-python3}
 CTUNE=${CTUNE:-build/ctune}
 select_names() { # the names after the mode, checked against ALL
     local n
-    NAMES=${*:-$ALL}
+    NAMED=$#
+    NAMES=${*:-$ALL $QUANT4}
     for n in $NAMES; do
-        case " $ALL " in *" $n "*) ;; *) echo "unknown fixture '$n' (known: $ALL)" >&2; exit 2 ;; esac
+        case " $ALL $QUANT4 " in *" $n "*) ;; *) echo "unknown fixture '$n' (known: $ALL $QUANT4)" >&2; exit 2 ;; esac
     done
+}
+is_quant4() { case " $QUANT4 " in *" $1 "*) return 0 ;; esac; return 1; }
+base_of() { # a 4-bit fixture -> the fixture it is made from
+    case $1 in parity_llama_*) echo parity_llama ;; *) echo parity_qwen3 ;; esac
+}
+
+# a 4-bit fixture's local half: the base's documents, shard and adapter (and bf16 model)
+local_quant4() { # NAME
+    local d=tests/fixtures/$1 b
+    b=tests/fixtures/$(base_of "$1")
+    [ -f "$d/train.yaml" ] || { echo "$d/train.yaml is missing" >&2; exit 2; }
+    for f in docs.jsonl data adapter model; do
+        [ -e "$b/$f" ] || { echo "$b/$f is missing: make $(base_of "$1") first" >&2; exit 2; }
+    done
+    echo "== $d (from $b)"
+    rm -rf "$d/model" "$d/data" "$d/adapter" "$d/run" "$d/docs.jsonl" "$d/expected.safetensors"
+    cp -r "$b/docs.jsonl" "$b/data" "$b/adapter" "$d/"
+    case $1 in *_onload) cp -r "$b/model" "$d/model" ;; esac
+}
+
+# a 4-bit fixture's hf half: the bitsandbytes checkpoint, then HF + PEFT on it in fp32
+hf_quant4() { # NAME
+    local d=tests/fixtures/$1 b q=()
+    b=tests/fixtures/$(base_of "$1")
+    echo "== $d"
+    case $1 in
+        *_onload) q=(--quantize nf4) ;;
+        *_nf4) "$PYTHON" scripts/hf_parity.py quantize --model "$b/model" --out "$d/model" --quant-type nf4 \
+                   --double-quant --device cpu ;;
+        *_fp4) "$PYTHON" scripts/hf_parity.py quantize --model "$b/model" --out "$d/model" --quant-type fp4 \
+                   --no-double-quant --device cpu ;;
+    esac
+    rm -f "$d/model/generation_config.json"
+    "$PYTHON" scripts/hf_parity.py grads --model "$d/model" "${q[@]}" --adapter "$d/adapter" \
+        --docs "$d/docs.jsonl" --out "$d/expected.safetensors" --device cpu --dtype float32
 }
 seed_of() { # NAME -> 11 + its index in ALL
     local i=0 n
@@ -62,8 +112,9 @@ EOF
 }
 
 local_half() {
-    [ -x "$CTUNE" ] || { echo "$CTUNE is missing: run make first" >&2; exit 2; }
     for name in $NAMES; do
+        if is_quant4 "$name"; then local_quant4 "$name"; continue; fi
+        [ -x "$CTUNE" ] || { echo "$CTUNE is missing: run make first" >&2; exit 2; }
         d=tests/fixtures/$name
         for f in config.json train.yaml; do
             [ -f "$d/$f" ] || { echo "$d/$f is missing" >&2; exit 2; }
@@ -82,7 +133,19 @@ local_half() {
 }
 
 hf_half() {
+    local bnb=1
+    "$PYTHON" -c "import bitsandbytes" 2>/dev/null || bnb=0
     for name in $NAMES; do
+        if is_quant4 "$name"; then
+            if [ $bnb = 1 ]; then
+                hf_quant4 "$name"
+            elif [ "$NAMED" -gt 0 ]; then
+                echo "$name needs bitsandbytes (0.50.2), which $PYTHON cannot import" >&2; exit 2
+            else
+                echo "== tests/fixtures/$name skipped: $PYTHON cannot import bitsandbytes"
+            fi
+            continue
+        fi
         d=tests/fixtures/$name
         for f in model adapter docs.jsonl; do
             [ -e "$d/$f" ] || { echo "$d/$f is missing: run the local half first" >&2; exit 2; }

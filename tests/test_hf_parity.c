@@ -24,7 +24,10 @@
  * must not share conv taps or delta-rule state; parity_qwen3_5_moe its mixture
  * of experts with the gated shared expert; parity_qwen3_next qwen3_next (the
  * grouped in_proj_qkvz / in_proj_ba, permuted at load and in LoRA B, routed
- * expert LoRA, a dense mlp_only layer).
+ * expert LoRA, a dense mlp_only layer). parity_qwen3_nf4 and parity_llama_fp4
+ * are 4-bit frozen bases (bitsandbytes NF4 with double quant, FP4 without, as
+ * HF saves them), parity_qwen3_nf4_onload the bf16 base quantized on load
+ * (model_quantization: nf4): see their TESTs.
  * Their expected.safetensors were made with torch 2.11, transformers 5.17
  * (fused experts: PEFT 0.21 converts the per-expert adapters on load, and
  * scripts/hf_parity.py splits the gradients back) on a machine with torch
@@ -237,6 +240,37 @@ TEST(mixtral_loss_and_lora_gradients_match_hf_peft_documents_one_by_one)
     check_parity("tests/fixtures/parity_mixtral", false, true);
 }
 TEST(mixtral_packed_batch_matches_hf_peft) { check_parity("tests/fixtures/parity_mixtral", true, true); }
+
+/* 4-bit frozen bases (bitsandbytes QLoRA): parity_qwen3's and parity_llama's
+ * models as HF + bitsandbytes 0.50.2 quantized and saved them on the CPU (NF4
+ * with double quant; FP4 without), with their bases' documents and adapters.
+ * HF + PEFT ran them in fp32 with every Linear4bit dequantized to fp32 in both
+ * passes (scripts/hf_parity.py: equal bit for bit to a plain fp32 model holding
+ * code * absmax), which is what the CPU backend computes: the fp32 bounds. */
+TEST(qwen3_nf4_loss_and_lora_gradients_match_hf_peft_bnb_documents_one_by_one)
+{
+    check_parity("tests/fixtures/parity_qwen3_nf4", false, false);
+}
+TEST(qwen3_nf4_packed_batch_matches_hf_peft_bnb) { check_parity("tests/fixtures/parity_qwen3_nf4", true, false); }
+TEST(llama_fp4_loss_and_lora_gradients_match_hf_peft_bnb_documents_one_by_one)
+{
+    check_parity("tests/fixtures/parity_llama_fp4", false, false);
+}
+TEST(llama_fp4_packed_batch_matches_hf_peft_bnb) { check_parity("tests/fixtures/parity_llama_fp4", true, false); }
+/* Quantize on load: parity_qwen3's bf16 model with train.yaml's
+ * model_quantization: nf4, against HF quantizing on load on the CPU
+ * (BitsAndBytesConfig nf4, double quant, blocksize 64: bnb's CPU quantizer,
+ * which ctune's quant4 matches bit for bit), so the same numbers as
+ * parity_qwen3_nf4. ctune_step must hand the config's model_quantization to
+ * model_load for this case. */
+TEST(qwen3_nf4_quantized_on_load_matches_hf_peft_bnb_documents_one_by_one)
+{
+    check_parity("tests/fixtures/parity_qwen3_nf4_onload", false, false);
+}
+TEST(qwen3_nf4_quantized_on_load_packed_batch_matches_hf_peft_bnb)
+{
+    check_parity("tests/fixtures/parity_qwen3_nf4_onload", true, false);
+}
 
 /* An ill-conditioned fixture, judged against fp64: its expected.safetensors is
  * HF + PEFT run in fp64 throughout (scripts/hf_parity.py --dtype float64, the
@@ -652,6 +686,12 @@ int main(int argc, char **argv)
     RUN(gpt_oss_packed_batch_matches_hf_peft);
     RUN(mixtral_loss_and_lora_gradients_match_hf_peft_documents_one_by_one);
     RUN(mixtral_packed_batch_matches_hf_peft);
+    RUN(qwen3_nf4_loss_and_lora_gradients_match_hf_peft_bnb_documents_one_by_one);
+    RUN(qwen3_nf4_packed_batch_matches_hf_peft_bnb);
+    RUN(llama_fp4_loss_and_lora_gradients_match_hf_peft_bnb_documents_one_by_one);
+    RUN(llama_fp4_packed_batch_matches_hf_peft_bnb);
+    RUN(qwen3_nf4_quantized_on_load_matches_hf_peft_bnb_documents_one_by_one);
+    RUN(qwen3_nf4_quantized_on_load_packed_batch_matches_hf_peft_bnb);
     RUN(qwen3_5_loss_and_lora_gradients_match_hf_peft_documents_one_by_one);
     RUN(qwen3_5_packed_batch_matches_hf_peft);
     RUN(qwen3_5_moe_loss_and_lora_gradients_match_hf_peft_documents_one_by_one);

@@ -16,6 +16,14 @@
 #   parity50gdn  the same on tiny qwen3_5 (the multimodal wrapper) and qwen3_5_moe, the
 #             Gated DeltaNet hybrids (HF runs its torch GDN path; qwen3_next is refused on
 #             CUDA until it passes: 2026-12-02 its first step's grad norm was 3.5e-2 off)
+#   qlora     the same 50-step parity on 4-bit frozen bases (QLoRA): tiny llama and the
+#             qwen3-0.6b shape quantized by HF + bitsandbytes on the GPU (NF4 with double
+#             quant; tiny also FP4) and loaded by both, and tiny quantized on load
+#             (ctune model_quantization: nf4, HF hf_parity.py --quantize nf4); HF runs
+#             bnb's dequantize-to-bf16 then F.linear, as ctune does, so the dense bounds
+#             apply; a control (HF at 1.3x the learning rate) must fail them. Needs the
+#             bitsandbytes wheel (scripts/bnb_wheel.sh, carried as .devpeers/whl), installed
+#             into /tmp/bnb-site; the fixtures section installs it too, for the 4-bit fixtures
 #   sanitize  compute-sanitizer memcheck (2 steps) and racecheck (1 step) of training
 #             on the qwen3-0.6b shape cut to 2 layers (head_dim 128: the wgmma
 #             attention kernels; the tiny models' head_dim 32 runs mma.sync), with
@@ -38,10 +46,27 @@ set -u
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 B=${BUILD:-build}
-SECTIONS=${GPU_SECTIONS:-"kernels firststep firststep-sanitize faults fixtures random parity50 parity50moe parity50gdn sanitize bench"}
+SECTIONS=${GPU_SECTIONS:-"kernels firststep firststep-sanitize faults fixtures random parity50 parity50moe parity50gdn qlora sanitize bench"}
 FAILED=() # the checks that failed; the script's exit status is their count
 has() { case " $SECTIONS " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+
+# bnb_site: bitsandbytes importable by python3, from the carried wheel
+# (scripts/bnb_wheel.sh; BNB_WHEELS, default .devpeers/whl) installed into
+# /tmp/bnb-site and put on PYTHONPATH; non-zero, saying why, when it cannot be
+bnb_site() {
+    python3 -c "import bitsandbytes" 2>/dev/null && return 0
+    local whl
+    whl=$(ls "${BNB_WHEELS:-.devpeers/whl}"/bitsandbytes-0.50.2-*.whl 2>/dev/null | head -n 1)
+    if [ -z "$whl" ]; then
+        echo "no bitsandbytes wheel in ${BNB_WHEELS:-.devpeers/whl}: run scripts/bnb_wheel.sh and carry that folder"
+        return 1
+    fi
+    timeout 120 python3 -m pip install -q --no-index --no-deps --target /tmp/bnb-site "$whl" \
+        >"$OUT/bnb-pip.log" 2>&1 || { echo "pip install of $whl failed"; tail -n 3 "$OUT/bnb-pip.log"; return 1; }
+    export PYTHONPATH=/tmp/bnb-site${PYTHONPATH:+:$PYTHONPATH}
+    python3 -c "import bitsandbytes" 2>"$OUT/bnb-import.log" || { echo "bitsandbytes does not import"; tail -n 3 "$OUT/bnb-import.log"; return 1; }
+}
 
 if has kernels; then
     echo "== kernels"
@@ -127,6 +152,7 @@ fi
 
 if has fixtures; then
     echo "== HF fixtures"
+    bnb_site || echo "  the 4-bit fixtures keep their committed expectations"
     # a failed regeneration would leave the committed expectations to test against
     bash scripts/parity_fixtures.sh hf >"$OUT/fixtures.log" 2>&1 || { tail -n 5 "$OUT/fixtures.log"; FAILED+=(fixtures-hf); }
     for n in llama qwen3; do cp tests/fixtures/parity_$n/expected.safetensors "$OUT/expected_$n.safetensors"; done
@@ -144,7 +170,11 @@ if has random; then
 fi
 
 # parity50 NAME MODEL_CONFIG RUN_CONFIG TRAIN_SHARD TOKENS_PER_MICRO_BATCH LR TOL_FIRST TOL_LOSS [HF_LR]
-# TOL_FIRST bounds the first step's relative loss and grad-norm difference (same
+# P50_QUANT (environment, optional) makes the frozen base 4-bit: nf4 / fp4 has HF +
+# bitsandbytes quantize the initialised model on the GPU (nf4 with double quant, fp4
+# without) and save it, the folder both then train on; onload-nf4 keeps the bf16 folder
+# and has both quantize it on load (ctune model_quantization: nf4, hf_parity.py
+# --quantize nf4). TOL_FIRST bounds the first step's relative loss and grad-norm difference (same
 # weights, same batch: rounding only); TOL_LOSS every logged step's relative loss
 # difference (bf16 rounding compounds through 50 optimizer steps). HF_LR (default
 # LR) replays HF at another learning rate: the control that must fail.
@@ -152,13 +182,27 @@ parity50() {
     local name=$1 mcfg=$2 rcfg=$3 shard=$4 tpmb=$5 lr=$6 tol_first=$7 tol_loss=$8 hf_lr=${9:-$6} W=/tmp/p50-$1
     rm -rf $W; mkdir -p $W
     "$B/ctune" init --config "$mcfg" --out $W/model --seed 5 >/dev/null
-    CTUNE_TRACE=$W "$B/ctune" train "$rcfg" --set model=$W/model --set output_dir=$W/run --set device=cuda \
+    local model=$W/model cq=() hq=()
+    case ${P50_QUANT:-} in
+        "") ;;
+        nf4 | fp4)
+            local dq=--double-quant
+            [ "$P50_QUANT" = fp4 ] && dq=--no-double-quant
+            model=$W/model4
+            python3 scripts/hf_parity.py quantize --model $W/model --out $model --quant-type $P50_QUANT $dq \
+                --device cuda >"$OUT/p50-$name-quantize.log" 2>&1 \
+                || { echo "quantize failed"; tail -n 5 "$OUT/p50-$name-quantize.log"; FAILED+=("parity50 $name"); return; }
+            tail -n 1 "$OUT/p50-$name-quantize.log" ;;
+        onload-nf4) cq=(--set model_quantization=nf4); hq=(--quantize nf4) ;;
+        *) echo "P50_QUANT=$P50_QUANT: unknown"; FAILED+=("parity50 $name"); return ;;
+    esac
+    CTUNE_TRACE=$W "$B/ctune" train "$rcfg" --set model=$model "${cq[@]}" --set output_dir=$W/run --set device=cuda \
         --set "data.train_files=[$shard]" --set "data.eval_files=[]" --set data.tokens_per_micro_batch=$tpmb \
         --set training.max_steps=50 --set training.warmup_steps=5 --set training.logging_steps=1 \
         --set training.learning_rate=$lr --set training.lr_scheduler_type=cosine --set training.eval_steps=0 \
         --set training.save_steps=0 --set training.resume_from_checkpoint=false >"$OUT/p50-$name-ctune.log" 2>&1 \
         || { echo "ctune failed"; tail -n 5 "$OUT/p50-$name-ctune.log"; FAILED+=("parity50 $name"); return; }
-    timeout 400 python3 scripts/hf_parity.py train --model $W/model --adapter $W/initial_adapter --shards "$shard" \
+    timeout 400 python3 scripts/hf_parity.py train --model $model "${hq[@]}" --adapter $W/initial_adapter --shards "$shard" \
         --trace $W/batches.jsonl --metrics $W/run/metrics.jsonl --lr $hf_lr --scheduler cosine --warmup 5 --steps 50 \
         --device cuda --dtype bfloat16 --tol-first "$tol_first" --tol-loss "$tol_loss" \
         --out "$OUT/parity50-$name.json" >"$OUT/p50-$name-hf.log" 2>&1
@@ -207,6 +251,29 @@ if has parity50gdn; then
     parity50 qwen3_5 configs/models/tiny-qwen3_5/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3 4e-2 2e-2
     echo "== 50-step parity, tiny qwen3_5_moe (GDN hybrid, shared expert)"
     parity50 qwen3_5_moe configs/models/tiny-qwen3_5-moe/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3 2e-2 6e-2
+fi
+
+if has qlora; then
+    echo "== QLoRA: 50-step parity on 4-bit bases (bitsandbytes)"
+    if bnb_site; then
+        # the dense sections' bounds: both sides dequantize to bf16, then run bf16 GEMMs
+        echo "== 50-step parity, tiny llama, NF4 (double quant) base"
+        P50_QUANT=nf4 parity50 qlora_nf4 configs/models/tiny/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3 1e-2 1e-2
+        echo "== control: HF replaying at 1.3x the learning rate must fail"
+        P50_QUANT=nf4 parity50 qlora_nf4_control configs/models/tiny/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3 1e-2 1e-2 2.6e-3
+        echo "== 50-step parity, tiny llama, FP4 base"
+        P50_QUANT=fp4 parity50 qlora_fp4 configs/models/tiny/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3 1e-2 1e-2
+        echo "== 50-step parity, tiny llama quantized on load (model_quantization: nf4)"
+        P50_QUANT=onload-nf4 parity50 qlora_onload configs/models/tiny/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3 1e-2 1e-2
+        echo "== 50-step parity, qwen3-0.6b shape, NF4 (double quant) base"
+        [ -f /tmp/p50q/train.shard ] || {
+            python3 scripts/make_bench_data.py --vocab 151936 --tokens 400000 --out /tmp/p50q.jsonl --seed 1
+            "$B/ctune" prepare --in /tmp/p50q.jsonl --out /tmp/p50q --vocab-size 151936 >/dev/null
+        }
+        P50_QUANT=nf4 parity50 qlora_qwen3 configs/models/qwen3-0.6b/config.json configs/qwen3-0.6b.yaml /tmp/p50q/train.shard 4096 2e-4 1e-2 5e-3
+    else
+        FAILED+=(qlora-bitsandbytes)
+    fi
 fi
 
 # sanitize_run NAME TOOL STEPS MODEL_DIR: a short training run under compute-sanitizer

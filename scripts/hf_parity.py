@@ -331,7 +331,8 @@ def load_model(args):
         bnb_prepare(base, args, dtype)
     # autocast_adapter_dtype=True keeps the LoRA weights fp32 on a bf16 base, as ctune does
     model = PeftModel.from_pretrained(base, args.adapter, is_trainable=True, autocast_adapter_dtype=True)
-    model.to(args.device)  # on a 4-bit base, the LoRA weights only: the base sits there already
+    if qcfg is None:  # on a 4-bit base PEFT puts the LoRA weights on the base's device itself
+        model.to(args.device)
     if dtype == torch.float64:
         model.to(dtype)  # the LoRA weights too (their bf16/fp32 values are exact in fp64)
     model.train()

@@ -26,8 +26,8 @@
 #
 # Knobs: BENCH_BUDGET_S (280), BENCH_ONLY (comma list of parts: only their shapes are
 # written; at 280 s the 14B parts may find no time left, so run them in a second call,
-# BENCH_ONLY=ctune-14b,hf-14b,unsloth-14b), STEPS (8: 3 warm-up,
-# then timed until MODE_BUDGET_S, 45, is spent, at least 3), PEERS_DIR (.devpeers),
+# BENCH_ONLY=ctune-14b,hf-14b,unsloth-14b), STEPS (6: 2 warm-up, then timed until
+# MODE_BUDGET_S, 45, is spent, at least 3), PEERS_DIR (.devpeers),
 # SITE (/tmp/site), MODELS (/tmp/qlora-m), BUILD (build), PYTHON (python3).
 # PERF.md asks for the median of >= 20 steps: at 8B and 14B that alone would
 # exceed 5 minutes, so these figures are medians of fewer steps (steps_timed).
@@ -45,8 +45,8 @@ mkdir -p "$1/logs" || { echo "bench_qlora.sh: cannot create $1" >&2; exit 2; }
 OUT=$(cd "$1" && pwd)
 BUDGET=${BENCH_BUDGET_S:-280}
 ONLY=${BENCH_ONLY:-}
-STEPS=${STEPS:-8}
-WARM=3
+STEPS=${STEPS:-6}
+WARM=2
 MODE_BUDGET=${MODE_BUDGET_S:-45}
 PY=${PYTHON:-python3}
 B=${BUILD:-build}
@@ -122,8 +122,8 @@ say "QLoRA bench: out=$OUT budget=${BUDGET}s dry=$DRY shapes=$SHAPES steps=$STEP
 [ -f "$PEERS_DIR/peers.py" ] || { say "no $PEERS_DIR/peers.py: carry the peers folder as .devpeers (or set PEERS_DIR)"; exit 2; }
 [ -x "$B/ctune" ] || { say "$B/ctune is missing: build it first"; exit 2; }
 
-# the carried wheels (bitsandbytes, unsloth and its dependencies: .devpeers/whl), unless
-# this python already has them
+# the carried wheels (bitsandbytes, unsloth and its dependencies: .devpeers/whl, as
+# .devpeers/tools/prepare_wheels.sh makes them) into SITE, ahead on PYTHONPATH
 if [ $DRY = 0 ] && ls "$PEERS_DIR"/whl/*.whl >/dev/null 2>&1; then
     timeout 240 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" "$PEERS_DIR"/whl/*.whl >"$LOGS/pip.log" 2>&1 || say "pip install failed: $(tail -n 1 "$LOGS/pip.log")"

@@ -75,7 +75,10 @@ static int ctune_step(const char *dir, bool packing, float *loss, float **grads,
     snprintf(path, sizeof path, "%s/train.yaml", dir);
     if (config_load(&cfg, path, &err)) return printf("%s\n", err.msg), -1;
     snprintf(path, sizeof path, "%s/model", dir);
-    if (model_load(m, be, path, &err)) return printf("%s\n", err.msg), -1;
+    ct_load_options lopt = {.quantize = cfg.model_quantization != CT_MODEL_QUANT_NONE,
+                            .type = cfg.model_quantization == CT_MODEL_QUANT_FP4 ? QUANT4_FP4 : QUANT4_NF4,
+                            .blocksize = 64, .double_quant = cfg.bnb_4bit_use_double_quant};
+    if (model_load_with(m, be, path, &lopt, &err)) return printf("%s\n", err.msg), -1;
     if (lora_init(lo_out, m, &cfg.lora, 1, &err)) return printf("%s\n", err.msg), -1;
     snprintf(path, sizeof path, "%s/adapter", dir);
     if (lora_load_peft(lo_out, m, path, &err)) return printf("%s\n", err.msg), -1;

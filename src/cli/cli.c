@@ -3,6 +3,7 @@
  * (a slot is only rewritten after it was read, so stored values stay valid). */
 #include "cli.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,4 +132,20 @@ int cli_check_adapter_dir(const char *dir, ct_error *err)
 {
     static const char *const names[] = {"adapter_config.json", "adapter_model.safetensors", NULL};
     return check_files_in(dir, names, err);
+}
+
+int cli_check_new_dir(const char *out, const char *cmd, ct_error *err)
+{
+    struct stat st;
+    if (stat(out, &st) != 0) return CT_OK;
+    if (!S_ISDIR(st.st_mode)) return CT_FAIL_INPUT(err, "%s: exists and is not a folder (%s writes a new folder)", out, cmd);
+    DIR *d = opendir(out);
+    if (!d) return CT_FAIL_INPUT(err, "%s: cannot list the folder", out);
+    struct dirent *e;
+    bool empty = true;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
+    closedir(d);
+    if (!empty) return CT_FAIL_INPUT(err, "%s: exists and is not empty (%s writes a new folder)", out, cmd);
+    return CT_OK;
 }

@@ -56,5 +56,9 @@ int cli_check_file(const char *path, ct_error *err);
  * adapter_model.safetensors) may hold. */
 int cli_check_model_dir(const char *dir, ct_error *err);
 int cli_check_adapter_dir(const char *dir, ct_error *err);
+/* The folder a command writes (merge, quantize) must be new or empty, so that
+ * no model is overwritten: CT_ERR_INPUT ("OUT: exists and is not empty (CMD
+ * writes a new folder)") otherwise. */
+int cli_check_new_dir(const char *out, const char *cmd, ct_error *err);
 
 #endif

@@ -531,23 +531,6 @@ static int write_files(const st_reader *base, const char *out, const merge_pair 
     return rc;
 }
 
-/* The output folder must be new or empty: merging never overwrites a model. */
-static int check_out(const char *out, ct_error *err)
-{
-    struct stat st;
-    if (stat(out, &st) != 0) return CT_OK;
-    if (!S_ISDIR(st.st_mode)) return CT_FAIL_INPUT(err, "%s: exists and is not a folder (merge writes a new folder)", out);
-    DIR *d = opendir(out);
-    if (!d) return CT_FAIL_INPUT(err, "%s: cannot list the folder", out);
-    struct dirent *e;
-    bool empty = true;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
-    closedir(d);
-    if (!empty) return CT_FAIL_INPUT(err, "%s: exists and is not empty (merge writes a new folder)", out);
-    return CT_OK;
-}
-
 /* Every file goes into OUT.partial, which becomes OUT by one rename once it is
  * complete: a merge that stops half way (a full disk, a kill) leaves no folder
  * that looks like a model, and the next try clears the stale OUT.partial. */
@@ -601,7 +584,7 @@ int cmd_merge(int argc, char **argv, ct_error *err)
     merge_pair *pairs = NULL;
     size_t np = 0;
     rc = ad ? match_pairs(base, ad, ad_path, &lc, &pairs, &np, err) : err->code;
-    if (!rc) rc = check_out(out, err);
+    if (!rc) rc = cli_check_new_dir(out, "merge", err);
     if (!rc) rc = write_merged(base, model, out, pairs, np, scale, err);
     if (!rc)
         printf("merged %zu LoRA modules (r %d, scaling %g) into %s\n", np, lc.r, (double)scale, out);

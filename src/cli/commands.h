@@ -15,6 +15,7 @@ int cmd_prepare(int argc, char **argv, ct_error *err);  /* cmd_prepare.c */
 int cmd_init(int argc, char **argv, ct_error *err);     /* cmd_init.c */
 int cmd_inspect(int argc, char **argv, ct_error *err);  /* cmd_inspect.c: shards, model folders, checkpoints */
 int cmd_merge(int argc, char **argv, ct_error *err);    /* cmd_merge.c: base + adapter -> merged model folder */
+int cmd_quantize(int argc, char **argv, ct_error *err); /* cmd_quantize.c: bf16 folder -> bitsandbytes 4-bit folder */
 int cmd_generate(int argc, char **argv, ct_error *err); /* cmd_generate.c: sample a completion */
 int cmd_summary(int argc, char **argv, ct_error *err);  /* cmd_summary.c: a table over run folders */
 

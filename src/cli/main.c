@@ -17,9 +17,10 @@ static const command commands[] = {
     {"train",    cmd_train,    "train a LoRA adapter from a YAML config"},
     {"eval",     cmd_eval,     "loss and perplexity of a model (and adapter) on eval shards"},
     {"prepare",  cmd_prepare,  "token-id JSONL -> train/eval shards"},
-    {"init",     cmd_init,     "a random-weight bf16 model folder from an HF config.json"},
+    {"init",     cmd_init,     "a random-weight bf16 (or 4-bit) model folder from an HF config.json"},
     {"inspect",  cmd_inspect,  "report on shards, a model folder or a checkpoint"},
     {"merge",    cmd_merge,    "base model + LoRA adapter -> a merged bf16 model folder"},
+    {"quantize", cmd_quantize, "a bf16 model folder -> a bitsandbytes 4-bit (NF4/FP4) folder"},
     {"generate", cmd_generate, "sample a completion with a KV cache"},
     {"summary",  cmd_summary,  "one row per run folder (losses, tokens/s, wall time, memory)"},
 };

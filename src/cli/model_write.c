@@ -1,0 +1,135 @@
+/* model_write.c — see model_write.h. The shard plan needs each tensor's size
+ * before it is written: bf16 bytes, or quant4_write_bytes for a 4-bit weight
+ * (an estimate of its JSON blob, so the plan depends on the shapes only and
+ * `init --quantize` and `quantize` shard alike). total_size in the index is
+ * the bytes actually written. */
+#include "model_write.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "json.h"
+
+int model_write_parse_quant(const char *flag, const char *type, const char *blocksize, bool no_double_quant,
+                            quant4_write_opts *o, ct_error *err)
+{
+    *o = quant4_write_defaults();
+    if (!quant4_type_from_name(type, &o->type))
+        return CT_FAIL_INPUT(err, "%s '%s': expected nf4 or fp4", flag, type);
+    if (blocksize) {
+        long long bs;
+        if (cli_parse_ll("--blocksize", blocksize, 32, 4096, &bs, err) || !quant4_blocksize_valid((size_t)bs))
+            return CT_FAIL_INPUT(err, "--blocksize '%s': expected a power of two from 32 to 4096", blocksize);
+        o->blocksize = (size_t)bs;
+    }
+    o->double_quant = !no_double_quant;
+    return CT_OK;
+}
+
+static bool quantized(const ct_tensor_spec *t, const quant4_write_opts *q) { return q && quant4_should_quantize(t); }
+
+static size_t planned_bytes(const ct_tensor_spec *t, const quant4_write_opts *q)
+{
+    size_t n = model_tensor_numel(t);
+    return quantized(t, q) ? quant4_write_bytes(n, q) : n * sizeof(uint16_t);
+}
+
+/* Fills and adds specs[first..end) to one file at path. */
+static int write_shard(const ct_tensor_spec *specs, size_t first, size_t end, const char *path,
+                       const quant4_write_opts *q, model_fill_fn fill, void *ctx, size_t *total, ct_error *err)
+{
+    st_writer *sw = st_writer_new();
+    int rc = CT_OK;
+    for (size_t i = first; i < end && rc == CT_OK; i++) {
+        const ct_tensor_spec *t = &specs[i];
+        size_t n = model_tensor_numel(t);
+        uint16_t *bf16 = ct_malloc(n * sizeof *bf16 + 2);
+        rc = fill(ctx, i, bf16, err);
+        if (rc == CT_OK && quantized(t, q)) {
+            float *x = ct_malloc(n * sizeof *x);
+            #pragma omp parallel for schedule(static)
+            for (size_t k = 0; k < n; k++) x[k] = ct_bf16_to_f32(bf16[k]);
+            free(bf16);
+            bf16 = NULL;
+            rc = quant4_write_add(sw, t->name, x, t->ndim, t->shape, q, total, err);
+            free(x);
+        } else if (rc == CT_OK) {
+            rc = st_writer_add(sw, t->name, CT_DTYPE_BF16, t->ndim, t->shape, bf16, err);
+            *total += n * sizeof *bf16;
+        }
+        free(bf16);
+    }
+    if (rc == CT_OK) rc = st_writer_save(sw, path, err);
+    st_writer_free(sw);
+    return rc;
+}
+
+static void index_entry(json_writer *idx, const char *key, const char *file)
+{
+    json_write_raw(idx, idx->buf[idx->len - 1] == '{' ? "\n" : ",\n");
+    json_write_string(idx, key);
+    json_write_raw(idx, ":");
+    json_write_string(idx, file);
+}
+
+int model_write_weights(const ct_tensor_spec *specs, size_t n, const char *dir, size_t max_shard,
+                        const quant4_write_opts *quant, model_fill_fn fill, void *ctx, const char *who,
+                        size_t *nfiles, ct_error *err)
+{
+    /* Greedy in spec order: a shard closes when the next tensor would overflow
+     * it; a tensor larger than the limit gets a shard of its own. */
+    size_t *shard_of = ct_malloc((n + 1) * sizeof *shard_of);
+    size_t nshards = 0, cur = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t bytes = planned_bytes(&specs[i], quant);
+        if (nshards == 0 || (cur > 0 && cur + bytes > max_shard)) { nshards++; cur = 0; }
+        cur += bytes;
+        shard_of[i] = nshards - 1;
+    }
+    *nfiles = nshards;
+    json_writer map;
+    json_writer_init(&map);
+    json_write_raw(&map, "{");
+    int rc = CT_OK;
+    size_t total = 0;
+    char name[64];
+    for (size_t s = 0, i = 0; s < nshards && rc == CT_OK; s++) {
+        size_t first = i;
+        while (i < n && shard_of[i] == s) i++;
+        if (nshards == 1) snprintf(name, sizeof name, "model.safetensors");
+        else snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, nshards);
+        for (size_t k = first; k < i; k++) {
+            if (!quantized(&specs[k], quant)) {
+                index_entry(&map, specs[k].name, name);
+                continue;
+            }
+            for (const char *const *suffix = quant4_write_suffixes(quant); *suffix; suffix++) {
+                char key[sizeof specs[k].name + 64];
+                snprintf(key, sizeof key, "%s%s", specs[k].name, *suffix);
+                index_entry(&map, key, name);
+            }
+        }
+        size_t plen = strlen(dir) + sizeof name + 2;
+        char *path = ct_malloc(plen);
+        snprintf(path, plen, "%s/%s", dir, name);
+        rc = write_shard(specs, first, i, path, quant, fill, ctx, &total, err);
+        if (rc == CT_OK && nshards > 1) fprintf(stderr, "%s: wrote %s\n", who, path);
+        free(path);
+    }
+    if (rc == CT_OK && nshards > 1) {
+        json_writer idx;
+        json_writer_init(&idx);
+        json_write_rawf(&idx, "{\"metadata\":{\"total_size\":%zu},\"weight_map\":%s\n}}\n", total, map.buf);
+        size_t plen = strlen(dir) + 64;
+        char *path = ct_malloc(plen);
+        snprintf(path, plen, "%s/model.safetensors.index.json", dir);
+        rc = ct_write_file_atomic(path, idx.buf, idx.len, err);
+        free(path);
+        json_writer_free(&idx);
+    }
+    json_writer_free(&map);
+    free(shard_of);
+    return rc;
+}

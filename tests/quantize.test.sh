@@ -139,6 +139,13 @@ qwen2_folder_matches_bnb() {
     hf_loads_it_as_bnb_would "$PWD/qwen2.json"
     grep -q '"model.layers.0.self_attn.q_proj.bias"' q/model.safetensors
 }
+# 3072 x 1024 MLP weights: 49152 blocks, past the size where torch would sum the offset's mean in pieces
+wide_llama_folder_matches_bnb() {
+    sed 's/"hidden_size": 128/"hidden_size": 1024/; s/"intermediate_size": 384/"intermediate_size": 3072/;
+         s/"num_hidden_layers": 4/"num_hidden_layers": 1/' "$TINY" >wide.json
+    grep -q '"intermediate_size": 3072' wide.json
+    hf_loads_it_as_bnb_would "$PWD/wide.json"
+}
 qwen3_moe_folder_matches_bnb() { hf_loads_it_as_bnb_would tiny-moe; }
 # a dense layer's MLP is an nn.Linear: quantized, beside the sparse layers' bf16 experts
 qwen3_moe_with_a_dense_layer_matches_bnb() {
@@ -171,7 +178,7 @@ done
 if python3 -c "import json, struct" 2>/dev/null; then run_test non_finite_weight_exits_2_naming_it
 else skip_test non_finite_weight_exits_2_naming_it "skipped: no python3 to edit a safetensors file"; fi
 hf_tests=(llama_folder_matches_bnb llama_fp4_without_double_quant_matches_bnb llama_blocksize_128_matches_bnb
-          qwen3_folder_matches_bnb qwen2_folder_matches_bnb qwen3_moe_folder_matches_bnb
+          wide_llama_folder_matches_bnb qwen3_folder_matches_bnb qwen2_folder_matches_bnb qwen3_moe_folder_matches_bnb
           qwen3_moe_with_a_dense_layer_matches_bnb mixtral_folder_matches_bnb gpt_oss_folder_matches_bnb qwen3_5_folder_matches_bnb
           qwen3_5_moe_folder_matches_bnb qwen3_next_folder_matches_bnb check_fails_on_other_weights)
 if "$PY" -c "import torch, transformers, bitsandbytes, safetensors" 2>/dev/null; then

@@ -23,6 +23,7 @@
 #include "json.h"
 #include "mxfp4.h"
 #include "quant4.h"
+#include "quant4_write.h"
 
 /* A weight HF's bitsandbytes quantizes (an nn.Linear of a layer; routed
  * experts are parameters in transformers 5 and stay bf16). */
@@ -237,6 +238,74 @@ static int write_mxfp4_pair(const char *src, const char *mx, const char *dec)
 
 static char llama_dir[64], qwen3_moe_dir[64], gpt_oss_dir[64];
 
+/* SRC with its quantizable weights written in bitsandbytes' 4-bit form
+ * (quant4_write, the writer of ctune quantize) into DST. */
+static int write_bnb_folder(const char *src, const char *dst, const quant4_write_opts *o)
+{
+    ct_error err = {0};
+    char path[1024];
+    st_reader *r = st_open(src, &err);
+    if (!r) return printf("%s\n", err.msg), -1;
+    st_writer *w = st_writer_new();
+    int rc = 0;
+    size_t bytes = 0;
+    for (size_t i = 0; i < st_count(r) && !rc; i++) {
+        const st_tensor *t = st_at(r, i);
+        if (!quantizable(t->name)) {
+            rc = st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, &err);
+            continue;
+        }
+        float *x = tensor_f32(t);
+        rc = quant4_write_add(w, t->name, x, t->ndim, t->shape, o, &bytes, &err);
+        free(x);
+    }
+    size_t len, out_len;
+    snprintf(path, sizeof path, "%s/config.json", src);
+    char *text = rc ? NULL : ct_read_file(path, &len, &err);
+    char *cfg = text ? quant4_config_text(text, len, path, o, &out_len, &err) : NULL;
+    if (!cfg) rc = -1;
+    snprintf(path, sizeof path, "%s/config.json", dst);
+    if (!rc) rc = ct_write_file_atomic(path, cfg, out_len, &err);
+    snprintf(path, sizeof path, "%s/model.safetensors", dst);
+    if (!rc) rc = st_writer_save(w, path, &err);
+    if (rc) printf("bnb folder: %s\n", err.msg);
+    free(text);
+    free(cfg);
+    st_writer_free(w);
+    st_close(r);
+    return rc;
+}
+
+TEST(a_stored_4_bit_folder_equals_quantizing_on_load)
+{
+    static const char *const srcs[] = {"tests/fixtures/parity_qwen3_5/model", "tests/fixtures/parity_qwen3_next/model"};
+    for (int k = 0; k < 3; k++) {
+        const char *src = k == 0 ? llama_dir : srcs[k - 1];
+        char dst[] = "/tmp/ctune_bnb_XXXXXX";
+        REQUIRE(mkdtemp(dst), "mkdtemp");
+        quant4_write_opts o = {.type = k == 1 ? QUANT4_FP4 : QUANT4_NF4, .blocksize = 32, .double_quant = k != 1};
+        REQUIRE(write_bnb_folder(src, dst, &o) == 0, "writing %s in 4 bits", src);
+        ct_load_options opt = {.quantize = true, .type = o.type, .blocksize = 32, .double_quant = o.double_quant};
+        float *gs = NULL, *gq = NULL;
+        size_t ns, nq, q4s, q4q;
+        double ls = loss_grads(dst, NULL, &gs, &ns, &q4s), lq = loss_grads(src, &opt, &gq, &nq, &q4q);
+        REQUIRE(isfinite(ls) && isfinite(lq) && ns == nq, "losses %g %g", ls, lq);
+        CHECK(ls == lq && !memcmp(gs, gq, ns * sizeof(float)), "%s: stored 4-bit loss %.9g vs on load %.9g%s", src, ls,
+              lq, ls == lq ? " (gradients differ)" : "");
+        CHECK(q4s == q4q && q4s > 0, "%s: 4-bit weights %zu (stored) vs %zu (on load)", src, q4s, q4q);
+        ct_model m;
+        ct_error err = {0};
+        ct_backend *be = backend_cpu_new();
+        CHECK(model_load_with(&m, be, dst, &opt, &err) == CT_ERR_INPUT && strstr(err.msg, "already quantized"),
+              "model_quantization on a 4-bit folder: %s", err.msg);
+        be->destroy(be);
+        free(gs); free(gq);
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dst);
+        if (system(cmd)) {}
+    }
+}
+
 /* The gpt_oss fixture with intermediate_size 32: MXFP4 needs whole blocks of 32 inputs. */
 static const char *gpt_oss_json(void)
 {
@@ -336,6 +405,7 @@ int main(void)
     RUN(moe_experts_stay_bf16_like_transformers_5);
     RUN(quantization_configs_other_than_4_bit_are_refused);
     RUN(gpt_oss_mxfp4_experts_equal_their_decoded_values);
+    RUN(a_stored_4_bit_folder_equals_quantizing_on_load);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s %s %s", llama_dir, qwen3_moe_dir, gpt_oss_dir);
     if (system(cmd)) {}

@@ -136,7 +136,7 @@ static int write_folder(const char *model, const char *out, const ct_tensor_spec
     ct_remove_tree(tmp);
     read_source src = {specs, r};
     int rc = ct_mkdirs(tmp, err);
-    if (!rc) rc = model_write_weights(specs, n, tmp, max_shard, q, read_fill, &src, "quantize", nfiles, err);
+    if (!rc) rc = model_write_weights(specs, n, tmp, max_shard, q, false, read_fill, &src, "quantize", nfiles, err);
     if (!rc) rc = copy_side_files(model, tmp, err);
     snprintf(path, sizeof path, "%s/config.json", tmp);
     if (!rc) rc = ct_write_file_atomic(path, config, config_len, err);

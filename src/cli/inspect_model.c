@@ -10,6 +10,7 @@
 #include "memory_plan.h"
 #include "model.h"
 #include "model_config.h"
+#include "quant4_write.h"
 #include "safetensors.h"
 
 #define EST_LORA_RANK 16
@@ -55,7 +56,7 @@ static void print_memory_estimate(const ct_model_config *mc, const ct_param_coun
     double lora = 0, q4 = 0, widest = 0; /* weights HF's bitsandbytes quantizes; the widest dense decode */
     for (size_t i = 0; i < n; i++) {
         const ct_tensor_spec *s = &specs[i];
-        if (model_tensor_bnb_quantized(s)) q4 += (double)model_tensor_numel(s);
+        if (quant4_should_quantize(s)) q4 += (double)model_tensor_numel(s);
         if (s->kind != CT_TENSOR_LINEAR) continue;
         /* [out, in] or, for fused experts, [E, in, out]: one matrix per leading index */
         double a = (double)s->shape[s->ndim - 2], b = (double)s->shape[s->ndim - 1];

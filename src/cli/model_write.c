@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "json.h"
+#include "mxfp4.h"
 
 int model_write_parse_quant(const char *flag, const char *type, const char *blocksize, bool no_double_quant,
                             quant4_write_opts *o, ct_error *err)
@@ -30,15 +31,38 @@ int model_write_parse_quant(const char *flag, const char *type, const char *bloc
 
 static bool quantized(const ct_tensor_spec *t, const quant4_write_opts *q) { return q && quant4_should_quantize(t); }
 
-static size_t planned_bytes(const ct_tensor_spec *t, const quant4_write_opts *q)
+/* A gpt_oss expert parameter the Hub's checkpoints store in MXFP4. */
+static bool mx_expert(const ct_tensor_spec *t, bool mx)
+{
+    return mx && t->kind == CT_TENSOR_LINEAR && t->expert && t->ndim == 3;
+}
+
+static size_t planned_bytes(const ct_tensor_spec *t, const quant4_write_opts *q, bool mx)
 {
     size_t n = model_tensor_numel(t);
-    return quantized(t, q) ? quant4_write_bytes(n, q) : n * sizeof(uint16_t);
+    return mx_expert(t, mx) ? n / 2 + n / MXFP4_BLOCK : quantized(t, q) ? quant4_write_bytes(n, q) : n * sizeof(uint16_t);
+}
+
+/* An expert parameter [E, in, out] (bf16) as MXFP4 of its (E, out, in) transpose. */
+static int add_mxfp4(st_writer *sw, const ct_tensor_spec *t, const uint16_t *bf16, size_t *total, ct_error *err)
+{
+    size_t E = (size_t)t->shape[0], in = (size_t)t->shape[1], out = (size_t)t->shape[2], n = E * in * out;
+    float *x = ct_malloc(n * sizeof *x);
+    #pragma omp parallel for schedule(static)
+    for (size_t eo = 0; eo < E * out; eo++) {
+        size_t e = eo / out, o = eo % out;
+        for (size_t i = 0; i < in; i++) x[eo * in + i] = ct_bf16_to_f32(bf16[(e * in + i) * out + o]);
+    }
+    int rc = mxfp4_write_experts(sw, t->name, x, (int64_t)E, (int64_t)out, (int64_t)in, err);
+    free(x);
+    if (rc == CT_OK) *total += n / 2 + n / MXFP4_BLOCK;
+    return rc;
 }
 
 /* Fills and adds specs[first..end) to one file at path. */
 static int write_shard(const ct_tensor_spec *specs, size_t first, size_t end, const char *path,
-                       const quant4_write_opts *q, model_fill_fn fill, void *ctx, size_t *total, ct_error *err)
+                       const quant4_write_opts *q, bool mx, model_fill_fn fill, void *ctx, size_t *total,
+                       ct_error *err)
 {
     st_writer *sw = st_writer_new();
     int rc = CT_OK;
@@ -47,7 +71,9 @@ static int write_shard(const ct_tensor_spec *specs, size_t first, size_t end, co
         size_t n = model_tensor_numel(t);
         uint16_t *bf16 = ct_malloc(n * sizeof *bf16 + 2);
         rc = fill(ctx, i, bf16, err);
-        if (rc == CT_OK && quantized(t, q)) {
+        if (rc == CT_OK && mx_expert(t, mx)) {
+            rc = add_mxfp4(sw, t, bf16, total, err);
+        } else if (rc == CT_OK && quantized(t, q)) {
             float *x = ct_malloc(n * sizeof *x);
             #pragma omp parallel for schedule(static)
             for (size_t k = 0; k < n; k++) x[k] = ct_bf16_to_f32(bf16[k]);
@@ -75,7 +101,7 @@ static void index_entry(json_writer *idx, const char *key, const char *file)
 }
 
 int model_write_weights(const ct_tensor_spec *specs, size_t n, const char *dir, size_t max_shard,
-                        const quant4_write_opts *quant, model_fill_fn fill, void *ctx, const char *who,
+                        const quant4_write_opts *quant, bool mxfp4, model_fill_fn fill, void *ctx, const char *who,
                         size_t *nfiles, ct_error *err)
 {
     /* Greedy in spec order: a shard closes when the next tensor would overflow
@@ -83,7 +109,7 @@ int model_write_weights(const ct_tensor_spec *specs, size_t n, const char *dir, 
     size_t *shard_of = ct_malloc((n + 1) * sizeof *shard_of);
     size_t nshards = 0, cur = 0;
     for (size_t i = 0; i < n; i++) {
-        size_t bytes = planned_bytes(&specs[i], quant);
+        size_t bytes = planned_bytes(&specs[i], quant, mxfp4);
         if (nshards == 0 || (cur > 0 && cur + bytes > max_shard)) { nshards++; cur = 0; }
         cur += bytes;
         shard_of[i] = nshards - 1;
@@ -101,6 +127,14 @@ int model_write_weights(const ct_tensor_spec *specs, size_t n, const char *dir, 
         if (nshards == 1) snprintf(name, sizeof name, "model.safetensors");
         else snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, nshards);
         for (size_t k = first; k < i; k++) {
+            if (mx_expert(&specs[k], mxfp4)) {
+                char key[sizeof specs[k].name + 16];
+                snprintf(key, sizeof key, "%s_blocks", specs[k].name);
+                index_entry(&map, key, name);
+                snprintf(key, sizeof key, "%s_scales", specs[k].name);
+                index_entry(&map, key, name);
+                continue;
+            }
             if (!quantized(&specs[k], quant)) {
                 index_entry(&map, specs[k].name, name);
                 continue;
@@ -114,7 +148,7 @@ int model_write_weights(const ct_tensor_spec *specs, size_t n, const char *dir, 
         size_t plen = strlen(dir) + sizeof name + 2;
         char *path = ct_malloc(plen);
         snprintf(path, plen, "%s/%s", dir, name);
-        rc = write_shard(specs, first, i, path, quant, fill, ctx, &total, err);
+        rc = write_shard(specs, first, i, path, quant, mxfp4, fill, ctx, &total, err);
         if (rc == CT_OK && nshards > 1) fprintf(stderr, "%s: wrote %s\n", who, path);
         free(path);
     }

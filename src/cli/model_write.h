@@ -4,7 +4,9 @@
  * model.safetensors.index.json (written last) when the weights pass
  * max_shard bytes (docs/ARCHITECTURE.md, "safetensors"). Each tensor is filled
  * as bf16, then written as it is or, when quant is set and
- * quant4_should_quantize says so, as a bitsandbytes 4-bit weight. Memory:
+ * quant4_should_quantize says so, as a bitsandbytes 4-bit weight, or with
+ * mxfp4 a gpt_oss expert parameter [E, in, out] as MXFP4 (BASE_blocks,
+ * BASE_scales of its (E, out, in) transpose: mxfp4.h). Memory:
  * one shard of output plus one tensor (bf16 and fp32) at a time. */
 #ifndef CT_MODEL_WRITE_H
 #define CT_MODEL_WRITE_H
@@ -19,7 +21,7 @@ typedef int (*model_fill_fn)(void *ctx, size_t i, uint16_t *bf16, ct_error *err)
  * lines ("init: wrote DIR/model-00001-of-00003.safetensors"); *nfiles gets the
  * number of safetensors files. Files already written stay when it fails. */
 int model_write_weights(const ct_tensor_spec *specs, size_t n, const char *dir, size_t max_shard,
-                        const quant4_write_opts *quant, model_fill_fn fill, void *ctx, const char *who,
+                        const quant4_write_opts *quant, bool mxfp4, model_fill_fn fill, void *ctx, const char *who,
                         size_t *nfiles, ct_error *err);
 
 /* The 4-bit options of init and quantize: TYPE (the value of option flag:

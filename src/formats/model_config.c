@@ -862,18 +862,6 @@ ct_tensor_spec *model_tensor_specs(const ct_model_config *mc, size_t *n)
     return s.v;
 }
 
-bool model_tensor_bnb_quantized(const ct_tensor_spec *t)
-{
-    if (t->kind != CT_TENSOR_LINEAR || t->expert || t->ndim != 2) return false;
-    size_t n = strlen(t->name);
-    static const char *const routers[] = {".mlp.gate.weight", ".block_sparse_moe.gate.weight", ".mlp.router.weight"};
-    for (size_t i = 0; i < sizeof routers / sizeof routers[0]; i++) {
-        size_t k = strlen(routers[i]);
-        if (n > k && !strcmp(t->name + n - k, routers[i])) return false;
-    }
-    return true;
-}
-
 size_t model_tensor_numel(const ct_tensor_spec *t)
 {
     size_t n = 1;

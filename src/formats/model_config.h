@@ -143,11 +143,6 @@ typedef struct ct_tensor_spec {
     bool expert;          /* routed-expert weights: a token uses K/E of them */
 } ct_tensor_spec;
 size_t model_tensor_numel(const ct_tensor_spec *t);
-/* Whether HF's bitsandbytes integration quantizes it: a layer's nn.Linear
- * weights (attention, dense MLP, shared expert and its gate, the GDN
- * projections). Routed experts and routers are parameters in transformers 5
- * and stay bf16, as do embeddings, lm_head, norms and biases. */
-bool model_tensor_bnb_quantized(const ct_tensor_spec *t);
 /* Returns a malloc'd array the caller frees; *n receives its length. */
 ct_tensor_spec *model_tensor_specs(const ct_model_config *mc, size_t *n);
 

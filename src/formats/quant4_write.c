@@ -225,8 +225,8 @@ void quant4_write_config(json_writer *j, const quant4_write_opts *o, int indent)
     json_write_rawf(j, "%*s}", indent, "");
 }
 
-char *quant4_config_text(const char *config, size_t len, const char *source, const quant4_write_opts *o,
-                         size_t *out_len, ct_error *err)
+char *config_text_with_quantization(const char *config, size_t len, const char *source, const char *qc,
+                                    size_t qc_len, size_t *out_len, ct_error *err)
 {
     json_doc *doc = json_parse(config, len, source, err);
     if (!doc) return NULL;
@@ -250,9 +250,19 @@ char *quant4_config_text(const char *config, size_t len, const char *source, con
     while (end > 0 && strchr(" \t\r\n", config[end - 1])) end--;
     json_writer j;
     json_writer_init(&j);
-    json_write_rawf(&j, "%.*s%s\n  \"quantization_config\": ", (int)end, config, empty ? "" : ",");
-    quant4_write_config(&j, o, 2);
+    json_write_rawf(&j, "%.*s%s\n  \"quantization_config\": %.*s", (int)end, config, empty ? "" : ",", (int)qc_len, qc);
     json_write_rawf(&j, "\n%.*s", (int)(len - (close - 1)), config + close - 1);
     *out_len = j.len;
     return j.buf;
+}
+
+char *quant4_config_text(const char *config, size_t len, const char *source, const quant4_write_opts *o,
+                         size_t *out_len, ct_error *err)
+{
+    json_writer qc;
+    json_writer_init(&qc);
+    quant4_write_config(&qc, o, 2);
+    char *text = config_text_with_quantization(config, len, source, qc.buf, qc.len, out_len, err);
+    json_writer_free(&qc);
+    return text;
 }

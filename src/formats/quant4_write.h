@@ -57,6 +57,10 @@ void quant4_write_config(json_writer *j, const quant4_write_opts *o, int indent)
  * last key, every other byte kept: a malloc'd text the caller frees, *out_len
  * its length. NULL with CT_ERR_INPUT (naming source) when the text is not a
  * JSON object or already has a quantization_config. */
+/* The same with the quantization_config object given as text (QC, qc_len
+ * bytes), for any format (mxfp4_write_config's). */
+char *config_text_with_quantization(const char *config, size_t len, const char *source, const char *qc,
+                                    size_t qc_len, size_t *out_len, ct_error *err);
 char *quant4_config_text(const char *config, size_t len, const char *source, const quant4_write_opts *o,
                          size_t *out_len, ct_error *err);
 

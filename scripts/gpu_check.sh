@@ -23,7 +23,9 @@
 #             bnb's dequantize-to-bf16 then F.linear, as ctune does, so the dense bounds
 #             apply; a control (HF at 1.3x the learning rate) must fail them. Needs the
 #             bitsandbytes wheel (scripts/bnb_wheel.sh, carried as .devpeers/whl), installed
-#             into /tmp/bnb-site; the fixtures section installs it too, for the 4-bit fixtures
+#             into /tmp/bnb-site; the fixtures section installs it too, for the 4-bit fixtures.
+#             Also tiny gpt_oss with MXFP4 experts (ctune init --quantize mxfp4; HF loads it
+#             with Mxfp4Config(dequantize=True) to bf16), which needs no bitsandbytes
 #   sanitize  compute-sanitizer memcheck (2 steps) and racecheck (1 step) of training
 #             on the qwen3-0.6b shape cut to 2 layers (head_dim 128: the wgmma
 #             attention kernels; the tiny models' head_dim 32 runs mma.sync), with
@@ -174,17 +176,21 @@ fi
 # bitsandbytes quantize the initialised model on the GPU (nf4 with double quant, fp4
 # without) and save it, the folder both then train on; onload-nf4 keeps the bf16 folder
 # and has both quantize it on load (ctune model_quantization: nf4, hf_parity.py
-# --quantize nf4). TOL_FIRST bounds the first step's relative loss and grad-norm difference (same
-# weights, same batch: rounding only); TOL_LOSS every logged step's relative loss
-# difference (bf16 rounding compounds through 50 optimizer steps). HF_LR (default
-# LR) replays HF at another learning rate: the control that must fail.
+# --quantize nf4); mxfp4 has ctune init write gpt_oss's experts in MXFP4, the folder
+# both train on (HF dequantizes it to bf16 on load). TOL_FIRST bounds the first step's
+# relative loss and grad-norm difference (same weights, same batch: rounding only);
+# TOL_LOSS every logged step's relative loss difference (bf16 rounding compounds
+# through 50 optimizer steps). HF_LR (default LR) replays HF at another learning
+# rate: the control that must fail.
 parity50() {
     local name=$1 mcfg=$2 rcfg=$3 shard=$4 tpmb=$5 lr=$6 tol_first=$7 tol_loss=$8 hf_lr=${9:-$6} W=/tmp/p50-$1
     rm -rf $W; mkdir -p $W
-    "$B/ctune" init --config "$mcfg" --out $W/model --seed 5 >/dev/null
-    local model=$W/model cq=() hq=()
+    local model=$W/model cq=() hq=() iq=()
+    [ "${P50_QUANT:-}" = mxfp4 ] && iq=(--quantize mxfp4)
+    "$B/ctune" init --config "$mcfg" --out $W/model --seed 5 "${iq[@]}" >/dev/null \
+        || { echo "init failed"; FAILED+=("parity50 $name"); return; }
     case ${P50_QUANT:-} in
-        "") ;;
+        "" | mxfp4) ;;
         nf4 | fp4)
             local dq=--double-quant
             [ "$P50_QUANT" = fp4 ] && dq=--no-double-quant
@@ -254,6 +260,11 @@ if has parity50gdn; then
 fi
 
 if has qlora; then
+    # tiny-gpt-oss's hidden 128 and intermediate 64 fill whole 32-element MXFP4 blocks;
+    # parity50moe's gpt_oss bounds: the experts' bf16 values are those of a bf16 base
+    echo "== 50-step parity, tiny gpt_oss, MXFP4 experts (HF: Mxfp4Config(dequantize=True))"
+    P50_QUANT=mxfp4 parity50 gpt_oss_mxfp4 configs/models/tiny-gpt-oss/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3 2e-2 2e-2
+    grep -h "^mxfp4 base:" "$OUT/p50-gpt_oss_mxfp4-hf.log" 2>/dev/null || { echo "HF did not confirm the dequantized experts"; FAILED+=("parity50 gpt_oss_mxfp4 dequantize"); }
     echo "== QLoRA: 50-step parity on 4-bit bases (bitsandbytes)"
     if bnb_site; then
         # the dense sections' bounds: both sides dequantize to bf16, then run bf16 GEMMs

@@ -2,7 +2,8 @@
 """hf_parity.py - the HF transformers + PEFT reference that judges ctune.
 
 Needs torch, transformers, peft and safetensors (no network; bitsandbytes for
-4-bit bases). Two modes, grads and train, and a helper, quantize (below):
+bitsandbytes 4-bit bases, nothing more for MXFP4 ones). Two modes, grads and
+train, and a helper, quantize (below):
 
   grads: loss and LoRA gradients of one batch, for the committed CPU fixtures
     python3 scripts/hf_parity.py grads --model DIR --adapter DIR --docs DOCS.jsonl \\
@@ -96,6 +97,25 @@ Needs torch, transformers, peft and safetensors (no network; bitsandbytes for
   model_quantization. On the CPU that is bnb's CPU quantizer (the torch op
   quantize_4bit and its C++ quantize_blockwise), which ctune's quant4 matches
   bit for bit; on CUDA bnb's own kernel, which may round a tie otherwise.
+
+  MXFP4 bases (gpt-oss; docs/mxfp4.md). A --model folder whose config.json has
+  quantization_config quant_method mxfp4 (gpt_oss only; ctune init --quantize
+  mxfp4 writes one, as the Hub's checkpoints are) is loaded with
+  quantization_config=Mxfp4Config(dequantize=True), in both modes:
+  transformers decodes each expert stack (NAME_blocks, NAME_scales) to bf16
+  code * 2^(s - 127) and the model runs as a plain one, cast to --dtype (exact:
+  every such value is a bf16 value; float32 for the CPU fixtures, bfloat16 on
+  CUDA). Without dequantize, transformers would swap in Mxfp4GptOssExperts and
+  the triton kernels of the `kernels` package where it finds them (and fall
+  back, with a warning, where not: neither machine has them, but that is luck,
+  not a contract). dequantize=True is a loading attribute, so it overrides the
+  folder's config. After loading, every stack the folder holds as NAME_blocks
+  must be a plain GptOssExperts parameter in --dtype (no triton mlp_forward)
+  equal bit for bit to the folder's bytes decoded here by hand, low nibble
+  first (exit 2 otherwise); the line "mxfp4 base: N expert stacks ..." on
+  stderr says it was. --quantize on such a folder is an error (exit 2).
+  Checked with transformers 5.17.0: tests/fixtures/parity_gpt_oss_mxfp4 agrees
+  with ctune to 1.4e-5.
 
   quantize: writes a bf16 --model quantized by bitsandbytes, as HF saves it
     python3 scripts/hf_parity.py quantize --model DIR --out DIR4 \\
@@ -306,7 +326,8 @@ def load_model(args):
         if not os.path.isdir(d):
             die(d, "not a directory")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[args.dtype]
-    qcfg = bnb_config(args, dtype)
+    mx = mxfp4_config(args)
+    qcfg = None if mx is not None else bnb_config(args, dtype)
     if dtype == torch.float64:
         n = fp64_model_source(args.model)
         print(f"float64: {n} fp32 casts of the model's source read as fp64", file=sys.stderr)
@@ -321,6 +342,8 @@ def load_model(args):
     if qcfg is not None:  # a 4-bit model is placed by device_map and cannot be cast or moved after
         impl["device_map"] = {"": args.device}
         impl["config" if getattr(args, "quantize", None) is None else "quantization_config"] = qcfg
+    if mx is not None:  # its loading attribute dequantize overrides the folder's config
+        impl["quantization_config"] = mx
     try:
         base = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, **impl)
     except TypeError:  # transformers < 4.56 knows only torch_dtype
@@ -329,6 +352,8 @@ def load_model(args):
         base.to(dtype)  # exact either way: the checkpoint's bf16 values fit fp32 exactly
     else:
         bnb_prepare(base, args, dtype)
+    if mx is not None:
+        mxfp4_check(base, args, dtype)
     # autocast_adapter_dtype=True keeps the LoRA weights fp32 on a bf16 base, as ctune does
     model = PeftModel.from_pretrained(base, args.adapter, is_trainable=True, autocast_adapter_dtype=True)
     if qcfg is None:  # on a 4-bit base PEFT puts the LoRA weights on the base's device itself
@@ -369,18 +394,27 @@ def load_model(args):
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def folder_quantization(model_dir):
+    """config.json's quantization_config of a model folder (None for a plain
+    one); exit 2 when config.json cannot be read."""
+    cfg_path = os.path.join(model_dir, "config.json")
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        die(cfg_path, f"cannot read: {e}")
+    if not isinstance(cfg, dict):
+        die(cfg_path, "not a JSON object")
+    return cfg.get("quantization_config")
+
+
 def bnb_config(args, dtype):
     """How to load --model 4-bit, or None for a plain model: --quantize's
     BitsAndBytesConfig, or the folder's model config whose quantization_config
     (quant_method bitsandbytes, 4-bit) has bnb_4bit_compute_dtype replaced by
     the mode's dtype. Exit 2 on a config this reference does not model."""
     cfg_path = os.path.join(args.model, "config.json")
-    try:
-        with open(cfg_path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        die(cfg_path, f"cannot read: {e}")
-    q = cfg.get("quantization_config")
+    q = folder_quantization(args.model)
     quantize = getattr(args, "quantize", None)
     if q is None and not quantize:
         return None
@@ -436,6 +470,82 @@ def bnb_prepare(base, args, dtype):
     qs = next(m.weight.quant_state for m in base.modules() if isinstance(m, bnb.nn.Linear4bit))
     print(f"4-bit base: {n4} Linear4bit ({qs.quant_type}, blocksize {qs.blocksize}, "
           f"double quant {bool(qs.nested)}), dequantized to {dtype}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- MXFP4 bases
+
+MXFP4_CODES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def mxfp4_config(args):
+    """Mxfp4Config(dequantize=True) for a --model folder whose quantization_config
+    has quant_method mxfp4 (gpt-oss experts), else None. Exit 2 with --quantize
+    (the folder is quantized already) or on a model other than gpt_oss."""
+    q = folder_quantization(args.model)
+    if not isinstance(q, dict) or q.get("quant_method") != "mxfp4":
+        return None
+    if getattr(args, "quantize", None):
+        die(args.model, f"--quantize {args.quantize}: the folder is quantized already (mxfp4)")
+    from transformers import AutoConfig, Mxfp4Config
+    if AutoConfig.from_pretrained(args.model).model_type != "gpt_oss":
+        die(args.model, "quantization_config: mxfp4 is modelled for gpt_oss only")
+    return Mxfp4Config(dequantize=True)
+
+
+def mxfp4_decode(blocks, scales):
+    """A [E, rows, K/32, 16] U8 block tensor and its [E, rows, K/32] scales, decoded
+    by the rule of docs/mxfp4.md (low nibble first, code * 2^(s - 127)) in fp64,
+    as transformers holds it: [E, K, rows]."""
+    import torch
+    lut = torch.tensor(MXFP4_CODES, dtype=torch.float64)
+    b = blocks.to(torch.uint8).long()
+    v = torch.stack([lut[b & 15], lut[b >> 4]], -1).reshape(*scales.shape, 32)
+    v = v * torch.pow(2.0, scales.double() - 127)[..., None]
+    return v.reshape(scales.shape[0], scales.shape[1], -1).transpose(1, 2)
+
+
+def mxfp4_check(base, args, dtype):
+    """After loading an MXFP4 folder, that transformers did dequantize it (see
+    the module docstring): every expert stack the folder holds as NAME_blocks is
+    a plain GptOssExperts parameter in the mode's dtype (no Mxfp4GptOssExperts,
+    no triton mlp_forward) equal bit for bit to the folder's blocks and scales
+    decoded by hand (mxfp4_decode). Exit 2 otherwise."""
+    import glob
+    import torch
+    from safetensors import safe_open
+    files = sorted(glob.glob(os.path.join(args.model, "*.safetensors")))
+    if not files:
+        die(args.model, "no .safetensors files")
+    mods = dict(base.named_modules())
+    params = dict(base.named_parameters())
+    n = 0
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            for key in f.keys():
+                if not key.endswith("_blocks"):
+                    continue
+                name = key[: -len("_blocks")]
+                owner = name.rsplit(".", 1)[0]
+                mod, mlp = mods.get(owner), mods.get(owner.rsplit(".", 1)[0])
+                if type(mod).__name__ != "GptOssExperts" or (mlp is not None and "forward" in vars(mlp)):
+                    die(args.model, f"{owner} is {type(mod).__name__}, not a dequantized GptOssExperts: "
+                                    "transformers kept MXFP4 (triton kernels)")
+                p = params.get(name)
+                if p is None or p.dtype != dtype:
+                    die(args.model, f"{name}: {'missing' if p is None else p.dtype} after dequantizing, "
+                                    f"expected a {dtype} parameter")
+                try:
+                    want = mxfp4_decode(f.get_tensor(key), f.get_tensor(name + "_scales"))
+                except Exception as e:  # noqa: BLE001 - reported as bad input
+                    die(path, f"{key}: cannot decode ({e})")
+                if tuple(want.shape) != tuple(p.shape) or not torch.equal(p.detach().double().cpu(), want):
+                    die(args.model, f"{name}: transformers' dequantized {list(p.shape)} differs from the "
+                                    f"folder's MXFP4 decoded by hand {list(want.shape)}")
+                n += 1
+    if not n:
+        die(args.model, "quantization_config says mxfp4 but no tensor is stored as NAME_blocks")
+    print(f"mxfp4 base: {n} expert stacks dequantized by transformers (Mxfp4Config(dequantize=True)), "
+          f"{dtype}, equal to the folder's decode bit for bit", file=sys.stderr)
 
 
 def cmd_quantize(args):

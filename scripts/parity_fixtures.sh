@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # parity_fixtures.sh — how the committed CPU parity fixtures tests/fixtures/NAME/
 # (NAME = parity_llama, parity_qwen3, parity_qwen3_moe, parity_gpt_oss, parity_mixtral, parity_qwen3_5,
-# parity_qwen3_5_moe, parity_qwen3_next)
+# parity_qwen3_5_moe, parity_qwen3_next, parity_gpt_oss_mxfp4)
 # are made, in two halves:
 #
 #   bash scripts/parity_fixtures.sh local [NAME...]   # here, needs build/ctune or $CTUNE (no torch)
 #       model/     random bf16 weights: ctune init --config NAME/config.json --seed 3
+#                  (parity_gpt_oss_mxfp4: --quantize mxfp4, its experts in MXFP4 as the
+#                  Hub's gpt-oss checkpoints, the rest bf16; docs/mxfp4.md)
 #       docs.jsonl 6 token-id documents (5-40 tokens, ids < 64, a -100 prompt prefix)
 #       data/      ctune prepare of docs.jsonl (train.shard)
 #       adapter/   ctune's adapter after 3 high-lr steps of NAME/train.yaml
@@ -14,7 +16,8 @@
 #   bash scripts/parity_fixtures.sh hf [NAME...]      # on a machine with torch + transformers + peft
 #       expected.safetensors   HF + PEFT loss and LoRA gradients of docs.jsonl at
 #                              model/ + adapter/ (scripts/hf_parity.py grads, fp32 CPU;
-#                              the Gated DeltaNet ones in fp64: see hf_parity.py --dtype float64)
+#                              the Gated DeltaNet ones in fp64: see hf_parity.py --dtype float64;
+#                              parity_gpt_oss_mxfp4's model loaded with Mxfp4Config(dequantize=True))
 #
 # 4-bit fixtures (bitsandbytes QLoRA bases), each made from a base fixture above,
 # whose docs.jsonl, data/ and adapter/ it copies (so remake the base first):
@@ -37,7 +40,7 @@
 # ALL (the seed), so remaking one fixture leaves the others' inputs as they were.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ALL="parity_llama parity_qwen3 parity_qwen3_moe parity_gpt_oss parity_mixtral parity_qwen3_5 parity_qwen3_5_moe parity_qwen3_next"
+ALL="parity_llama parity_qwen3 parity_qwen3_moe parity_gpt_oss parity_mixtral parity_qwen3_5 parity_qwen3_5_moe parity_qwen3_next parity_gpt_oss_mxfp4"
 QUANT4="parity_qwen3_nf4 parity_llama_fp4 parity_qwen3_nf4_onload"
 PYTHON=${PYTHON:-python3}
 CTUNE=${CTUNE:-build/ctune}
@@ -121,7 +124,9 @@ local_half() {
         done
         echo "== $d"
         rm -rf "$d/model" "$d/data" "$d/adapter" "$d/run" "$d/docs.jsonl"
-        "$CTUNE" init --config "$d/config.json" --out "$d/model" --seed 3
+        q=()
+        case $name in *_mxfp4) q=(--quantize mxfp4) ;; esac
+        "$CTUNE" init --config "$d/config.json" --out "$d/model" --seed 3 "${q[@]}"
         write_docs "$(seed_of "$name")" "$d/docs.jsonl"
         "$CTUNE" prepare --in "$d/docs.jsonl" --out "$d/data" --vocab-size 64
         "$CTUNE" train "$d/train.yaml"

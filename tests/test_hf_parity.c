@@ -27,7 +27,8 @@
  * expert LoRA, a dense mlp_only layer). parity_qwen3_nf4 and parity_llama_fp4
  * are 4-bit frozen bases (bitsandbytes NF4 with double quant, FP4 without, as
  * HF saves them), parity_qwen3_nf4_onload the bf16 base quantized on load
- * (model_quantization: nf4): see their TESTs.
+ * (model_quantization: nf4), parity_gpt_oss_mxfp4 a gpt_oss base whose
+ * experts are MXFP4 (against HF's dequantized path): see their TESTs.
  * Their expected.safetensors were made with torch 2.11, transformers 5.17
  * (fused experts: PEFT 0.21 converts the per-expert adapters on load, and
  * scripts/hf_parity.py splits the gradients back) on a machine with torch
@@ -273,6 +274,23 @@ TEST(qwen3_nf4_quantized_on_load_matches_hf_peft_bnb_documents_one_by_one)
 TEST(qwen3_nf4_quantized_on_load_packed_batch_matches_hf_peft_bnb)
 {
     check_parity("tests/fixtures/parity_qwen3_nf4_onload", true, false);
+}
+
+/* An MXFP4 base (gpt-oss's expert format, docs/mxfp4.md): parity_gpt_oss's
+ * config with intermediate_size 32 (down_proj's input features must fill whole
+ * 32-element blocks), written by ctune init --quantize mxfp4, its own documents
+ * and adapter. HF loaded it with Mxfp4Config(dequantize=True) and ran fp32
+ * (scripts/hf_parity.py checks that every expert stack is a plain parameter
+ * equal to the folder's code * 2^(s - 127) decoded by hand): those values are
+ * bf16 and exact in fp32, ctune's CPU backend decodes the same ones per GEMM,
+ * so the fp32 bounds. */
+TEST(gpt_oss_mxfp4_loss_and_lora_gradients_match_hf_peft_dequantized_documents_one_by_one)
+{
+    check_parity("tests/fixtures/parity_gpt_oss_mxfp4", false, false);
+}
+TEST(gpt_oss_mxfp4_packed_batch_matches_hf_peft_dequantized)
+{
+    check_parity("tests/fixtures/parity_gpt_oss_mxfp4", true, false);
 }
 
 /* An ill-conditioned fixture, judged against fp64: its expected.safetensors is
@@ -695,6 +713,8 @@ int main(int argc, char **argv)
     RUN(llama_fp4_packed_batch_matches_hf_peft_bnb);
     RUN(qwen3_nf4_quantized_on_load_matches_hf_peft_bnb_documents_one_by_one);
     RUN(qwen3_nf4_quantized_on_load_packed_batch_matches_hf_peft_bnb);
+    RUN(gpt_oss_mxfp4_loss_and_lora_gradients_match_hf_peft_dequantized_documents_one_by_one);
+    RUN(gpt_oss_mxfp4_packed_batch_matches_hf_peft_dequantized);
     RUN(qwen3_5_loss_and_lora_gradients_match_hf_peft_documents_one_by_one);
     RUN(qwen3_5_packed_batch_matches_hf_peft);
     RUN(qwen3_5_moe_loss_and_lora_gradients_match_hf_peft_documents_one_by_one);

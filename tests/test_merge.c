@@ -2,8 +2,9 @@
  * with one rounding, everything else is carried over, the input's file layout
  * (single or sharded) is kept, the merged model gives the loss of base +
  * adapter through the graph (dense, and the three MoE families with their
- * expert adapters), and bad adapters or output folders are input errors that
- * write nothing. */
+ * expert adapters), a 4-bit base merges as its decoded fp32 folder does
+ * (bf16, bit for bit, without its quant_state or quantization_config), and bad
+ * adapters or output folders are input errors that write nothing. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "commands.h"
 #include "graph.h"
 #include "model_fixture.h"
+#include "quant4.h"
 
 static char root[256];
 
@@ -435,6 +437,73 @@ TEST(an_output_folder_given_with_a_slash_or_empty_is_written)
     }
 }
 
+/* A bitsandbytes 4-bit base (parity_qwen3_nf4: HF + bnb wrote it) merges
+ * exactly as the fp32 folder of its decoded weights does. */
+TEST(a_4_bit_base_merges_as_its_decoded_weights)
+{
+    const char *fx = "tests/fixtures/parity_qwen3_nf4";
+    char model[300], adapter[300], dec[300], out4[300], outd[300], path[400];
+    snprintf(model, sizeof model, "%s/model", fx);
+    snprintf(adapter, sizeof adapter, "%s/adapter", fx);
+    path_in(dec, sizeof dec, "nf4_decoded");
+    path_in(out4, sizeof out4, "merged_nf4");
+    path_in(outd, sizeof outd, "merged_nf4_decoded");
+    ct_error err = {0};
+    st_reader *r = st_open(model, &err);
+    REQUIRE(r, "%s", err.msg);
+    st_writer *w = st_writer_new();
+    int n4 = 0;
+    for (size_t i = 0; i < st_count(r); i++) { /* the decoded folder: every 4-bit weight as fp32 */
+        const st_tensor *t = st_at(r, i);
+        if (strstr(t->name, ".weight.")) continue; /* its quant_state */
+        if (quant4_is_quantized(r, t->name)) {
+            quant4_info info;
+            float *v;
+            REQUIRE(quant4_load_f32(r, t->name, &info, &v, &err) == CT_OK, "%s", err.msg);
+            REQUIRE(st_writer_add(w, t->name, CT_DTYPE_F32, info.ndim, info.shape, v, &err) == CT_OK, "%s", err.msg);
+            free(v);
+            n4++;
+        } else {
+            REQUIRE(st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, &err) == CT_OK, "%s", err.msg);
+        }
+    }
+    REQUIRE(n4 == 14, "the fixture holds %d 4-bit weights (expected 14)", n4);
+    REQUIRE(ct_mkdirs(dec, &err) == CT_OK, "%s", err.msg);
+    snprintf(path, sizeof path, "%s/model.safetensors", dec);
+    REQUIRE(st_writer_save(w, path, &err) == CT_OK, "%s", err.msg);
+    st_writer_free(w);
+    st_close(r);
+    char cmd[1000];
+    snprintf(cmd, sizeof cmd, "cp tests/fixtures/parity_qwen3/model/config.json %s/", dec);
+    REQUIRE(system(cmd) == 0, "copying the config");
+    REQUIRE(merge(model, adapter, out4, &err) == CT_OK, "merge onto the 4-bit base: %s", err.msg);
+    REQUIRE(merge(dec, adapter, outd, &err) == CT_OK, "merge onto the decoded base: %s", err.msg);
+    st_reader *a, *b;
+    snprintf(path, sizeof path, "%s/model.safetensors", out4);
+    a = st_open(path, &err);
+    snprintf(path, sizeof path, "%s/model.safetensors", outd);
+    b = st_open(path, &err);
+    REQUIRE(a && b, "%s", err.msg);
+    CHECK(st_count(a) == st_count(b), "%zu tensors merged onto the 4-bit base, %zu onto the decoded one", st_count(a),
+          st_count(b));
+    for (size_t i = 0; i < st_count(a) && i < st_count(b); i++) {
+        const st_tensor *x = st_at(a, i), *y = st_at(b, i);
+        CHECK(!strcmp(x->name, y->name) && x->dtype == CT_DTYPE_BF16 && x->nbytes == y->nbytes &&
+                  !memcmp(x->data, y->data, x->nbytes),
+              "tensor %s differs from the decoded base's merge", x->name);
+    }
+    st_close(a);
+    st_close(b);
+    size_t len;
+    snprintf(path, sizeof path, "%s/config.json", out4);
+    char *text = ct_read_file(path, &len, &err);
+    ct_model_config mc;
+    CHECK(text && !strstr(text, "quantization_config") && model_config_parse(&mc, text, len, path, &err) == CT_OK &&
+              mc.quant_method == CT_QUANT_NONE,
+          "merged config.json: %s", text ? text : err.msg);
+    free(text);
+}
+
 int main(void)
 {
     snprintf(root, sizeof root, "/tmp/ctune_merge_XXXXXX");
@@ -451,6 +520,7 @@ int main(void)
     RUN(an_output_folder_given_with_a_slash_or_empty_is_written);
     RUN(merged_moe_models_give_the_loss_of_base_plus_adapter);
     RUN(bad_gpt_oss_expert_adapters_are_input_errors);
+    RUN(a_4_bit_base_merges_as_its_decoded_weights);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", root);
     if (system(cmd)) printf("could not remove %s\n", root);

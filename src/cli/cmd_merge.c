@@ -519,7 +519,7 @@ static int write_files(const st_reader *base, const char *out, const merge_pair 
             const st_tensor *t = st_at(base, i);
             if (strcmp(t->file, files[k])) continue;
             rc = add_tensor(w, base, t, pairs, np, scale, total, err);
-            count++;
+            count += !is_quant_state(base, t->name);
         }
         char path[CT_PATH_MAX + 300];
         snprintf(path, sizeof path, "%s/%s", out, base_name(files[k]));

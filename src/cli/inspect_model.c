@@ -82,8 +82,9 @@ static void print_memory_estimate(const ct_model_config *mc, const ct_param_coun
         /* the fused weights model_weight decodes: q|k|v (or the GDN input), gate|up */
         double H = mc->hidden_size, D = mc->head_dim;
         double qkv = ((mc->attn_output_gate ? 2 : 1) * mc->num_attention_heads + 2 * mc->num_key_value_heads) * D * H;
-        double gu = 2.0 * (mc->intermediate_size > mc->shared_expert_intermediate_size ? mc->intermediate_size
-                                                                                       : mc->shared_expert_intermediate_size) * H;
+        int widest_mlp = mc->intermediate_size > mc->shared_expert_intermediate_size ? mc->intermediate_size
+                                                                                     : mc->shared_expert_intermediate_size;
+        double gu = 2.0 * widest_mlp * H;
         widest = qkv > gu ? qkv : gu;
         if (mc->gdn && model_gdn_proj_dim(mc) * H > widest) widest = model_gdn_proj_dim(mc) * H;
         /* 4-bit codes + an fp32 absmax per 64 (model.h: ct_qweight) + the bf16 decode buffer */

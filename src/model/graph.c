@@ -471,7 +471,8 @@ static void mlp_forward(ct_graph *g, const lora_ctx *lc, int l, layer_acts *a, v
         size_t row = (size_t)t0 * H, r0 = recomputed(g, l) ? 0 : (size_t)t0; /* chunk's rows in gu, act */
         void *gu = act_at(g, a->gu, r0 * 2 * I), *act = act_at(g, a->act, r0 * I);
         mlp_chunk_forward(g, lc, l, act_at(g, a->hn, row), gu, act, n, ci);
-        be->linear_fwd_residual(be, act_at(g, out, row), H, act_at(g, a->h, row), act, I, MODEL_WEIGHT(g->m, l, wdown), w->bdown,
+        be->linear_fwd_residual(be, act_at(g, out, row), H, act_at(g, a->h, row), act, I, MODEL_WEIGHT(g->m, l, wdown),
+                                w->bdown,
                                 n, I, H);
         lora_fwd(g, lc, l, CT_MOD_DOWN, act_at(g, out, row), H, act, I, n, ci);
     }

@@ -397,8 +397,8 @@ void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dou
         else
             be->swiglu_bwd(be, mo->dgu, mo->dact, a->gu, n, I);
     }
-    linear_lora_bwd(mo, ml, l, gate_up, gate_up_col0, 2, a, mo->dxe, H, mo->dgu, 2 * I, MODEL_WEIGHT(mo->m, l, wgu_e), H,
-                    2 * I, a->hn, H, a->row_slot, a->u_gu_ok ? a->u_gu : NULL);
+    linear_lora_bwd(mo, ml, l, gate_up, gate_up_col0, 2, a, mo->dxe, H, mo->dgu, 2 * I, MODEL_WEIGHT(mo->m, l, wgu_e),
+                    H, 2 * I, a->hn, H, a->row_slot, a->u_gu_ok ? a->u_gu : NULL);
     be->moe_scatter(be, dhn, H, mo->dxe, a->slot_row, NULL, T, K, H, NULL, 0);
 
     be->moe_route_bwd(be, mo->dlogits, mo->dw, a->logits, a->idx, a->w, aux ? mo->aux_grad : NULL, T, E, K, mo->rule);

@@ -1,13 +1,20 @@
 /* model.c — loads an HF checkpoint onto a backend with fused q|k|v and gate|up
  * weights, and the experts of sparse layers stacked per projection (see
- * model.h). The graph itself lives in graph.c and graph_moe.c. */
+ * model.h). The graph itself lives in graph.c and graph_moe.c.
+ *
+ * Every fused weight is loaded as a slot of parts (the tensors on disk, each
+ * with its rows in the weight and how they are ordered); one place
+ * (slot_form) decides whether it is held dense or in 4 bits, from the parts'
+ * forms on disk and the load options, so bf16, bitsandbytes 4-bit and
+ * quantize-on-load share every layer's loading code. */
 #include "model.h"
-#include "mxfp4.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "mxfp4.h"
 
 static const char *const module_names[CT_MOD_COUNT] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
@@ -275,7 +282,9 @@ static int quantize_host(loader *ld, uint8_t *codes, float *absmax, const float 
 static float f16_to_f32(uint16_t h)
 {
     int ex = (h >> 10) & 0x1f, man = h & 0x3ff;
-    float v = ex == 0 ? ldexpf((float)man, -24) : ex == 31 ? (man ? NAN : INFINITY) : ldexpf((float)(man | 0x400), ex - 25);
+    float v = ex == 0 ? ldexpf((float)man, -24)
+            : ex == 31 ? (man ? NAN : INFINITY)
+                       : ldexpf((float)(man | 0x400), ex - 25);
     return h >> 15 ? -v : v;
 }
 
@@ -499,7 +508,8 @@ static int load_sparse(loader *ld, const ct_model_config *c, int l, ct_layer_wei
     slot_part *parts = ct_calloc(2 * E, sizeof *parts);
     for (size_t e = 0; e < E; e++) {
         PART(parts[2 * e], e * 2 * I, I, ROWS_AS_IS, "%slayers.%d.%s.experts.%zu.%s.weight", pre, l, block, e, gate);
-        PART(parts[2 * e + 1], e * 2 * I + I, I, ROWS_AS_IS, "%slayers.%d.%s.experts.%zu.%s.weight", pre, l, block, e, up);
+        PART(parts[2 * e + 1], e * 2 * I + I, I, ROWS_AS_IS, "%slayers.%d.%s.experts.%zu.%s.weight", pre, l, block, e,
+             up);
     }
     /* routed experts are parameters in transformers 5, which its bitsandbytes
      * leaves in bf16: quantize-on-load does the same; a folder that stores them
@@ -574,7 +584,8 @@ static int load_layer(loader *ld, const ct_model_config *c, int l, ct_layer_weig
     if (c->gdn && c->layer_linear[l]) {
         if ((rc = load_gdn(ld, c, l, w, qw))) return rc;
     } else {
-        PART(p[0], 0, Qw, model_attn_gated(c) ? ROWS_Q_GATED : ROWS_AS_IS, "%slayers.%d.self_attn.q_proj.weight", pre, l);
+        row_order q_rows = model_attn_gated(c) ? ROWS_Q_GATED : ROWS_AS_IS;
+        PART(p[0], 0, Qw, q_rows, "%slayers.%d.self_attn.q_proj.weight", pre, l);
         PART(p[1], Qw, KV, ROWS_AS_IS, "%slayers.%d.self_attn.k_proj.weight", pre, l);
         PART(p[2], Qw + KV, KV, ROWS_AS_IS, "%slayers.%d.self_attn.v_proj.weight", pre, l);
         if ((rc = load_slot(ld, &w->wqkv, &qw->wqkv, Qw + 2 * KV, H, p, 3, true, 1))) return rc;
@@ -654,7 +665,8 @@ int model_load_with(ct_model *m, ct_backend *be, const char *dir, const ct_load_
         if (c->quant_method != CT_QUANT_NONE)
             return CT_FAIL_INPUT(err, "%s: model_quantization asks to quantize on load, but the folder is already "
                                  "quantized (quantization_config.quant_method %s); remove model_quantization to "
-                                 "train on it as stored", dir, c->quant_method == CT_QUANT_BNB4 ? "bitsandbytes" : "mxfp4");
+                                 "train on it as stored", dir,
+                                 c->quant_method == CT_QUANT_BNB4 ? "bitsandbytes" : "mxfp4");
     }
     st_reader *r = st_open(dir, err);
     if (!r) return err->code;

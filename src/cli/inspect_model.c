@@ -175,6 +175,9 @@ int inspect_model(const char *dir, ct_error *err)
     const ct_rope_config *rp = &mc.rope;
     printf("model: %s\n", dir);
     printf("  architecture    %s (%s), %s\n", mc.model_type, mc.architectures[0] ? mc.architectures : "-", mc.torch_dtype);
+    if (mc.quant_method != CT_QUANT_NONE)
+        printf("  stored          %s (quantization_config; trained as stored: docs/quantization.md)\n",
+               mc.quant_method == CT_QUANT_BNB4 ? "bitsandbytes 4-bit linear weights" : "MXFP4 experts");
     if (mc.gdn) {
         int linear = 0;
         for (int l = 0; l < mc.num_hidden_layers; l++) linear += mc.layer_linear[l];

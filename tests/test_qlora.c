@@ -25,10 +25,24 @@
 #include "quant4.h"
 #include "quant4_write.h"
 
+/* Which weights a test folder holds in 4 bits beyond HF's rule (flags). */
+enum { Q_EXPERTS = 1, Q_SKIP_V = 2, Q_BF16_STORAGE = 4 };
+static int q_flags;
+
+static bool has_suffix(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
 /* A weight HF's bitsandbytes quantizes (an nn.Linear of a layer; routed
- * experts are parameters in transformers 5 and stay bf16). */
+ * experts are parameters in transformers 5 and stay bf16), or with q_flags
+ * Q_EXPERTS also per-expert Linear4bit experts (transformers 4's folders) and
+ * with Q_SKIP_V not v_proj (llm_int8_skip_modules). */
 static bool quantizable(const char *name)
 {
+    if ((q_flags & Q_SKIP_V) && has_suffix(name, "v_proj.weight")) return false;
+    if ((q_flags & Q_EXPERTS) && strstr(name, ".experts.") && has_suffix(name, "_proj.weight")) return true;
     static const char *const mods[] = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
                                        "gate_proj.weight", "up_proj.weight", "down_proj.weight", "in_proj_qkv.weight",
                                        "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight",
@@ -259,6 +273,27 @@ static int write_bnb_folder(const char *src, const char *dst, const quant4_write
         rc = quant4_write_add(w, t->name, x, t->ndim, t->shape, o, &bytes, &err);
         free(x);
     }
+    if (!rc && (q_flags & Q_BF16_STORAGE)) { /* bnb_4bit_quant_storage bf16: the same bytes as BF16 [n/4, 1] */
+        st_writer *w2 = st_writer_new();
+        snprintf(path, sizeof path, "%s/model.safetensors", dst);
+        if (!(rc = st_writer_save(w, path, &err))) {
+            st_reader *r2 = st_open(path, &err);
+            for (size_t i = 0; r2 && i < st_count(r2) && !rc; i++) {
+                const st_tensor *t = st_at(r2, i);
+                bool packed = quant4_is_quantized(r2, t->name) && t->nbytes % 2 == 0;
+                int64_t shape[2] = {(int64_t)t->nbytes / 2, 1};
+                rc = packed ? st_writer_add(w2, t->name, CT_DTYPE_BF16, 2, shape, t->data, &err)
+                            : st_writer_add(w2, t->name, t->dtype, t->ndim, t->shape, t->data, &err);
+            }
+            if (!r2) rc = -1;
+            st_writer_free(w);
+            w = w2;
+            if (!rc) rc = st_writer_save(w, path, &err); /* w2 holds copies: r2 may close after */
+            if (r2) st_close(r2);
+            w2 = NULL;
+        }
+        if (w2) st_writer_free(w2);
+    }
     size_t len, out_len;
     snprintf(path, sizeof path, "%s/config.json", src);
     char *text = rc ? NULL : ct_read_file(path, &len, &err);
@@ -274,6 +309,49 @@ static int write_bnb_folder(const char *src, const char *dst, const quant4_write
     st_writer_free(w);
     st_close(r);
     return rc;
+}
+
+/* A stored folder against its rounded fp32 folder, with q_flags deciding
+ * which weights are 4-bit: HF's rule with v_proj skipped (q|k|v then dense, its
+ * q and k decoded at load), per-expert Linear4bit experts (held in 4 bits),
+ * and bf16 quant storage. */
+static void check_stored(const char *src, int flags)
+{
+    q_flags = flags;
+    char dst[] = "/tmp/ctune_bnbs_XXXXXX", rnd[] = "/tmp/ctune_bnbr_XXXXXX";
+    REQUIRE(mkdtemp(dst) && mkdtemp(rnd), "mkdtemp");
+    quant4_write_opts o = {.type = QUANT4_NF4, .blocksize = 32, .double_quant = true};
+    REQUIRE(write_bnb_folder(src, dst, &o) == 0 && write_rounded(src, rnd, o.type, 32, true) == 0, "folders of %s",
+            src);
+    float *gs = NULL, *gr = NULL;
+    size_t ns, nr, q4s, q4r;
+    double ls = loss_grads(dst, NULL, &gs, &ns, &q4s), lr = loss_grads(rnd, NULL, &gr, &nr, &q4r);
+    REQUIRE(isfinite(ls) && isfinite(lr) && ns == nr, "losses %g %g", ls, lr);
+    CHECK(ls == lr && !memcmp(gs, gr, ns * sizeof(float)), "%s (flags %d): stored loss %.9g vs rounded %.9g", src,
+          flags, ls, lr);
+    size_t want = 0; /* every 4-bit tensor is held in 4 bits but q and k beside a skipped v (decoded at load) */
+    ct_error err = {0};
+    st_reader *r = st_open(src, &err);
+    for (size_t i = 0; r && i < st_count(r); i++) {
+        const st_tensor *t = st_at(r, i);
+        bool beside_v = (flags & Q_SKIP_V) &&
+                        (has_suffix(t->name, "q_proj.weight") || has_suffix(t->name, "k_proj.weight"));
+        if (quantizable(t->name) && !beside_v) want += t->numel;
+    }
+    if (r) st_close(r);
+    CHECK(q4s == want, "%s (flags %d): %zu weights in 4 bits, expected %zu", src, flags, q4s, want);
+    free(gs); free(gr);
+    q_flags = 0;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", dst, rnd);
+    if (system(cmd)) {}
+}
+
+TEST(skipped_modules_experts_and_bf16_storage_load_as_stored)
+{
+    check_stored(llama_dir, Q_SKIP_V);
+    check_stored(llama_dir, Q_BF16_STORAGE);
+    check_stored(qwen3_moe_dir, Q_EXPERTS);
 }
 
 TEST(a_stored_4_bit_folder_equals_quantizing_on_load)
@@ -406,6 +484,7 @@ int main(void)
     RUN(quantization_configs_other_than_4_bit_are_refused);
     RUN(gpt_oss_mxfp4_experts_equal_their_decoded_values);
     RUN(a_stored_4_bit_folder_equals_quantizing_on_load);
+    RUN(skipped_modules_experts_and_bf16_storage_load_as_stored);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s %s %s", llama_dir, qwen3_moe_dir, gpt_oss_dir);
     if (system(cmd)) {}

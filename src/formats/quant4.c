@@ -102,8 +102,11 @@ bool quant4_blocksize_valid(size_t blocksize)
 
 static uint8_t encode4(float scaled, const float *bounds, const uint8_t *order)
 {
-    int q = 0;  /* torch.bucketize(right=False): the count of bounds below scaled */
-    while (q < 15 && bounds[q] < scaled) q++;
+    /* torch.bucketize(right=False): the count of bounds below scaled, by
+     * binary search over the 15 ascending bounds (bounds[0..q) stay below) */
+    int q = 0;
+    for (int step = 8; step > 0; step >>= 1)
+        if (q + step <= 15 && bounds[q + step - 1] < scaled) q += step;
     return order[q];
 }
 

@@ -15,7 +15,9 @@ STEPS=${STEPS:-30}
 WARMUP=${WARMUP:-5}
 HF_MODES=${HF_MODES-"packed packed-ckpt"}  # set empty for none
 CTUNE_MODES=${CTUNE_MODES-"ckpt nockpt"} # any of ckpt, nockpt, ckpt-auto (checkpoint_layers auto), ckpt-nf4 (QLoRA:
-                                         # model_quantization nf4, double quant, quantized on load)
+                                         # model_quantization nf4, double quant, quantized on load),
+                                         # ckpt-stored-nf4 / ckpt-mxfp4 (a folder ctune init --quantize wrote:
+                                         # models/SHAPE-nf4, models/SHAPE-mxfp4 for gpt_oss's experts)
 mkdir -p "$OUT"
 : >"$OUT/bench.jsonl"
 
@@ -35,10 +37,17 @@ for shape in $SHAPES; do
     for cmode in $CTUNE_MODES; do
     ck=true cl=all q=none; [ "$cmode" = nockpt ] && ck=false; [ "$cmode" = ckpt-auto ] && cl=auto
     [ "$cmode" = ckpt-nf4 ] && q=nf4
+    m=$model
+    case $cmode in
+        ckpt-stored-nf4 | ckpt-mxfp4)
+            fmt=${cmode#ckpt-}; fmt=${fmt#stored-}; m=$model-$fmt
+            [ -f "$m/config.json" ] || "$B/ctune" init --config "configs/models/$shape/config.json" --out "$m" --seed 0 \
+                --quantize "$fmt" >/dev/null ;;
+    esac
     run=$OUT/ctune-$shape-$cmode
     rm -rf "$run"
     peak_start
-    "$B/ctune" train configs/qwen3-0.6b.yaml --set model="$model" --set output_dir="$run" \
+    "$B/ctune" train configs/qwen3-0.6b.yaml --set model="$m" --set output_dir="$run" \
         --set "data.train_files=[$data/train.shard]" --set training.max_steps="$STEPS" \
         --set memory.gradient_checkpointing=$ck --set memory.checkpoint_layers=$cl --set model_quantization=$q \
         --set training.warmup_steps=2 --set training.logging_steps=1 >"$run.log" 2>&1

@@ -46,20 +46,6 @@ static void cpu_zero(ct_backend *be, void *p, size_t bytes) { memset(p, 0, bytes
 static void cpu_copy(ct_backend *be, void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 static void cpu_sync(ct_backend *be) {}
 
-/* IEEE half -> float, including subnormals, infinities and NaN. */
-static float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    float f;
-    if (exp == 0) {
-        f = ldexpf((float)man, -24); /* zero or subnormal: man * 2^-24 */
-        return sign ? -f : f;
-    }
-    uint32_t u = exp == 31 ? sign | 0x7f800000u | (man << 13)
-                           : sign | ((exp + 112) << 23) | (man << 13);
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 static void cpu_upload_weight(ct_backend *be, void *dst, const void *host_src, ct_dtype src_dtype, size_t n)
 {
@@ -72,7 +58,7 @@ static void cpu_upload_weight(ct_backend *be, void *dst, const void *host_src, c
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, s + 2 * i, 2);
-            d[i] = src_dtype == CT_DTYPE_BF16 ? ct_bf16_to_f32(h) : f16_to_f32(h);
+            d[i] = src_dtype == CT_DTYPE_BF16 ? ct_bf16_to_f32(h) : ct_f16_to_f32(h);
         }
     } else {
         CT_ASSERT(0, "upload_weight: unsupported source dtype %d", (int)src_dtype);

@@ -77,18 +77,6 @@ static bool has_suffix(const char *s, const char *suffix)
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
-static float half_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    if (exp == 0) {
-        float f = (float)man * (1.0f / 16777216.0f); /* zero or subnormal: man * 2^-24 */
-        return sign ? -f : f;
-    }
-    uint32_t u = exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 static bool is_float(ct_dtype d) { return d == CT_DTYPE_BF16 || d == CT_DTYPE_F16 || d == CT_DTYPE_F32; }
 
@@ -103,7 +91,7 @@ static float *to_f32(const st_tensor *t)
         } else {
             uint16_t h;
             memcpy(&h, s + 2 * i, 2);
-            out[i] = t->dtype == CT_DTYPE_BF16 ? ct_bf16_to_f32(h) : half_to_f32(h);
+            out[i] = t->dtype == CT_DTYPE_BF16 ? ct_bf16_to_f32(h) : ct_f16_to_f32(h);
         }
     }
     return out;

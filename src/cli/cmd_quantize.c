@@ -32,18 +32,6 @@
 #define DEFAULT_MAX_SHARD_BYTES ((size_t)5000000000) /* huggingface_hub's "5GB", as init */
 #define INDEX_NAME "model.safetensors.index.json"
 
-static float half_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    if (exp == 0) {
-        float f = (float)man * (1.0f / 16777216.0f); /* zero or subnormal: man * 2^-24 */
-        return sign ? -f : f;
-    }
-    uint32_t u = exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 typedef struct read_source {
     const ct_tensor_spec *specs;
@@ -69,7 +57,7 @@ static int read_fill(void *ctx, size_t i, uint16_t *bf16, ct_error *err)
         } else {
             uint16_t h;
             memcpy(&h, s + 2 * k, 2);
-            f = half_to_f32(h);
+            f = ct_f16_to_f32(h);
         }
         bf16[k] = ct_f32_to_bf16(f);
     }

@@ -109,6 +109,19 @@ float ct_bf16_to_f32(uint16_t h)
     return f;
 }
 
+float ct_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    float f;
+    if (exp == 0) {
+        f = (float)man * (1.0f / 16777216.0f); /* zero or subnormal: man * 2^-24, exact */
+        return sign ? -f : f;
+    }
+    uint32_t u = exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112) << 23) | (man << 13);
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 static uint64_t splitmix64(uint64_t *x)
 {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ull);

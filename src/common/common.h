@@ -51,6 +51,7 @@ bool ct_size_add(size_t a, size_t b, size_t *out);
 /* bf16 <-> fp32, round to nearest even; NaN stays NaN. */
 uint16_t ct_f32_to_bf16(float f);
 float    ct_bf16_to_f32(uint16_t h);
+float    ct_f16_to_f32(uint16_t h);   /* IEEE half, subnormals, inf and NaN included */
 
 /* xoshiro256** seeded by splitmix64: deterministic across machines for a seed.
  * The state is plain data so a checkpoint can save and restore it. */

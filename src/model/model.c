@@ -279,14 +279,6 @@ static int quantize_host(loader *ld, uint8_t *codes, float *absmax, const float 
     return CT_OK;
 }
 
-static float f16_to_f32(uint16_t h)
-{
-    int ex = (h >> 10) & 0x1f, man = h & 0x3ff;
-    float v = ex == 0 ? ldexpf((float)man, -24)
-            : ex == 31 ? (man ? NAN : INFINITY)
-                       : ldexpf((float)(man | 0x400), ex - 25);
-    return h >> 15 ? -v : v;
-}
 
 /* A tensor's values as fp32 in its file order (malloc'd). */
 static float *vals_f32(const host_vals *h)
@@ -298,7 +290,7 @@ static float *vals_f32(const host_vals *h)
         } else {
             uint16_t v;
             memcpy(&v, (const char *)h->data + 2 * i, 2);
-            f[i] = h->dtype == CT_DTYPE_BF16 ? ct_bf16_to_f32(v) : f16_to_f32(v);
+            f[i] = h->dtype == CT_DTYPE_BF16 ? ct_bf16_to_f32(v) : ct_f16_to_f32(v);
         }
     }
     return f;

@@ -22,19 +22,19 @@ NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>
 CUDA    ?= $(if $(NVCC),$(if $(wildcard cuda/*/*.cu),1,0),0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 LIBDIR  := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib))
-STATIC  ?= $(if $(wildcard $(LIBDIR)/libyaml.a),1,0)
+# Whether a library's .a exists is asked when a link runs, not when make reads this
+# file: on a fresh machine scripts/ensure_deps.sh installs them after that.
+have_static = $(shell test -f $(LIBDIR)/lib$(1).a && echo 1)
+STATIC  ?= $(if $(call have_static,yaml),1,0)
 
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -fopenmp $(SRC_INC) -MMD -MP
-LDLIBS  := -lm -lpthread -fopenmp
-# PCRE2 and utf8proc (the tokenizer): static too where their .a files exist.
-static_or_dynamic = $(if $(and $(filter 1,$(STATIC)),$(wildcard $(LIBDIR)/lib$(1).a)),$(LIBDIR)/lib$(1).a,-l$(1))
-ifeq ($(STATIC),1)
-  LDLIBS += $(LIBDIR)/libyaml.a $(LIBDIR)/libz.a
-else
-  LDLIBS += -lyaml -lz
-endif
-LDLIBS += $(call static_or_dynamic,pcre2-8) $(call static_or_dynamic,utf8proc)
+# libyaml and zlib static when STATIC=1; PCRE2 and utf8proc (the tokenizer) static
+# too where their .a files exist. LDLIBS is expanded at link time (see have_static).
+static_or_dynamic = $(if $(and $(filter 1,$(STATIC)),$(call have_static,$(1))),$(LIBDIR)/lib$(1).a,-l$(1))
+LDLIBS   = -lm -lpthread -fopenmp \
+           $(if $(filter 1,$(STATIC)),$(LIBDIR)/libyaml.a $(LIBDIR)/libz.a,-lyaml -lz) \
+           $(call static_or_dynamic,pcre2-8) $(call static_or_dynamic,utf8proc)
 
 C_SRCS   := $(filter-out src/cli/main.c,$(wildcard src/*/*.c))
 C_OBJS   := $(C_SRCS:%.c=$(BUILD)/obj/%.o)

@@ -16,9 +16,10 @@
 #   ctune-8b     ctune train, model_quantization: nf4, on peers.py's documents
 #                (bench_qlora.py data, ctune prepare); tokens/s from metrics.jsonl
 #                (scripts/run_record.py)
+#   ctune-bf16-8b  the same run on the bf16 base (model_quantization: none)
 #   hf-8b        HF + PEFT + bitsandbytes (bench_qlora.py hf; kbit_prep on, sdpa)
 #   unsloth-8b   Unsloth FastLanguageModel load_in_4bit=True (bench_qlora.py unsloth)
-#   ctune-14b, hf-14b, unsloth-14b   the same on the qwen3-14b shape
+#   ctune-14b, ctune-bf16-14b, hf-14b, unsloth-14b   the same on the qwen3-14b shape
 # OUTDIR gets results.jsonl (one JSON line per mode: tokens/s median "tok_s_median"
 # or "tokens_per_s" for ctune, torch's peak "peak_alloc_gib", nvidia-smi's peak
 # "peak_gib_smi", CUDA context included), run.log (all printed) and logs/ (one
@@ -109,8 +110,10 @@ run_part() {
     say "PART $name: exit $rc after ${el}s"
     if [[ $name == ctune-* ]]; then  # tokens/s from the run's metrics.jsonl
         cp "$MODELS/run-$name/metrics.jsonl" "$LOGS/$name-metrics.jsonl" 2>/dev/null
+        local label="qlora nf4" quant=nf4+dq
+        [ "$QUANT" = none ] && label="bf16 lora" quant=none
         "$PY" scripts/run_record.py "$MODELS/run-$name" "$LOGS/$name.log" $rc $WARM "$peak" \
-            "{\"part\": \"$name\", \"mode\": \"ctune $SHAPE qlora nf4 packed\", \"quant\": \"nf4+dq\", \"part_elapsed_s\": $el}" \
+            "{\"part\": \"$name\", \"mode\": \"ctune $SHAPE $label packed\", \"quant\": \"$quant\", \"part_elapsed_s\": $el}" \
             | tee -a "$RESULTS" "$OUT/run.log"
     else
         record "$name" $rc $el "$LOGS/$name.log" "{\"peak_gib_smi\": $peak}"
@@ -154,7 +157,7 @@ prepare_data() { # SHAPE
 (
     for s in $SHAPES; do
         n=$(short "$s")
-        wanted "ctune-$n" || wanted "hf-$n" || wanted "unsloth-$n" || continue
+        wanted "ctune-$n" || wanted "ctune-bf16-$n" || wanted "hf-$n" || wanted "unsloth-$n" || continue
         st=$(date +%s)
         { init_model "$s" && prepare_data "$s"; } >"$LOGS/init_$s.log" 2>&1
         echo "$? $(( $(date +%s) - st ))" >"$LOGS/init_$s.rc"
@@ -173,20 +176,23 @@ model_ready() { # SHAPE: waits for it (within the budget), 0 when written
 for s in $SHAPES; do
     n=$(short "$s")
     SHAPE=$s
-    wanted "ctune-$n" || wanted "hf-$n" || wanted "unsloth-$n" || continue
+    wanted "ctune-$n" || wanted "ctune-bf16-$n" || wanted "hf-$n" || wanted "unsloth-$n" || continue
     if ! model_ready "$s"; then
-        for p in ctune hf unsloth; do wanted "$p-$n" && skip "$p-$n" "model $s not ready"; done
+        for p in ctune ctune-bf16 hf unsloth; do wanted "$p-$n" && skip "$p-$n" "model $s not ready"; done
         continue
     fi
     m=$MODELS/$s
     dev=(); [ $DRY = 1 ] && dev=(--set device=cpu)
-    rm -rf "$MODELS/run-ctune-$n"
-    run_part "ctune-$n" 150 40 "$B/ctune" train configs/qwen3-0.6b.yaml --set model="$m" \
-        --set model_quantization=nf4 --set output_dir="$MODELS/run-ctune-$n" "${dev[@]}" \
-        --set "data.train_files=[$MODELS/data-$s/train.shard]" --set data.tokens_per_micro_batch=$TOKENS \
-        --set data.max_length=$(( TOKENS < 4096 ? TOKENS : 4096 )) --set training.max_steps="$STEPS" \
-        --set training.warmup_steps=2 --set training.logging_steps=1 --set memory.gradient_checkpointing=true \
-        --set training.save_steps=0 --set training.eval_steps=0 --set training.resume_from_checkpoint=false
+    for part in "ctune-$n" "ctune-bf16-$n"; do  # QLoRA, then the bf16 LoRA it is held against
+        QUANT=nf4; [ "$part" = "ctune-bf16-$n" ] && QUANT=none
+        rm -rf "$MODELS/run-$part"
+        run_part "$part" 150 40 "$B/ctune" train configs/qwen3-0.6b.yaml --set model="$m" \
+            --set model_quantization=$QUANT --set output_dir="$MODELS/run-$part" "${dev[@]}" \
+            --set "data.train_files=[$MODELS/data-$s/train.shard]" --set data.tokens_per_micro_batch=$TOKENS \
+            --set data.max_length=$(( TOKENS < 4096 ? TOKENS : 4096 )) --set training.max_steps="$STEPS" \
+            --set training.warmup_steps=2 --set training.logging_steps=1 --set memory.gradient_checkpointing=true \
+            --set training.save_steps=0 --set training.eval_steps=0 --set training.resume_from_checkpoint=false
+    done
     common=(--model "$m" --name "$s" --steps "$STEPS" --warm $WARM --tokens-per-step $TOKENS --mode-budget "$MODE_BUDGET")
     [ $DRY = 1 ] && common+=(--dry)
     run_part "hf-$n" 150 60 "$PY" scripts/bench_qlora.py hf --part "hf-$n" "${common[@]}"

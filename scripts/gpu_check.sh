@@ -26,6 +26,7 @@
 #             into /tmp/bnb-site; the fixtures section installs it too, for the 4-bit fixtures.
 #             Also tiny gpt_oss with MXFP4 experts (ctune init --quantize mxfp4; HF loads it
 #             with Mxfp4Config(dequantize=True) to bf16), which needs no bitsandbytes
+#   mxfp4     only that gpt_oss MXFP4 run of the qlora section
 #   sanitize  compute-sanitizer memcheck (2 steps) and racecheck (1 step) of training
 #             on the qwen3-0.6b shape cut to 2 layers (head_dim 128: the wgmma
 #             attention kernels; the tiny models' head_dim 32 runs mma.sync), with
@@ -259,12 +260,14 @@ if has parity50gdn; then
     parity50 qwen3_5_moe configs/models/tiny-qwen3_5-moe/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3 2e-2 6e-2
 fi
 
-if has qlora; then
+if has qlora || has mxfp4; then
     # tiny-gpt-oss's hidden 128 and intermediate 64 fill whole 32-element MXFP4 blocks;
     # parity50moe's gpt_oss bounds: the experts' bf16 values are those of a bf16 base
     echo "== 50-step parity, tiny gpt_oss, MXFP4 experts (HF: Mxfp4Config(dequantize=True))"
     P50_QUANT=mxfp4 parity50 gpt_oss_mxfp4 configs/models/tiny-gpt-oss/config.json configs/tiny.yaml data/arith/train.shard 2048 2e-3 2e-2 2e-2
     grep -h "^mxfp4 base:" "$OUT/p50-gpt_oss_mxfp4-hf.log" 2>/dev/null || { echo "HF did not confirm the dequantized experts"; FAILED+=("parity50 gpt_oss_mxfp4 dequantize"); }
+fi
+if has qlora; then
     echo "== QLoRA: 50-step parity on 4-bit bases (bitsandbytes)"
     if bnb_site; then
         # the dense sections' bounds: both sides dequantize to bf16, then run bf16 GEMMs

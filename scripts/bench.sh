@@ -15,7 +15,8 @@ STEPS=${STEPS:-30}
 WARMUP=${WARMUP:-5}
 HF_MODES=${HF_MODES-"packed packed-ckpt"}  # set empty for none
 CTUNE_MODES=${CTUNE_MODES-"ckpt nockpt"} # any of ckpt, nockpt, ckpt-auto (checkpoint_layers auto), ckpt-nf4 (QLoRA:
-                                         # model_quantization nf4, double quant, quantized on load),
+                                         # model_quantization nf4, double quant, quantized on load;
+                                         # also nockpt-nf4 and ckpt-auto-nf4),
                                          # ckpt-stored-nf4 / ckpt-mxfp4 (a folder ctune init --quantize wrote:
                                          # models/SHAPE-nf4, models/SHAPE-mxfp4 for gpt_oss's experts)
 mkdir -p "$OUT"
@@ -36,7 +37,8 @@ for shape in $SHAPES; do
     gflop=$(python3 scripts/flops.py "configs/models/$shape/config.json" "$data/train.shard")
     for cmode in $CTUNE_MODES; do
     ck=true cl=all q=none; [ "$cmode" = nockpt ] && ck=false; [ "$cmode" = ckpt-auto ] && cl=auto
-    [ "$cmode" = ckpt-nf4 ] && q=nf4
+    case $cmode in ckpt-nf4 | nockpt-nf4 | ckpt-auto-nf4) q=nf4 ;; esac
+    case $cmode in nockpt*) ck=false ;; ckpt-auto*) cl=auto ;; esac
     m=$model
     case $cmode in
         ckpt-stored-nf4 | ckpt-mxfp4)

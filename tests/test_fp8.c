@@ -354,6 +354,19 @@ TEST(quantize_rows_is_exact_on_codes_times_the_scale)
     free(want); free(q); free(x);
 }
 
+TEST(quantize_rows_of_nonfinite_input_gives_an_infinite_scale_and_nan_code_7f)
+{
+    float x[2 * 8] = {1, -2, 3, -INFINITY, 0.5f, -0.25f, 0, 7, 1, NAN, -NAN, 2, -4, 0, 0, 1}, scale[2];
+    uint8_t q[16];
+    fp8_quantize_rows(q, scale, x, 2, 8, 2);
+    CHECK(isinf(scale[0]) && scale[1] == 0x1p-6f, "scales %g %g", scale[0], scale[1]);
+    static const uint8_t want0[8] = {0x00, 0x80, 0x00, 0x7f, 0x00, 0x80, 0x00, 0x00};
+    CHECK(memcmp(q, want0, 8) == 0, "row 0 (inf): %02x %02x %02x %02x %02x %02x %02x %02x", q[0], q[1], q[2], q[3],
+          q[4], q[5], q[6], q[7]);
+    CHECK(q[9] == 0x7f && q[10] == 0x7f && q[12] == fp8_e4m3_encode(-256.0f), "row 1 (NaN): %02x %02x %02x", q[9],
+          q[10], q[12]);
+}
+
 /* ---- checkpoint tensors ---- */
 
 typedef struct weight_file {
@@ -681,6 +694,7 @@ int main(void)
     RUN(transpose_scales_swaps_the_block_grid);
     RUN(quantize_rows_scale_is_the_smallest_power_of_two_at_or_above_amax_over_448);
     RUN(quantize_rows_is_exact_on_codes_times_the_scale);
+    RUN(quantize_rows_of_nonfinite_input_gives_an_infinite_scale_and_nan_code_7f);
     RUN(written_weight_reads_back_as_quantized);
     RUN(bf16_weight_is_not_quantized);
     RUN(bf16_and_f16_scales_read_exactly);

@@ -129,7 +129,10 @@ void fp8_quantize_rows(uint8_t *q, float *scale, const float *x, size_t T, size_
                 memcpy(&s, &bits, 4);
             }
             scale[fp8_row_scale_index(g, t, ld_scale)] = s;
-            for (size_t c = c0; c < c1; c++) q[t * K + c] = fp8_e4m3_encode(xr[c] / s);
+            for (size_t c = c0; c < c1; c++) {
+                uint8_t b = fp8_e4m3_encode(xr[c] / s);
+                q[t * K + c] = (b & 0x7f) == 0x7f ? 0x7f : b;
+            }
         }
 }
 

@@ -31,12 +31,22 @@
 #define FP8_BLOCK 128           /* weight block rows and columns; activation group columns */
 #define FP8_E4M3_MAX 448.0f     /* the largest E4M3 value (code 0x7e) */
 
+/* The two index helpers are shared with the kernels (cuda/quant/fp8.cu). */
+#ifdef __CUDACC__
+#define FP8_HOST_DEVICE __host__ __device__
+#else
+#define FP8_HOST_DEVICE
+#endif
+
 /* Blocks (or groups) along a dimension of n elements: ceil(n / 128). */
-static inline size_t fp8_blocks(size_t n) { return (n + FP8_BLOCK - 1) / FP8_BLOCK; }
+static inline FP8_HOST_DEVICE size_t fp8_blocks(size_t n) { return (n + FP8_BLOCK - 1) / FP8_BLOCK; }
 
 /* Where the activation scale of token t and column group g lives, for scales
  * stored one column per group with ld_scale >= T (tokens contiguous). */
-static inline size_t fp8_row_scale_index(size_t g, size_t t, size_t ld_scale) { return g * ld_scale + t; }
+static inline FP8_HOST_DEVICE size_t fp8_row_scale_index(size_t g, size_t t, size_t ld_scale)
+{
+    return g * ld_scale + t;
+}
 
 /* fp32 -> E4M3, as torch's x.clamp(-448, 448).to(torch.float8_e4m3fn): round
  * to nearest, ties to even; finite values beyond 448 and the infinities
@@ -84,7 +94,8 @@ int fp8_quantize_blocks(uint8_t *q, float *scale_inv, const float *x, size_t row
  *           (carried into the exponent field); 1 when amax is 0
  *   q     = encode(x / scale), the division exact (a power of two)
  * Never fails: an infinite x makes its group's scale inf (codes +-0, NaN for
- * the inf itself); NaN stays NaN. */
+ * the inf itself). A NaN result is always 0x7f: its sign differs between
+ * devices (x86 makes inf / inf negative, a GPU's NaN is positive). */
 void fp8_quantize_rows(uint8_t *q, float *scale, const float *x, size_t T, size_t K, size_t ld_scale);
 
 /* The scale grid of W^T: st (fp8_blocks(cols), fp8_blocks(rows)) from s

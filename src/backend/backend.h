@@ -164,6 +164,12 @@ struct ct_backend {
      * n % blocksize == 0 (asserted). */
     void (*dequant4)(ct_backend *be, void *y, const uint8_t *codes, const void *scales, size_t n, int blocksize,
                      quant4_type type);
+    /* A frozen FP8 weight (base_precision fp8) decoded the same way: y (rows,
+     * cols) = decode(q) * scale of its 128x128 block, the scales fp32 at
+     * scale[(r / 128) * fp8_weight_scale_ld(cols) + c / 128] (fp8.h); the
+     * product formed in fp32 and rounded once to the weight type. NULL on a
+     * backend that cannot hold FP8 weights yet. */
+    void (*dequant_fp8)(ct_backend *be, void *y, const uint8_t *q, const float *scale, size_t rows, size_t cols);
 
     /* LoRA (PEFT): y += scale * (drop(x) @ A^T) @ B^T ; A (R,in), B (out,R) fp32. */
     void (*lora_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx,

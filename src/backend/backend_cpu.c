@@ -16,6 +16,7 @@
  * no capacity planning. */
 #include "backend_cpu_internal.h"
 #include "hooks.h"
+#include "fp8.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -207,6 +208,18 @@ static void cpu_dequant4(ct_backend *be, void *y, const uint8_t *codes, const vo
         float s = mx ? ldexpf(1.0f, (int)((const uint8_t *)scales)[b] - 127) : ((const float *)scales)[b];
         out[i] = code[q] * s;
     }
+}
+
+static void cpu_dequant_fp8(ct_backend *be, void *y, const uint8_t *q, const float *scale, size_t rows, size_t cols)
+{
+    (void)be;
+    const float *code = fp8_e4m3_table();
+    size_t ld = fp8_weight_scale_ld(cols);
+    float *out = y;
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++)
+            out[r * cols + c] = code[q[r * cols + c]] * scale[(r / FP8_BLOCK) * ld + c / FP8_BLOCK];
 }
 
 /* Dropout multiplier of x[t, i]: 0 or 1/(1-p), from the counter-based hash so
@@ -513,6 +526,7 @@ ct_backend *backend_cpu_new(void)
     be->linear_fwd_residual = cpu_linear_fwd_residual;
     be->linear_bwd_input = cpu_linear_bwd_input;
     be->dequant4 = cpu_dequant4;
+    be->dequant_fp8 = cpu_dequant_fp8;
     be->lora_fwd = cpu_lora_fwd;
     be->lora_bwd = cpu_lora_bwd;
     be->lora_fwd_cols = cpu_lora_fwd_cols;

@@ -57,12 +57,14 @@ typedef struct key_spec {
 } key_spec;
 
 _Static_assert(sizeof(ct_sched_type) == sizeof(int) && sizeof(ct_tristate) == sizeof(int) &&
-               sizeof(ct_device) == sizeof(int) && sizeof(ct_model_quant) == sizeof(int) && sizeof(ct_checkpoint_layers) == sizeof(int),
+               sizeof(ct_device) == sizeof(int) && sizeof(ct_model_quant) == sizeof(int) && sizeof(ct_checkpoint_layers) == sizeof(int) &&
+               sizeof(ct_base_precision) == sizeof(int),
                "K_ENUM stores enums through an int");
 
 static const char *const sched_names[] = { "constant", "linear", "cosine", NULL };
 static const char *const device_names[] = { "auto", "cpu", "cuda", NULL };
 static const char *const quant_names[] = { "none", "nf4", "fp4", NULL };
+static const char *const base_precision_names[] = { "auto", "fp8", NULL };
 static const char *const tri_names[] = { "auto", "on", "off", NULL };
 static const char *const ckpt_layer_names[] = { "all", "auto", NULL };
 static const char *const init_names[] = { "true", "gaussian", NULL };
@@ -93,6 +95,7 @@ static const key_spec keys[] = {
     ENUMK("device", device, device_names, "auto, cpu or cuda"),
     ENUMK("model_quantization", model_quantization, quant_names, "none, nf4 or fp4"),
     BOOLK("bnb_4bit_use_double_quant", bnb_4bit_use_double_quant),
+    ENUMK("base_precision", base_precision, base_precision_names, "auto or fp8"),
     INTK("lora.r", lora.r, 1, 4096, 0, "an integer in [1, 4096]"),
     FLTK("lora.lora_alpha", lora.lora_alpha, 0, INFINITY, LO_OPEN, "a number > 0"),
     FLTK("lora.lora_dropout", lora.lora_dropout, 0, 1, HI_OPEN, "a number in [0, 1)"),
@@ -157,6 +160,7 @@ static const char *const aliases[][2] = {
     { "datasets", "data.train_files" },
     { "load_in_4bit", "model_quantization" }, { "bnb_4bit_quant_type", "model_quantization" },
     { "quantization", "model_quantization" }, { "use_bnb_nested_quant", "bnb_4bit_use_double_quant" },
+    { "fp8", "base_precision" }, { "load_in_fp8", "base_precision" }, { "base_dtype", "base_precision" },
 };
 
 void config_defaults(ct_config *cfg)
@@ -823,6 +827,10 @@ static int validate(const ct_config *cfg, ct_error *err)
         return fail_keys(cfg, err, "data.max_length", "data.tokens_per_micro_batch",
                          "data.max_length %d exceeds data.tokens_per_micro_batch %d (a sample must fit one micro-batch)",
                          cfg->data.max_length, cfg->data.tokens_per_micro_batch);
+    if (cfg->base_precision == CT_BASE_FP8 && cfg->model_quantization != CT_MODEL_QUANT_NONE)
+        return fail_keys(cfg, err, "base_precision", "model_quantization",
+                         "base_precision: fp8 and model_quantization: %s both quantize the base (choose one)",
+                         cfg->model_quantization == CT_MODEL_QUANT_NF4 ? "nf4" : "fp4");
     if (cfg->memory.activation_offload == CT_TRI_ON && !cfg->memory.gradient_checkpointing)
         return fail_keys(cfg, err, "memory.activation_offload", "memory.gradient_checkpointing",
                          "memory.activation_offload: on needs memory.gradient_checkpointing: true (offload moves the "

@@ -19,7 +19,7 @@
  * scanner costs O(depth) per token, so a megabyte of '[' took minutes; deeper
  * input is refused while it is scanned, before the cost grows. */
 #define CT_CONFIG_MAX_DEPTH 64
-#define CT_CONFIG_KEYS 41                 /* keys in config.c's table */
+#define CT_CONFIG_KEYS 42                 /* keys in config.c's table */
 #define CT_ORIGIN_MAX (CT_PATH_MAX + 32)  /* "FILE:LINE", or "--set KEY=VALUE" cut to 300 characters */
 
 typedef enum { CT_SCHED_CONSTANT, CT_SCHED_LINEAR, CT_SCHED_COSINE } ct_sched_type;
@@ -28,6 +28,8 @@ typedef enum { CT_RESUME_AUTO, CT_RESUME_FALSE, CT_RESUME_PATH } ct_resume_mode;
 typedef enum { CT_DEVICE_AUTO, CT_DEVICE_CPU, CT_DEVICE_CUDA } ct_device;
 /* model_quantization: quantize the base's linear weights on load (QLoRA) */
 typedef enum { CT_MODEL_QUANT_NONE, CT_MODEL_QUANT_NF4, CT_MODEL_QUANT_FP4 } ct_model_quant;
+/* base_precision: the frozen base as stored, or in FP8 (quantized on load) */
+typedef enum { CT_BASE_AUTO, CT_BASE_FP8 } ct_base_precision;
 
 typedef struct ct_lora_config {
     int r;                                  /* rank, >= 1 (default 16) */
@@ -92,6 +94,7 @@ typedef struct ct_config {
     char output_dir[CT_PATH_MAX];
     ct_device device;               /* auto | cpu | cuda */
     ct_model_quant model_quantization; /* none (as stored) | nf4 | fp4 */
+    ct_base_precision base_precision;  /* auto (as stored) | fp8 */
     bool bnb_4bit_use_double_quant; /* with model_quantization: the absmax in 8 bits, as bitsandbytes' double quant */
     ct_lora_config lora;
     ct_data_config data;

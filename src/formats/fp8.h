@@ -41,6 +41,11 @@
 /* Blocks (or groups) along a dimension of n elements: ceil(n / 128). */
 static inline FP8_HOST_DEVICE size_t fp8_blocks(size_t n) { return (n + FP8_BLOCK - 1) / FP8_BLOCK; }
 
+/* The row length of a weight's 128x128 scale grid as ctune holds it in
+ * memory: fp8_blocks(cols) padded to a multiple of 4, the layout cuBLASLt's
+ * 128x128 scale mode reads (a checkpoint's scale_inv is unpadded). */
+static inline FP8_HOST_DEVICE size_t fp8_weight_scale_ld(size_t cols) { return (fp8_blocks(cols) + 3) / 4 * 4; }
+
 /* Where the activation scale of token t and column group g lives, for scales
  * stored one column per group with ld_scale >= T (tokens contiguous). */
 static inline FP8_HOST_DEVICE size_t fp8_row_scale_index(size_t g, size_t t, size_t ld_scale)

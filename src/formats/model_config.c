@@ -2,6 +2,7 @@
  * config classes (docs/ARCHITECTURE.md, "Model folders"); where a field is absent we use the value
  * HF would, so a checkpoint means the same model here as in transformers. */
 #include "model_config.h"
+#include "fp8.h"
 #include "mxfp4.h"
 #include "quant4.h"
 
@@ -547,6 +548,26 @@ static int parse_gdn(ct_model_config *mc, const json_value *root, const char *sr
 
 /* ---- config.json ---- */
 
+/* An fp8 quantization_config (fp8.h): E4M3 weights in 128x128 blocks, the
+ * activations quantized at run time. The tensors say which weights are FP8. */
+static int parse_fp8_quantization(const json_value *q, const char *src, ct_error *err)
+{
+    const json_value *bs = json_get(q, "weight_block_size");
+    if (bs && bs->type != JSON_NULL &&
+        (bs->type != JSON_ARRAY || bs->count != 2 || bs->items[0]->type != JSON_NUMBER ||
+         bs->items[1]->type != JSON_NUMBER || bs->items[0]->number != FP8_BLOCK || bs->items[1]->number != FP8_BLOCK))
+        return CT_FAIL_INPUT(err, "%s: quantization_config.weight_block_size must be [128, 128] (ctune reads FP8 "
+                             "weights in 128x128 blocks)", src);
+    const json_value *a = json_get(q, "activation_scheme");
+    if (a && a->type != JSON_NULL && (a->type != JSON_STRING || strcmp(a->string, "dynamic") != 0))
+        return CT_FAIL_INPUT(err, "%s: quantization_config.activation_scheme must be \"dynamic\" (static input "
+                             "scales are not supported)", src);
+    const json_value *f = json_get(q, "fmt");
+    if (f && f->type != JSON_NULL && (f->type != JSON_STRING || strcmp(f->string, "e4m3") != 0))
+        return CT_FAIL_INPUT(err, "%s: quantization_config.fmt must be \"e4m3\" (ctune reads E4M3 weights)", src);
+    return CT_OK;
+}
+
 /* quantization_config (top level, also for the multimodal wrappers): the 4-bit
  * forms ctune reads; any other method is refused here rather than failing on
  * its tensors' names later. */
@@ -563,9 +584,14 @@ static int parse_quantization(ct_model_config *mc, const json_value *root, const
         mc->quant_method = CT_QUANT_MXFP4;
         return mxfp4_read_config(q, src, &mx, err);
     }
+    if (!strcmp(m->string, "fp8")) {
+        mc->quant_method = CT_QUANT_FP8;
+        return parse_fp8_quantization(q, src, err);
+    }
     if (strcmp(m->string, "bitsandbytes") != 0)
         return CT_FAIL_INPUT(err, "%s: quantization_config.quant_method '%s' is not supported (ctune reads "
-                             "bitsandbytes 4-bit and mxfp4 checkpoints; dequantize this one to bf16 first)", src, m->string);
+                             "bitsandbytes 4-bit, mxfp4 and fp8 checkpoints; dequantize this one to bf16 first)", src,
+                             m->string);
     bool in4 = false, in8 = false;
     int rc = opt_bool(q, "load_in_4bit", false, &in4, src, err);
     if (!rc) rc = opt_bool(q, "load_in_8bit", false, &in8, src, err);
@@ -949,6 +975,15 @@ int model_check_weights(const ct_model_config *mc, const st_reader *r, ct_error 
                 format_shape(want, sizeof want, s->ndim, s->shape);
                 rc = CT_FAIL_INPUT(err, "%s: tensor %s: 4-bit shape %s does not match the config's %s", t->file, s->name,
                                    got, want);
+                break;
+            }
+            continue;
+        }
+        if (fp8_is_quantized(r, s->name) && s->ndim == 2) {
+            /* an FP8 weight: model.c reads and checks it with its scales (fp8_read_weight) */
+            if (mc->quant_method != CT_QUANT_FP8) {
+                rc = CT_FAIL_INPUT(err, "%s: tensor %s is stored in FP8 but config.json has no fp8 "
+                                   "quantization_config", t->file, s->name);
                 break;
             }
             continue;

@@ -101,7 +101,7 @@ typedef struct ct_model_config {
     int mtp_num_hidden_layers;        /* MTP heads in the checkpoint (HF drops them; so does ctune) */
     /* config.json's quantization_config: how the checkpoint stores its frozen
      * weights (each tensor is still recognised by its own keys at load) */
-    enum { CT_QUANT_NONE, CT_QUANT_BNB4, CT_QUANT_MXFP4 } quant_method;
+    enum { CT_QUANT_NONE, CT_QUANT_BNB4, CT_QUANT_MXFP4, CT_QUANT_FP8 } quant_method;
     char tensor_prefix[32];           /* "model." or, for the wrappers, "model.language_model." */
 } ct_model_config;
 

@@ -4,9 +4,9 @@
  *
  * Every fused weight is loaded as a slot of parts (the tensors on disk, each
  * with its rows in the weight and how they are ordered); one place
- * (slot_form) decides whether it is held dense or in 4 bits, from the parts'
- * forms on disk and the load options, so bf16, bitsandbytes 4-bit and
- * quantize-on-load share every layer's loading code. */
+ * (slot_form) decides whether it is held dense, in 4 bits or in FP8, from the
+ * parts' forms on disk and the load options, so bf16, bitsandbytes 4-bit,
+ * FP8 and quantize-on-load share every layer's loading code. */
 #include "model.h"
 
 #include <math.h>
@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fp8.h"
 #include "mxfp4.h"
 
 static const char *const module_names[CT_MOD_COUNT] = {
@@ -90,7 +91,8 @@ typedef struct loader {
     const ct_load_options *opt; /* quantize on load, or NULL */
     size_t bytes;           /* backend bytes allocated so far */
     size_t quant_weights;   /* weights held in 4 bits */
-    size_t dequant_max;     /* elements of the largest 4-bit weight */
+    size_t fp8_weights;     /* weights held in FP8 */
+    size_t dequant_max;     /* elements of the largest 4-bit or FP8 weight */
     ct_error *err;
 } loader;
 
@@ -161,6 +163,27 @@ static int host_get(loader *ld, const char *name, host_vals *h)
         return CT_OK;
     }
     const st_tensor *t = st_find(ld->r, name);
+    if (t && fp8_is_quantized(ld->r, name) && t->ndim == 2) {
+        size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1];
+        const uint8_t *q;
+        float *scale_inv = ct_malloc(fp8_blocks(rows) * fp8_blocks(cols) * sizeof(float));
+        int rc = fp8_read_weight(ld->r, name, t->shape[0], t->shape[1], &q, scale_inv, ld->err);
+        if (!rc) {
+            h->owned = ct_malloc(rows * cols * sizeof(float));
+            fp8_dequantize_blocks(h->owned, q, scale_inv, rows, cols);
+            if (count_nonfinite(h->owned, CT_DTYPE_F32, rows * cols))
+                rc = CT_FAIL_INPUT(ld->err, "model: FP8 tensor '%s' decodes to non-finite values (its "
+                                   "weight_scale_inv is too large)", name);
+        }
+        free(scale_inv);
+        if (rc) {
+            free(h->owned);
+            h->owned = NULL;
+            return rc;
+        }
+        *h = (host_vals){h->owned, CT_DTYPE_F32, rows * cols, h->owned};
+        return CT_OK;
+    }
     if (!t) return CT_FAIL_INPUT(ld->err, "model: tensor '%s' is missing", name);
     size_t bad = count_nonfinite(t->data, t->dtype, t->numel);
     if (bad)
@@ -217,10 +240,31 @@ static void reorder(const loader *ld, void *dst, const void *src, const slot_par
         memcpy((unsigned char *)dst + dest_row(ld, p->order, i) * rb, (const unsigned char *)src + i * rb, rb);
 }
 
-/* How a fused weight is held: dense as stored (4-bit parts decoded at load),
- * in 4 bits, or dense with its values rounded through 4 bits at load (what
- * quantize-on-load gives a weight ctune cannot hold in 4 bits). */
-typedef enum { FORM_DENSE, FORM_Q4, FORM_ROUNDTRIP } slot_form_kind;
+/* How a fused weight is held: dense as stored (4-bit and FP8 parts decoded at
+ * load), in 4 bits, in FP8, or dense with its values rounded through 4 bits or
+ * FP8 at load (what quantize-on-load gives a weight ctune cannot hold so). */
+typedef enum { FORM_DENSE, FORM_Q4, FORM_ROUNDTRIP, FORM_FP8, FORM_FP8_ROUNDTRIP } slot_form_kind;
+
+/* Which load options may quantize a weight: none (norms, embeddings, routers,
+ * biases), both 4-bit and FP8 (an nn.Linear, as HF's quantizers do), or FP8
+ * only (routed expert stacks, which transformers 5's bitsandbytes leaves in
+ * bf16). */
+typedef enum { QUANT_NEVER, QUANT_ANY, QUANT_FP8_ONLY } quant_rule;
+
+/* A part can join an FP8 weight of total_rows rows when it starts on a block
+ * row and fills whole blocks (the last part may end in a partial one), and a
+ * reordering of its rows moves whole 128-row blocks, each kept in order. */
+static bool part_fits_fp8(const loader *ld, const slot_part *p, size_t total_rows)
+{
+    if (p->order == ROWS_TRANSPOSED || p->row0 % FP8_BLOCK != 0) return false;
+    if (p->rows % FP8_BLOCK != 0 && p->row0 + p->rows != total_rows) return false;
+    if (p->order == ROWS_AS_IS) return true;
+    for (size_t i = 0; i < p->rows; i++) {
+        size_t d = dest_row(ld, p->order, i), d0 = dest_row(ld, p->order, i - i % FP8_BLOCK);
+        if (d % FP8_BLOCK != i % FP8_BLOCK || d - d0 != i % FP8_BLOCK) return false;
+    }
+    return true;
+}
 
 /* A part can join a 4-bit weight when its blocks are whole and, if its rows
  * move, no block spans two rows. */
@@ -229,16 +273,28 @@ static bool part_fits_q4(const slot_part *p, size_t cols, size_t bs)
     return (p->rows * cols) % bs == 0 && (p->order == ROWS_AS_IS || cols % bs == 0) && p->order != ROWS_TRANSPOSED;
 }
 
-/* The form of a fused weight of `cols` columns: 4 bits when every part is a
- * bitsandbytes 4-bit tensor of one type and blocksize that fits, or when none
- * is, the weight is quantizable and the load options quantize (ROUNDTRIP where
- * a part does not fit, or where there is no q to hold it: with_q false). */
-static int slot_form(loader *ld, const slot_part *parts, int n, size_t cols, bool quantizable, bool with_q,
-                     slot_form_kind *form, quant4_type *type, int *blocksize)
+/* The form of a fused weight of rows x cols: FP8 when every part is an FP8
+ * tensor that fits, or when none is stored quantized, the rule allows it and
+ * the load options ask for FP8 (FP8_ROUNDTRIP where a part does not fit or
+ * there is no q); else 4 bits when every part is a bitsandbytes 4-bit tensor
+ * of one type and blocksize that fits, or when none is, the rule allows it and
+ * the load options quantize (ROUNDTRIP where a part does not fit, or where
+ * there is no q to hold it: with_q false). */
+static int slot_form(loader *ld, const slot_part *parts, int n, size_t rows, size_t cols, quant_rule rule,
+                     bool with_q, slot_form_kind *form, quant4_type *type, int *blocksize)
 {
-    int stored = 0;
+    int stored = 0, stored_fp8 = 0;
     bool mixed = false;
     quant4_info first = {0};
+    for (int i = 0; i < n; i++) stored_fp8 += fp8_is_quantized(ld->r, parts[i].name);
+    *form = FORM_DENSE;
+    if (stored_fp8 > 0 || (rule != QUANT_NEVER && ld->opt && ld->opt->fp8)) {
+        bool fits = with_q;
+        for (int i = 0; i < n && fits; i++) fits = part_fits_fp8(ld, &parts[i], rows);
+        if (stored_fp8 == n && fits) *form = FORM_FP8;
+        else if (stored_fp8 == 0) *form = fits ? FORM_FP8 : FORM_FP8_ROUNDTRIP;
+        return CT_OK; /* a partly FP8 weight, or one that does not fit: decoded at load */
+    }
     for (int i = 0; i < n; i++) {
         if (!quant4_is_quantized(ld->r, parts[i].name)) continue;
         quant4_info info;
@@ -247,12 +303,11 @@ static int slot_form(loader *ld, const slot_part *parts, int n, size_t cols, boo
         if (stored++ == 0) first = info;
         else mixed |= info.type != first.type || info.blocksize != first.blocksize;
     }
-    *form = FORM_DENSE;
     size_t bs = 0;
     if (stored == n && !mixed && with_q) {
         bs = first.blocksize;
         *type = first.type;
-    } else if (stored == 0 && quantizable && ld->opt && ld->opt->quantize) {
+    } else if (stored == 0 && rule == QUANT_ANY && ld->opt && ld->opt->quantize) {
         bs = (size_t)ld->opt->blocksize;
         *type = ld->opt->type;
         *form = FORM_ROUNDTRIP;
@@ -340,17 +395,80 @@ done:
     return rc;
 }
 
+/* An FP8 part: its E4M3 codes and block scales (from the file, or quantized
+ * now in its own block grid, as transformers' FP8 quantizer does each
+ * nn.Linear), moved to its rows of q; the scales into the padded grid of
+ * fp8_weight_scale_ld(cols) per block row. */
+static int put_fp8_part(loader *ld, ct_qweight *q, const slot_part *p, size_t cols)
+{
+    size_t n = p->rows * cols, nbr = fp8_blocks(p->rows), nbc = fp8_blocks(cols), lds = fp8_weight_scale_ld(cols);
+    float *scale_inv = ct_malloc(nbr * nbc * sizeof(float));
+    const uint8_t *codes = NULL;
+    uint8_t *own = NULL, *moved = NULL;
+    float *grid = NULL;
+    int rc;
+    if (fp8_is_quantized(ld->r, p->name)) {
+        rc = fp8_read_weight(ld->r, p->name, (int64_t)p->rows, (int64_t)cols, &codes, scale_inv, ld->err);
+        for (size_t i = 0; !rc && i < nbr * nbc; i++)
+            if (!isfinite(scale_inv[i] * FP8_E4M3_MAX))
+                rc = CT_FAIL_INPUT(ld->err, "model: FP8 tensor '%s': weight_scale_inv %g would decode to non-finite "
+                                   "weights", p->name, (double)scale_inv[i]);
+    } else {
+        host_vals h;
+        if ((rc = host_get(ld, p->name, &h))) goto done;
+        float *x = vals_f32(&h);
+        free(h.owned);
+        codes = own = ct_malloc(n);
+        ct_error qerr = {0};
+        if (fp8_quantize_blocks(own, scale_inv, x, p->rows, cols, &qerr))
+            rc = CT_FAIL_INPUT(ld->err, "base_precision fp8: tensor %s: %s", p->name, qerr.msg);
+        free(x);
+    }
+    if (rc) goto done;
+    grid = ct_calloc(nbr * lds, sizeof(float));
+    if (p->order != ROWS_AS_IS) { /* whole blocks move (part_fits_fp8): rows of codes, block rows of scales */
+        moved = ct_malloc(n);
+        reorder(ld, moved, codes, p, cols, 1, 1);
+        codes = moved;
+    }
+    for (size_t br = 0; br < nbr; br++) {
+        size_t to = p->order == ROWS_AS_IS ? br : dest_row(ld, p->order, br * FP8_BLOCK) / FP8_BLOCK;
+        memcpy(grid + to * lds, scale_inv + br * nbc, nbc * sizeof(float));
+    }
+    ld->be->upload(ld->be, q->codes + p->row0 * cols, codes, n);
+    ld->be->upload(ld->be, (float *)q->scales + p->row0 / FP8_BLOCK * lds, grid, nbr * lds * sizeof(float));
+done:
+    free(scale_inv);
+    free(own);
+    free(moved);
+    free(grid);
+    return rc;
+}
+
 /* A dense part: its stored values (4-bit ones decoded; with roundtrip,
  * quantized and decoded in the file's order as HF would), reordered, uploaded
  * at its rows of dst. */
-static int put_dense_part(loader *ld, void *dst, const slot_part *p, size_t cols, size_t E, bool roundtrip)
+static int put_dense_part(loader *ld, void *dst, const slot_part *p, size_t cols, size_t E, slot_form_kind form)
 {
     host_vals h;
     int rc = host_get(ld, p->name, &h);
     if (rc) return rc;
     void *at = (char *)dst + p->row0 * cols * ld->be->weight_bytes;
     float *rt = NULL;
-    if (roundtrip) {
+    if (form == FORM_FP8_ROUNDTRIP) { /* the part's own grid, in the file's order (p->rows x cols) */
+        rt = vals_f32(&h);
+        uint8_t *codes = ct_malloc(h.numel);
+        float *scale_inv = ct_malloc(fp8_blocks(p->rows) * fp8_blocks(cols) * sizeof(float));
+        ct_error qerr = {0};
+        if (fp8_quantize_blocks(codes, scale_inv, rt, p->rows, cols, &qerr))
+            rc = CT_FAIL_INPUT(ld->err, "base_precision fp8: tensor %s: %s", p->name, qerr.msg);
+        else
+            fp8_dequantize_blocks(rt, codes, scale_inv, p->rows, cols);
+        free(codes);
+        free(scale_inv);
+        free(h.owned);
+        h = (host_vals){rt, CT_DTYPE_F32, p->rows * cols, NULL};
+    } else if (form == FORM_ROUNDTRIP) {
         size_t n = h.numel, bs = (size_t)ld->opt->blocksize;
         rt = vals_f32(&h);
         uint8_t *codes = ct_malloc(quant4_packed_bytes(n));
@@ -376,19 +494,29 @@ static int put_dense_part(loader *ld, void *dst, const slot_part *p, size_t cols
     return rc;
 }
 
-/* A fused weight of rows x cols from its parts: in 4 bits into *q when
+/* A fused weight of rows x cols from its parts: in 4 bits or FP8 into *q when
  * slot_form says so (q NULL: never), else dense into *dense. E: the expert
- * count of a transposed part (1 otherwise). quantizable: a weight HF's
- * bitsandbytes quantizes (an nn.Linear), which quantize-on-load then
- * quantizes too. */
+ * count of a transposed part (1 otherwise). rule: which quantize-on-load
+ * options apply to it. */
 static int load_slot(loader *ld, void **dense, ct_qweight *q, size_t rows, size_t cols, const slot_part *parts,
-                     int n, bool quantizable, size_t E)
+                     int n, quant_rule rule, size_t E)
 {
     slot_form_kind form;
     quant4_type type = QUANT4_NF4;
     int bs = 0;
-    int rc = slot_form(ld, parts, n, cols, quantizable, q != NULL, &form, &type, &bs);
+    int rc = slot_form(ld, parts, n, rows, cols, rule, q != NULL, &form, &type, &bs);
     if (rc) return rc;
+    if (form == FORM_FP8) {
+        *q = (ct_qweight){.numel = rows * cols, .fp8 = true, .rows = rows, .cols = cols};
+        if (!(q->codes = alloc_bytes(ld, rows * cols)) ||
+            !(q->scales = alloc_bytes(ld, fp8_blocks(rows) * fp8_weight_scale_ld(cols) * sizeof(float))))
+            return ld->err->code;
+        for (int i = 0; i < n; i++)
+            if ((rc = put_fp8_part(ld, q, &parts[i], cols))) return rc;
+        ld->fp8_weights += rows * cols;
+        if (rows * cols > ld->dequant_max) ld->dequant_max = rows * cols;
+        return CT_OK;
+    }
     if (form == FORM_Q4) {
         *q = (ct_qweight){.numel = rows * cols, .blocksize = bs, .type = type};
         if (!(q->codes = alloc_bytes(ld, rows * cols / 2)) ||
@@ -402,7 +530,7 @@ static int load_slot(loader *ld, void **dense, ct_qweight *q, size_t rows, size_
     }
     if (!(*dense = alloc_weight(ld, rows * cols))) return ld->err->code;
     for (int i = 0; i < n; i++)
-        if ((rc = put_dense_part(ld, *dense, &parts[i], cols, E, form == FORM_ROUNDTRIP))) return rc;
+        if ((rc = put_dense_part(ld, *dense, &parts[i], cols, E, form))) return rc;
     return CT_OK;
 }
 
@@ -413,7 +541,7 @@ static void *load_one(loader *ld, const char *name, size_t n)
     slot_part p = {.rows = 1, .order = ROWS_AS_IS};
     snprintf(p.name, sizeof p.name, "%s", name);
     void *w = NULL;
-    if (load_slot(ld, &w, NULL, 1, n, &p, 1, false, 1) == CT_OK) return w;
+    if (load_slot(ld, &w, NULL, 1, n, &p, 1, QUANT_NEVER, 1) == CT_OK) return w;
     if (w) { /* not yet owned by the model, which frees the rest */
         ld->be->free(ld->be, w);
         ld->bytes -= n * ld->be->weight_bytes;
@@ -488,7 +616,7 @@ static int load_sparse(loader *ld, const ct_model_config *c, int l, ct_layer_wei
             }
             slot_part p;
             PART(p, 0, E * rows, ROWS_TRANSPOSED, "%s", n);
-            if ((rc = load_slot(ld, dense, q, E * rows, cols, &p, 1, false, E))) return rc;
+            if ((rc = load_slot(ld, dense, q, E * rows, cols, &p, 1, QUANT_NEVER, E))) return rc;
         }
         return CT_OK;
     }
@@ -504,12 +632,13 @@ static int load_sparse(loader *ld, const ct_model_config *c, int l, ct_layer_wei
              up);
     }
     /* routed experts are parameters in transformers 5, which its bitsandbytes
-     * leaves in bf16: quantize-on-load does the same; a folder that stores them
-     * in 4 bits (per-expert Linear4bit) keeps them so */
-    rc = load_slot(ld, &w->wgu_e, &qw->wgu_e, E * 2 * I, H, parts, (int)(2 * E), false, 1);
+     * leaves in bf16: quantize-on-load to 4 bits does the same (to FP8 it
+     * quantizes them); a folder that stores them in 4 bits (per-expert
+     * Linear4bit) or FP8 keeps them so */
+    rc = load_slot(ld, &w->wgu_e, &qw->wgu_e, E * 2 * I, H, parts, (int)(2 * E), QUANT_FP8_ONLY, 1);
     for (size_t e = 0; e < E && !rc; e++)
         PART(parts[e], e * H, H, ROWS_AS_IS, "%slayers.%d.%s.experts.%zu.%s.weight", pre, l, block, e, down);
-    if (!rc) rc = load_slot(ld, &w->wdown_e, &qw->wdown_e, E * H, I, parts, (int)E, false, 1);
+    if (!rc) rc = load_slot(ld, &w->wdown_e, &qw->wdown_e, E * H, I, parts, (int)E, QUANT_FP8_ONLY, 1);
     free(parts);
     if (rc) return rc;
     if (c->shared_expert_intermediate_size > 0) {
@@ -517,11 +646,11 @@ static int load_sparse(loader *ld, const ct_model_config *c, int l, ct_layer_wei
         slot_part p[2];
         PART(p[0], 0, Is, ROWS_AS_IS, "%slayers.%d.mlp.shared_expert.gate_proj.weight", pre, l);
         PART(p[1], Is, Is, ROWS_AS_IS, "%slayers.%d.mlp.shared_expert.up_proj.weight", pre, l);
-        if ((rc = load_slot(ld, &w->wsh_gu, &qw->wsh_gu, 2 * Is, H, p, 2, true, 1))) return rc;
+        if ((rc = load_slot(ld, &w->wsh_gu, &qw->wsh_gu, 2 * Is, H, p, 2, QUANT_ANY, 1))) return rc;
         PART(p[0], 0, H, ROWS_AS_IS, "%slayers.%d.mlp.shared_expert.down_proj.weight", pre, l);
-        if ((rc = load_slot(ld, &w->wsh_down, &qw->wsh_down, H, Is, p, 1, true, 1))) return rc;
+        if ((rc = load_slot(ld, &w->wsh_down, &qw->wsh_down, H, Is, p, 1, QUANT_ANY, 1))) return rc;
         PART(p[0], 0, 1, ROWS_AS_IS, "%slayers.%d.mlp.shared_expert_gate.weight", pre, l);
-        if ((rc = load_slot(ld, &w->wsh_gate, NULL, 1, H, p, 1, true, 1))) return rc;
+        if ((rc = load_slot(ld, &w->wsh_gate, NULL, 1, H, p, 1, QUANT_ANY, 1))) return rc;
     }
 #undef NAME
     return CT_OK;
@@ -549,9 +678,9 @@ static int load_gdn(loader *ld, const ct_model_config *c, int l, ct_layer_weight
         GDN_PART(3, conv + Vd + Hv, Hv, ROWS_AS_IS, "in_proj_a.weight");
         np = 4;
     }
-    if ((rc = load_slot(ld, &w->win, &qw->win, (size_t)model_gdn_proj_dim(c), H, p, np, true, 1))) return rc;
+    if ((rc = load_slot(ld, &w->win, &qw->win, (size_t)model_gdn_proj_dim(c), H, p, np, QUANT_ANY, 1))) return rc;
     GDN_PART(0, 0, H, ROWS_AS_IS, "out_proj.weight");
-    if ((rc = load_slot(ld, &w->wout, &qw->wout, H, Vd, p, 1, true, 1))) return rc;
+    if ((rc = load_slot(ld, &w->wout, &qw->wout, H, Vd, p, 1, QUANT_ANY, 1))) return rc;
     if (!(w->conv_w = load_one(ld, NAME("conv1d.weight"), conv * W)) ||
         !(w->A_log = load_f32(ld, NAME("A_log"), Hv)) || !(w->dt_bias = load_f32(ld, NAME("dt_bias"), Hv)) ||
         !(w->gdn_norm = load_norm(ld, NAME("norm.weight"), c->linear_value_head_dim)))
@@ -580,7 +709,7 @@ static int load_layer(loader *ld, const ct_model_config *c, int l, ct_layer_weig
         PART(p[0], 0, Qw, q_rows, "%slayers.%d.self_attn.q_proj.weight", pre, l);
         PART(p[1], Qw, KV, ROWS_AS_IS, "%slayers.%d.self_attn.k_proj.weight", pre, l);
         PART(p[2], Qw + KV, KV, ROWS_AS_IS, "%slayers.%d.self_attn.v_proj.weight", pre, l);
-        if ((rc = load_slot(ld, &w->wqkv, &qw->wqkv, Qw + 2 * KV, H, p, 3, true, 1))) return rc;
+        if ((rc = load_slot(ld, &w->wqkv, &qw->wqkv, Qw + 2 * KV, H, p, 3, QUANT_ANY, 1))) return rc;
         if (c->attention_bias) {
             if (model_attn_gated(c))
                 return CT_FAIL_INPUT(ld->err, "model: attention_bias with gated attention is not supported");
@@ -588,14 +717,14 @@ static int load_layer(loader *ld, const ct_model_config *c, int l, ct_layer_weig
             PART(p[0], 0, Q, ROWS_AS_IS, "%slayers.%d.self_attn.q_proj.bias", pre, l);
             PART(p[1], Q, KV, ROWS_AS_IS, "%slayers.%d.self_attn.k_proj.bias", pre, l);
             PART(p[2], Q + KV, KV, ROWS_AS_IS, "%slayers.%d.self_attn.v_proj.bias", pre, l);
-            if ((rc = load_slot(ld, &w->bqkv, NULL, Q + 2 * KV, 1, p, 3, false, 1))) return rc;
+            if ((rc = load_slot(ld, &w->bqkv, NULL, Q + 2 * KV, 1, p, 3, QUANT_NEVER, 1))) return rc;
         }
         if (c->qk_norm) {
             if (!(w->q_norm = load_norm(ld, NAME("self_attn.q_norm.weight"), D))) return ld->err->code;
             if (!(w->k_norm = load_norm(ld, NAME("self_attn.k_norm.weight"), D))) return ld->err->code;
         }
         PART(p[0], 0, H, ROWS_AS_IS, "%slayers.%d.self_attn.o_proj.weight", pre, l);
-        if ((rc = load_slot(ld, &w->wo, &qw->wo, H, Q, p, 1, true, 1))) return rc;
+        if ((rc = load_slot(ld, &w->wo, &qw->wo, H, Q, p, 1, QUANT_ANY, 1))) return rc;
         if (c->o_proj_bias && !(w->bo = load_one(ld, NAME("self_attn.o_proj.bias"), H))) return ld->err->code;
         if (c->attention_sinks && !(w->sinks = load_f32(ld, NAME("self_attn.sinks"), c->num_attention_heads)))
             return ld->err->code;
@@ -603,17 +732,22 @@ static int load_layer(loader *ld, const ct_model_config *c, int l, ct_layer_weig
     if (c->layer_sparse[l]) return load_sparse(ld, c, l, w, qw);
     PART(p[0], 0, I, ROWS_AS_IS, "%slayers.%d.mlp.gate_proj.weight", pre, l);
     PART(p[1], I, I, ROWS_AS_IS, "%slayers.%d.mlp.up_proj.weight", pre, l);
-    if ((rc = load_slot(ld, &w->wgu, &qw->wgu, 2 * I, H, p, 2, true, 1))) return rc;
+    if ((rc = load_slot(ld, &w->wgu, &qw->wgu, 2 * I, H, p, 2, QUANT_ANY, 1))) return rc;
     PART(p[0], 0, H, ROWS_AS_IS, "%slayers.%d.mlp.down_proj.weight", pre, l);
-    if ((rc = load_slot(ld, &w->wdown, &qw->wdown, H, I, p, 1, true, 1))) return rc;
+    if ((rc = load_slot(ld, &w->wdown, &qw->wdown, H, I, p, 1, QUANT_ANY, 1))) return rc;
     if (c->mlp_bias) {
         PART(p[0], 0, I, ROWS_AS_IS, "%slayers.%d.mlp.gate_proj.bias", pre, l);
         PART(p[1], I, I, ROWS_AS_IS, "%slayers.%d.mlp.up_proj.bias", pre, l);
-        if ((rc = load_slot(ld, &w->bgu, NULL, 2 * I, 1, p, 2, false, 1))) return rc;
+        if ((rc = load_slot(ld, &w->bgu, NULL, 2 * I, 1, p, 2, QUANT_NEVER, 1))) return rc;
         if (!(w->bdown = load_one(ld, NAME("mlp.down_proj.bias"), H))) return ld->err->code;
     }
 #undef NAME
     return CT_OK;
+}
+
+static const char *quant_method_name(const ct_model_config *c)
+{
+    return c->quant_method == CT_QUANT_BNB4 ? "bitsandbytes" : c->quant_method == CT_QUANT_MXFP4 ? "mxfp4" : "fp8";
 }
 
 /* Every MoE op, or none usable: a backend may have some while others are written. */
@@ -651,14 +785,22 @@ int model_load_with(ct_model *m, ct_backend *be, const char *dir, const ct_load_
         return CT_FAIL_INPUT(err, "%s: model_type '%s' is a mixture of experts; the %s backend does not implement "
                              "the MoE ops yet (set device: cpu to train it on the CPU reference backend)",
                              dir, c->model_type, be->name);
+    CT_ASSERT(!(opt && opt->quantize && opt->fp8), "model_load_with: 4-bit and FP8 quantize-on-load together");
+    if (opt && opt->fp8 && c->quant_method != CT_QUANT_NONE)
+        return CT_FAIL_INPUT(err, "%s: base_precision fp8 asks to quantize on load, but the folder is already "
+                             "quantized (quantization_config.quant_method %s); remove base_precision to train on it "
+                             "as stored", dir, quant_method_name(c));
+    if (((opt && opt->fp8) || c->quant_method == CT_QUANT_FP8) && !be->dequant_fp8)
+        return CT_FAIL_INPUT(err, "%s: FP8 base weights (%s) are not supported on the %s backend yet (set device: "
+                             "cpu to train on the CPU reference backend)", dir,
+                             opt && opt->fp8 ? "base_precision fp8" : "quantization_config.quant_method fp8", be->name);
     if (opt && opt->quantize) {
         CT_ASSERT(opt->type != QUANT4_MXFP4 && quant4_blocksize_valid((size_t)opt->blocksize),
                   "model_load_with: quantize to type %d, blocksize %d", (int)opt->type, opt->blocksize);
         if (c->quant_method != CT_QUANT_NONE)
             return CT_FAIL_INPUT(err, "%s: model_quantization asks to quantize on load, but the folder is already "
                                  "quantized (quantization_config.quant_method %s); remove model_quantization to "
-                                 "train on it as stored", dir,
-                                 c->quant_method == CT_QUANT_BNB4 ? "bitsandbytes" : "mxfp4");
+                                 "train on it as stored", dir, quant_method_name(c));
     }
     st_reader *r = st_open(dir, err);
     if (!r) return err->code;
@@ -689,6 +831,7 @@ int model_load_with(ct_model *m, ct_backend *be, const char *dir, const ct_load_
         return rc;
     }
     m->quant_weights = ld.quant_weights;
+    m->fp8_weights = ld.fp8_weights;
     m->rot_dim = model_rope_dim(c);
     float *inv = ct_malloc(sizeof(float) * (size_t)(m->rot_dim / 2));
     model_rope_inv_freq(c, inv, &m->attn_scaling);
@@ -712,6 +855,10 @@ int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err)
 const void *model_weight(const ct_model *m, const void *dense, const ct_qweight *q)
 {
     if (!q || !q->codes) return dense;
+    if (q->fp8) {
+        m->be->dequant_fp8(m->be, m->dequant_buf, q->codes, q->scales, q->rows, q->cols);
+        return m->dequant_buf;
+    }
     m->be->dequant4(m->be, m->dequant_buf, q->codes, q->scales, q->numel, q->blocksize, q->type);
     return m->dequant_buf;
 }

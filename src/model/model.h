@@ -64,17 +64,22 @@ typedef struct ct_layer_weights {
  * block of `blocksize` consecutive elements of a row (cols % blocksize == 0):
  * bitsandbytes' absmax as fp32 (double quantization undone exactly at load, so
  * that fusing q|k|v and permuting rows move bytes only; 0.5 bit per weight
- * more than the 8-bit form) or MXFP4's E8M0 bytes. The graph reads it through
- * model_weight, which decodes it to a dense weight right before each GEMM. */
+ * more than the 8-bit form) or MXFP4's E8M0 bytes. Or held in FP8 (fp8 set):
+ * one E4M3 byte per weight and one fp32 scale per 128x128 block, fused weights
+ * joining whole blocks only. The graph reads it through model_weight, which
+ * decodes it to a dense weight right before each GEMM. */
 typedef struct ct_qweight {
-    uint8_t *codes;   /* backend memory, numel / 2 bytes; NULL: the weight is dense */
-    void *scales;     /* backend memory: numel / blocksize fp32 (NF4, FP4) or bytes (MXFP4) */
+    uint8_t *codes;   /* backend memory, numel / 2 bytes (FP8: numel bytes); NULL: the weight is dense */
+    void *scales;     /* backend memory: numel / blocksize fp32 (NF4, FP4) or bytes (MXFP4); FP8: fp32, one
+                         per 128x128 block, (ceil(rows / 128), fp8_weight_scale_ld(cols)) */
     size_t numel;
-    int blocksize;
-    quant4_type type;
+    int blocksize;    /* 4-bit only */
+    quant4_type type; /* 4-bit only */
+    bool fp8;         /* E4M3 codes in 128x128 blocks (fp8.h; base_precision fp8) instead of 4 bits */
+    size_t rows, cols; /* FP8: the matrix, rows = output features (a stack of experts: E * rows) */
 } ct_qweight;
 
-/* The 4-bit forms of the fields of ct_layer_weights that may have one. */
+/* The 4-bit or FP8 forms of the fields of ct_layer_weights that may have one. */
 typedef struct ct_layer_qweights {
     ct_qweight wqkv, wo, wgu, wdown, win, wout, wgu_e, wdown_e, wsh_gu, wsh_down;
 } ct_layer_qweights;
@@ -87,8 +92,9 @@ typedef struct ct_model {
     void *lm_head;            /* (V, H); == embed when tied */
     ct_layer_weights *layers; /* (L) */
     ct_layer_qweights *qlayers; /* (L) */
-    void *dequant_buf;        /* the dense weight model_weight decodes into: the largest 4-bit one; NULL if none */
+    void *dequant_buf;        /* the dense weight model_weight decodes into: the largest 4-bit or FP8 one; NULL if none */
     size_t quant_weights;     /* weights held in 4 bits */
+    size_t fp8_weights;       /* weights held in FP8 */
     float *inv_freq;          /* (rot_dim/2) fp32, backend memory */
     float attn_scaling;
     int rot_dim;
@@ -96,8 +102,11 @@ typedef struct ct_model {
 } ct_model;
 
 /* What model_load_with does with dense linear weights: quantize them on load
- * (QLoRA from a bf16 folder), exactly as bitsandbytes' quantize_4bit would. */
+ * (QLoRA from a bf16 folder), exactly as bitsandbytes' quantize_4bit would, or
+ * to FP8. */
 typedef struct ct_load_options {
+    bool fp8;             /* base_precision fp8: the linear weights and routed experts to FP8 (E4M3, 128x128
+                             blocks) as transformers' FineGrainedFP8 quantizer would, instead of 4 bits */
     bool quantize;
     quant4_type type;     /* NF4 or FP4 */
     int blocksize;        /* bitsandbytes' 64 */
@@ -106,16 +115,17 @@ typedef struct ct_load_options {
 
 /* Reads DIR/config.json and the safetensors in DIR, checks every tensor's name,
  * shape and dtype, and uploads the weights (fused) to the backend. Weights the
- * folder stores in 4 bits (bitsandbytes NF4/FP4, gpt_oss's MXFP4 experts) stay
- * in 4 bits where the whole fused weight is (else they are decoded at load); opt
- * (NULL: none) may quantize the others. A mixture of experts on a backend
+ * folder stores in 4 bits (bitsandbytes NF4/FP4, gpt_oss's MXFP4 experts) or
+ * in FP8 stay so where the whole fused weight is (else they are decoded at
+ * load); opt (NULL: none) may quantize the others. FP8 weights on a backend
+ * without dequant_fp8 are CT_ERR_INPUT. A mixture of experts on a backend
  * without the MoE ops is CT_ERR_INPUT, and so is a Gated DeltaNet hybrid on a
  * backend without the GDN ops. */
 int model_load(ct_model *m, ct_backend *be, const char *dir, ct_error *err);
 int model_load_with(ct_model *m, ct_backend *be, const char *dir, const ct_load_options *opt, ct_error *err);
 
 /* The dense weight for a GEMM: `dense` itself, or q (when it holds a 4-bit
- * weight) decoded into m->dequant_buf, valid until the next model_weight call.
+ * or FP8 weight) decoded into m->dequant_buf, valid until the next model_weight call.
  * Ops run in order on one stream, so one buffer serves every layer. */
 const void *model_weight(const ct_model *m, const void *dense, const ct_qweight *q);
 /* model_weight of field F of layer L. */

@@ -24,6 +24,7 @@ typedef enum {
 static const struct { const char *key; key_rule rule; } rules[] = {
     {"model", RULE_EXACT},
     {"model_quantization", RULE_EXACT},  /* the base the adapter was trained against */
+    {"base_precision", RULE_EXACT},
     {"bnb_4bit_use_double_quant", RULE_EXACT},
     {"lora.r", RULE_SHAPE},
     {"lora.target_modules", RULE_SHAPE},

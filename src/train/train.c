@@ -163,7 +163,8 @@ static int run_setup(run *r, const ct_config *cfg, bool need_train, ct_error *er
 {
     r->cfg = cfg;
     if (!(r->be = train_backend(cfg, err))) return err->code;
-    ct_load_options lopt = {.quantize = cfg->model_quantization != CT_MODEL_QUANT_NONE,
+    ct_load_options lopt = {.fp8 = cfg->base_precision == CT_BASE_FP8,
+                            .quantize = cfg->model_quantization != CT_MODEL_QUANT_NONE,
                             .type = cfg->model_quantization == CT_MODEL_QUANT_FP4 ? QUANT4_FP4 : QUANT4_NF4,
                             .blocksize = 64, .double_quant = cfg->bnb_4bit_use_double_quant};
     int rc = model_load_with(&r->model, r->be, cfg->model, &lopt, err);
@@ -522,6 +523,9 @@ int train_run(const ct_config *cfg, ct_error *err)
             log_note(&r.log, "base: %.3g G weights held in 4 bits (%s), decoded per GEMM", r.model.quant_weights / 1e9,
                      cfg->model_quantization == CT_MODEL_QUANT_FP4 ? "fp4, quantized on load"
                      : cfg->model_quantization == CT_MODEL_QUANT_NF4 ? "nf4, quantized on load" : "as stored");
+        if (r.model.fp8_weights)
+            log_note(&r.log, "base: %.3g G weights held in FP8 (E4M3, 128x128 blocks, %s), decoded per GEMM",
+                     r.model.fp8_weights / 1e9, cfg->base_precision == CT_BASE_FP8 ? "quantized on load" : "as stored");
         log_note(&r.log, "data: %zu documents, %zu tokens, %zu micro-batches per epoch, packing efficiency %.1f%%, "
                  "%zu documents truncated to %d tokens",
                  s.docs, s.tokens, s.batches, 100.0 * s.efficiency, s.truncated_docs, cfg->data.max_length);

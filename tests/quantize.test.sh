@@ -74,7 +74,7 @@ quantize_refuses_a_non_empty_out() {
 bad_options_exit_2_with_one_line() {
     "$CTUNE" init --config "$TINY" --out bf >/dev/null
     expect_exit 2 "$CTUNE" quantize --model bf --out q --type int4
-    grep -q "^ctune quantize: --type 'int4': expected nf4 or fp4$" err.txt
+    grep -q "^ctune quantize: --type 'int4': expected nf4, fp4 or fp8 (init also takes mxfp4)$" err.txt
     expect_exit 2 "$CTUNE" quantize --model bf --out q --blocksize 48
     grep -q "^ctune quantize: --blocksize '48': expected a power of two from 32 to 4096$" err.txt
     expect_exit 2 "$CTUNE" quantize --model bf --out q --blocksize 8192
@@ -84,10 +84,45 @@ bad_options_exit_2_with_one_line() {
     expect_exit 2 "$CTUNE" quantize --model missing --out q
     grep -q "missing" err.txt && test "$(wc -l <err.txt)" -eq 1
     expect_exit 2 "$CTUNE" init --config "$TINY" --out i --quantize mxfp3
-    grep -q "^ctune init: --quantize 'mxfp3': expected nf4 or fp4$" err.txt
+    grep -q "^ctune init: --quantize 'mxfp3': expected nf4, fp4 or fp8 (init also takes mxfp4)$" err.txt
     expect_exit 2 "$CTUNE" init --config "$TINY" --out i --blocksize 128
     grep -q "^ctune init: --blocksize needs --quantize" err.txt
     test ! -e q && test ! -e i/config.json
+}
+
+fp8_init_then_quantize_equals_init_quantize() {
+    for name in tiny tiny-moe; do
+        "$CTUNE" init --config "$ROOT/configs/models/$name" --out "bf-$name" --seed 4 >/dev/null
+        "$CTUNE" quantize --model "bf-$name" --out "q-$name" --type fp8 >"$name.txt"
+        "$CTUNE" init --config "$ROOT/configs/models/$name" --out "i-$name" --seed 4 --quantize fp8 >/dev/null
+        same_files "q-$name" "i-$name"
+        grep -q '"quant_method": "fp8"' "q-$name/config.json"
+    done
+    grep -q "q-tiny: 28 of 38 tensors in FP8 (E4M3, 128x128 blocks), 1 file" tiny.txt
+    "$CTUNE" init --config "$TINY" --out sh --seed 4 --quantize fp8 --max-shard-bytes 60000 >/dev/null 2>&1
+    grep -q '"model.layers.0.mlp.down_proj.weight_scale_inv":' sh/model.safetensors.index.json
+    expect_exit 2 "$CTUNE" quantize --model q-tiny --out again
+    grep -q "already quantized" err.txt
+    expect_exit 2 "$CTUNE" quantize --model bf-tiny --out q8 --type fp8 --blocksize 64
+    grep -q "^ctune quantize: --blocksize applies to nf4 and fp4, not --type fp8$" err.txt
+}
+
+fp8_folder_trains_and_merges_to_a_plain_bf16_folder() {
+    "$CTUNE" init --config "$TINY" --out q8 --seed 4 --quantize fp8 >/dev/null
+    "$CTUNE" train "$ROOT/configs/tiny.yaml" --set model=q8 --set output_dir=run --set device=cpu \
+        --set "data.train_files=[$ROOT/data/arith/train.shard]" --set data.eval_files=[] --set training.max_steps=2 \
+        --set training.warmup_steps=1 --set training.eval_steps=0 --set training.save_steps=0 >train.txt 2>&1 ||
+        { cat train.txt; false; }
+    "$CTUNE" merge --model q8 --adapter run/final --out merged >/dev/null 2>&1
+    ! grep -q quantization_config merged/config.json
+    "$CTUNE" inspect merged >inspect.txt
+    ! grep -q "scale_inv" inspect.txt && grep -q "weights: ok" inspect.txt
+    expect_exit 2 "$CTUNE" train "$ROOT/configs/tiny.yaml" --set model=q8 --set output_dir=run2 --set device=cpu \
+        --set base_precision=fp8
+    grep -q "already quantized" err.txt
+    expect_exit 2 "$CTUNE" train "$ROOT/configs/tiny.yaml" --set output_dir=run3 --set base_precision=fp8 \
+        --set model_quantization=nf4
+    grep -q "both quantize the base" err.txt && test "$(wc -l <err.txt)" -eq 1
 }
 
 non_finite_weight_exits_2_naming_it() {
@@ -171,7 +206,8 @@ check_fails_on_other_weights() {
 for t in init_then_quantize_equals_init_quantize sharded_fp4_folders_are_identical_too \
          quantize_writes_quantization_config_and_keeps_the_config quantize_copies_tokenizer_files \
          quantize_refuses_a_quantized_folder quantize_refuses_a_non_empty_out bad_options_exit_2_with_one_line \
-         full_disk_during_a_quantize_leaves_no_output_folder; do
+         full_disk_during_a_quantize_leaves_no_output_folder fp8_init_then_quantize_equals_init_quantize \
+         fp8_folder_trains_and_merges_to_a_plain_bf16_folder; do
     run_test "$t"
 done
 # python3 (no packages) writes the NaN into the file

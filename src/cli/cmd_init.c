@@ -15,7 +15,8 @@
  *
  * --quantize nf4|fp4 writes the same values as a bitsandbytes 4-bit folder
  * (docs/quantization.md) without the bf16 one: each tensor is drawn in bf16,
- * then quantized, so `init` then `quantize` gives the same bytes.
+ * then quantized, so `init` then `quantize` gives the same bytes; fp8 the FP8
+ * folder (docs/fp8.md) the same way.
  *
  * Memory: tensors are generated and written one shard (<= --max-shard-bytes,
  * default 5 GB) at a time by model_write.h. st_writer_add copies, but each
@@ -36,6 +37,7 @@
 #include "json.h"
 #include "model_config.h"
 #include "model_write.h"
+#include "fp8.h"
 #include "mxfp4.h"
 #include "safetensors.h"
 
@@ -161,24 +163,28 @@ int cmd_init(int argc, char **argv, ct_error *err)
         {"--seed", "S", "seed of the random weights (default 0)", .str = &seed_s},
         {"--max-shard-bytes", "N", "largest safetensors file before sharding (default 5000000000)",
          .str = &max_shard_s},
-        {"--quantize", "FORMAT", "write a 4-bit folder: nf4 or fp4 (bitsandbytes; see ctune quantize), or mxfp4 "
-         "(gpt_oss experts, as the Hub's checkpoints)", .str = &quant_s},
+        {"--quantize", "FORMAT", "write a quantized folder: nf4 or fp4 (bitsandbytes; see ctune quantize), mxfp4 "
+         "(gpt_oss experts, as the Hub's checkpoints) or fp8 (E4M3 in 128x128 blocks)", .str = &quant_s},
         {"--blocksize", "N", "with --quantize: elements per scale, 32..4096 (default 64)", .str = &bs_s},
         {"--no-double-quant", NULL, "with --quantize: keep the scales in fp32", .flag = &no_dq},
         {0}};
-    const cli_cmd cmd = {"init", "init --config CONFIG.json --out DIR [--seed S] [--quantize nf4|fp4|mxfp4]", opts};
+    const cli_cmd cmd = {"init", "init --config CONFIG.json --out DIR [--seed S] [--quantize nf4|fp4|mxfp4|fp8]",
+                         opts};
     uint64_t seed = 0, max_shard = DEFAULT_MAX_SHARD_BYTES;
     int rc = cli_parse(&cmd, argc, argv, NULL, err);
     if (rc) return rc;
     if (seed_s && (rc = parse_u64("--seed", seed_s, &seed, err))) return rc;
     if (max_shard_s && (rc = parse_u64("--max-shard-bytes", max_shard_s, &max_shard, err))) return rc;
     if (max_shard == 0) return CT_FAIL_INPUT(err, "--max-shard-bytes must be positive");
-    quant4_write_opts q;
-    bool mx = quant_s && !strcmp(quant_s, "mxfp4");
-    if ((!quant_s || mx) && (bs_s || no_dq))
+    bool mx = quant_s && !strcmp(quant_s, "mxfp4"), fp8 = quant_s && !strcmp(quant_s, "fp8");
+    model_write_format f = {.form = mx ? MODEL_WRITE_MXFP4 : fp8 ? MODEL_WRITE_FP8 : quant_s ? MODEL_WRITE_4BIT
+                                                                                        : MODEL_WRITE_BF16};
+    const quant4_write_opts *q = &f.quant4;
+    if (f.form != MODEL_WRITE_4BIT && (bs_s || no_dq))
         return CT_FAIL_INPUT(err, "%s needs --quantize nf4 or fp4 (see ctune init --help)",
                              bs_s ? "--blocksize" : "--no-double-quant");
-    if (quant_s && !mx && (rc = model_write_parse_quant("--quantize", quant_s, bs_s, no_dq, &q, err))) return rc;
+    if (f.form == MODEL_WRITE_4BIT && (rc = model_write_parse_quant("--quantize", quant_s, bs_s, no_dq, &f.quant4, err)))
+        return rc;
 
     /* Keep the input bytes: DIR/config.json must be exactly what HF will read
      * (a 4-bit folder's gains its quantization_config, the rest kept). */
@@ -198,8 +204,9 @@ int cmd_init(int argc, char **argv, ct_error *err)
         json_writer qc;
         json_writer_init(&qc);
         if (mx) mxfp4_write_config(&qc);
-        char *qtext = mx ? config_text_with_quantization(text, len, config_path, qc.buf, qc.len, &qlen, err)
-                         : quant4_config_text(text, len, config_path, &q, &qlen, err);
+        char *qtext = mx    ? config_text_with_quantization(text, len, config_path, qc.buf, qc.len, &qlen, err)
+                      : fp8 ? fp8_config_text(text, len, config_path, &qlen, err)
+                            : quant4_config_text(text, len, config_path, q, &qlen, err);
         json_writer_free(&qc);
         if (!qtext) rc = err->code;
         free(text);
@@ -218,8 +225,7 @@ int cmd_init(int argc, char **argv, ct_error *err)
     double t0 = ct_now();
     gen_source src = {specs, seed, (float)mc.initializer_range};
     if (rc == CT_OK)
-        rc = model_write_weights(specs, n, out, (size_t)max_shard, quant_s && !mx ? &q : NULL, mx, gen_fill, &src,
-                                 "init", &nfiles, err);
+        rc = model_write_weights(specs, n, out, (size_t)max_shard, &f, gen_fill, &src, "init", &nfiles, err);
     /* config.json last: a folder with a config is a complete model */
     if (rc == CT_OK) {
         char *p = join(out, "config.json");
@@ -230,8 +236,9 @@ int cmd_init(int argc, char **argv, ct_error *err)
         ct_param_counts c = model_param_counts(&mc);
         char format[64];
         if (mx) snprintf(format, sizeof format, "experts mxfp4");
-        else if (quant_s) snprintf(format, sizeof format, "%s, blocksize %zu%s", quant4_type_name(q.type), q.blocksize,
-                                   q.double_quant ? ", double quant" : "");
+        else if (fp8) snprintf(format, sizeof format, "fp8, 128x128 blocks");
+        else if (quant_s) snprintf(format, sizeof format, "%s, blocksize %zu%s", quant4_type_name(q->type), q->blocksize,
+                                   q->double_quant ? ", double quant" : "");
         else snprintf(format, sizeof format, "%.3g GB bf16", 2e-9 * (double)c.total);
         printf("init: %s: %s (%s), %zu parameters (%s), %zu tensors in %zu file%s, seed %" PRIu64 ", %.1f s\n",
                out, mc.model_type, mc.architectures[0] ? mc.architectures : "-", c.total, format, n,

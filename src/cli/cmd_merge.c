@@ -25,7 +25,8 @@
  * merge does: each 4-bit weight is decoded (code * absmax, fp32) and written
  * in bf16, with its delta when adapted; its quant_state tensors are dropped
  * and config.json loses its quantization_config, so the output is a plain
- * bf16 checkpoint.
+ * bf16 checkpoint. An FP8 base the same way: decode(q) * scale_inv, its
+ * weight_scale_inv tensors dropped.
  *
  * The output keeps the input's layout: the same tensor names in files of the
  * same names (one model.safetensors, or the shards plus a rewritten
@@ -42,6 +43,7 @@
 #include "adapter.h"
 #include "commands.h"
 #include "json.h"
+#include "fp8.h"
 #include "quant4.h"
 #include "safetensors.h"
 
@@ -57,10 +59,23 @@ static const char *const quant_state_suffixes[] = {
     ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4",
     ".quant_state.bitsandbytes__fp4"};
 
-/* True when NAME is part of the quant_state of a 4-bit weight of r. */
+/* A weight of r stored quantized (bitsandbytes 4-bit or FP8), written in bf16. */
+static bool is_quantized(const st_reader *r, const char *name)
+{
+    return quant4_is_quantized(r, name) || fp8_is_quantized(r, name);
+}
+
+/* True when NAME is part of the quant_state of a 4-bit weight of r, or the
+ * scale_inv of an FP8 one. */
 static bool is_quant_state(const st_reader *r, const char *name)
 {
     size_t n = strlen(name);
+    static const char fp8_scale[] = "_scale_inv";
+    if (n > sizeof fp8_scale - 1 && !strcmp(name + n - (sizeof fp8_scale - 1), fp8_scale)) {
+        char w[1024];
+        snprintf(w, sizeof w, "%.*s", (int)(n - (sizeof fp8_scale - 1)), name);
+        if (fp8_is_quantized(r, w)) return true;
+    }
     for (size_t i = 0; i < sizeof quant_state_suffixes / sizeof quant_state_suffixes[0]; i++) {
         size_t k = strlen(quant_state_suffixes[i]);
         if (n <= k || strcmp(name + n - k, quant_state_suffixes[i])) continue;
@@ -97,10 +112,23 @@ static float *to_f32(const st_tensor *t)
     return out;
 }
 
-/* The base tensor's values as fp32 (a 4-bit weight decoded) and its shape;
- * NULL (err set) when its quant_state is broken. */
+/* The base tensor's values as fp32 (a 4-bit or FP8 weight decoded) and its
+ * shape; NULL (err set) when its quant_state or scales are broken. */
 static float *base_f32(const st_reader *r, const st_tensor *t, int *ndim, int64_t *shape, ct_error *err)
 {
+    if (fp8_is_quantized(r, t->name) && t->ndim == 2) {
+        size_t rows = (size_t)t->shape[0], cols = (size_t)t->shape[1];
+        float *s = ct_malloc(fp8_blocks(rows) * fp8_blocks(cols) * sizeof(float)), *v = NULL;
+        const uint8_t *q;
+        if (!fp8_read_weight(r, t->name, t->shape[0], t->shape[1], &q, s, err)) {
+            v = ct_malloc(rows * cols * sizeof(float));
+            fp8_dequantize_blocks(v, q, s, rows, cols);
+            *ndim = 2;
+            memcpy(shape, t->shape, 2 * sizeof(int64_t));
+        }
+        free(s);
+        return v;
+    }
     if (!quant4_is_quantized(r, t->name)) {
         *ndim = t->ndim;
         memcpy(shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
@@ -219,6 +247,7 @@ static int match_pairs(const st_reader *base, const st_reader *ad, const char *a
             memcpy(Wv.shape, qi.shape, sizeof qi.shape);
             Wv.dtype = CT_DTYPE_F32;
         }
+        if (W && fp8_is_quantized(base, W->name)) Wv.dtype = CT_DTYPE_F32; /* decoded by base_f32 */
         if (rc) break;
         if (!B) rc = CT_FAIL_INPUT(err, "%s: '%s' has no lora_B", ad_path, t->name);
         else if (!W) rc = CT_FAIL_INPUT(err, "%s: the base model has no tensor '%s' for '%s'", ad_path, name, t->name);
@@ -226,7 +255,7 @@ static int match_pairs(const st_reader *base, const st_reader *ad, const char *a
             rc = CT_FAIL_INPUT(err, "%s: '%s' is not in adapter_config.json's %s", ad_path, t->name,
                                expert ? "target_parameters" : "target_modules");
         else if (!is_float(t->dtype) || !is_float(B->dtype) || !is_float(Wv.dtype))
-            rc = CT_FAIL_INPUT(err, "%s: '%s': LoRA and base weights must be BF16, F16 or F32 (or bitsandbytes 4-bit)",
+            rc = CT_FAIL_INPUT(err, "%s: '%s': LoRA and base weights must be BF16, F16 or F32 (or bitsandbytes 4-bit, or FP8)",
                                ad_path, module);
         else if (!pair_fits(t, B, &Wv, lc->r, expert)) {
             format_shape(as, sizeof as, t);
@@ -314,7 +343,7 @@ static int add_tensor(st_writer *w, const st_reader *r, const st_tensor *t, cons
     for (size_t k = 0; k < np && !p; k++)
         if (pairs[k].base == t) p = &pairs[k];
     if (is_quant_state(r, t->name)) return CT_OK; /* its weight is written in bf16 */
-    bool q4 = quant4_is_quantized(r, t->name);
+    bool q4 = is_quantized(r, t->name);
     if (!is_float(t->dtype) && !q4) {
         *bytes += t->nbytes;
         return st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, err);

@@ -1,9 +1,11 @@
-/* cmd_quantize.c — `ctune quantize --model DIR --out DIR [--type nf4|fp4]
+/* cmd_quantize.c — `ctune quantize --model DIR --out DIR [--type nf4|fp4|fp8]
  * [--blocksize 64] [--no-double-quant]`: a bf16 model folder -> the bitsandbytes
  * 4-bit folder transformers + bitsandbytes would save for it
  * (docs/quantization.md): the same tensors quantized (quant4_should_quantize),
  * each bit for bit as bnb quantizes it on the CPU, the others in bf16, and
- * config.json with its quantization_config.
+ * config.json with its quantization_config. With --type fp8, the FP8 folder
+ * (docs/fp8.md) of the weights base_precision fp8 quantizes on load, each
+ * with the arithmetic of transformers' FP8 quantizer (fp8.h).
  *
  * Every tensor is rounded to bf16 first (F16 and F32 inputs too: HF loads
  * with dtype bfloat16 before it quantizes). Tensors the model does not use
@@ -25,6 +27,7 @@
 
 #include "commands.h"
 #include "config.h"
+#include "fp8.h"
 #include "model_config.h"
 #include "model_write.h"
 #include "safetensors.h"
@@ -102,18 +105,18 @@ static int copy_side_files(const char *model, const char *out, ct_error *err)
     return rc;
 }
 
-/* A folder holding any bitsandbytes quant_state is quantized already. */
+/* A folder holding any bitsandbytes quant_state or FP8 tensor is quantized already. */
 static int check_not_quantized(const st_reader *r, const char *model, ct_error *err)
 {
     for (size_t i = 0; i < st_count(r); i++)
-        if (strstr(st_at(r, i)->name, ".quant_state.bitsandbytes__"))
+        if (strstr(st_at(r, i)->name, ".quant_state.bitsandbytes__") || st_at(r, i)->dtype == CT_DTYPE_F8_E4M3)
             return CT_FAIL_INPUT(err, "%s: the model is already quantized (tensor %s)", model, st_at(r, i)->name);
     return CT_OK;
 }
 
 /* Writes OUT.partial, then renames it to OUT. */
 static int write_folder(const char *model, const char *out, const ct_tensor_spec *specs, size_t n,
-                        const st_reader *r, const quant4_write_opts *q, size_t max_shard, const char *config,
+                        const st_reader *r, const model_write_format *f, size_t max_shard, const char *config,
                         size_t config_len, size_t *nfiles, ct_error *err)
 {
     /* OUT/ names OUT: without the slash, OUT.partial is a sibling, not a child */
@@ -124,7 +127,7 @@ static int write_folder(const char *model, const char *out, const ct_tensor_spec
     ct_remove_tree(tmp);
     read_source src = {specs, r};
     int rc = ct_mkdirs(tmp, err);
-    if (!rc) rc = model_write_weights(specs, n, tmp, max_shard, q, false, read_fill, &src, "quantize", nfiles, err);
+    if (!rc) rc = model_write_weights(specs, n, tmp, max_shard, f, read_fill, &src, "quantize", nfiles, err);
     if (!rc) rc = copy_side_files(model, tmp, err);
     snprintf(path, sizeof path, "%s/config.json", tmp);
     if (!rc) rc = ct_write_file_atomic(path, config, config_len, err);
@@ -142,19 +145,24 @@ int cmd_quantize(int argc, char **argv, ct_error *err)
     bool no_dq = false;
     const cli_opt opts[] = {
         {"--model", "DIR", "the bf16 model folder (config.json + safetensors)", .str = &model, .required = true},
-        {"--out", "DIR", "the 4-bit model folder to write (new or empty)", .str = &out, .required = true},
-        {"--type", "nf4|fp4", "the 4-bit code book (default nf4)", .str = &type_s},
+        {"--out", "DIR", "the quantized model folder to write (new or empty)", .str = &out, .required = true},
+        {"--type", "nf4|fp4|fp8", "the 4-bit code book (default nf4), or fp8: E4M3 in 128x128 blocks",
+         .str = &type_s},
         {"--blocksize", "N", "elements per scale, a power of two in 32..4096 (default 64)", .str = &bs_s},
         {"--no-double-quant", NULL, "keep the scales in fp32 (default: 8-bit, as QLoRA)", .flag = &no_dq},
         {"--max-shard-bytes", "N", "largest safetensors file before sharding (default 5000000000)",
          .str = &max_shard_s},
         {0}};
-    const cli_cmd cmd = {"quantize", "quantize --model DIR --out DIR [--type nf4|fp4] [--blocksize 64] "
+    const cli_cmd cmd = {"quantize", "quantize --model DIR --out DIR [--type nf4|fp4|fp8] [--blocksize 64] "
                                      "[--no-double-quant]", opts};
     int rc = cli_parse(&cmd, argc, argv, NULL, err);
     if (rc) return rc;
-    quant4_write_opts q;
-    if ((rc = model_write_parse_quant("--type", type_s, bs_s, no_dq, &q, err))) return rc;
+    model_write_format f = {.form = strcmp(type_s, "fp8") ? MODEL_WRITE_4BIT : MODEL_WRITE_FP8};
+    bool fp8 = f.form == MODEL_WRITE_FP8;
+    if (fp8 && (bs_s || no_dq))
+        return CT_FAIL_INPUT(err, "%s applies to nf4 and fp4, not --type fp8", bs_s ? "--blocksize" : "--no-double-quant");
+    if (!fp8 && (rc = model_write_parse_quant("--type", type_s, bs_s, no_dq, &f.quant4, err))) return rc;
+    const quant4_write_opts q = f.quant4;
     long long max_shard = (long long)DEFAULT_MAX_SHARD_BYTES;
     if (max_shard_s && (rc = cli_parse_ll("--max-shard-bytes", max_shard_s, 1, 1LL << 50, &max_shard, err))) return rc;
     if (!*out || strlen(out) >= CT_PATH_MAX) return CT_FAIL_INPUT(err, "--out: an empty or over-long folder name");
@@ -167,7 +175,9 @@ int cmd_quantize(int argc, char **argv, ct_error *err)
     if (!text) return err->code;
     ct_model_config mc;
     rc = model_config_parse(&mc, text, len, config_path, err);
-    if (!rc && !(qtext = quant4_config_text(text, len, config_path, &q, &qlen, err))) rc = err->code;
+    if (!rc && !(qtext = fp8 ? fp8_config_text(text, len, config_path, &qlen, err)
+                             : quant4_config_text(text, len, config_path, &q, &qlen, err)))
+        rc = err->code;
     st_reader *r = rc ? NULL : st_open(model, err);
     if (!rc && !r) rc = err->code;
     if (!rc) rc = check_not_quantized(r, model, err);
@@ -177,11 +187,14 @@ int cmd_quantize(int argc, char **argv, ct_error *err)
     size_t n = 0, nfiles = 0, n4 = 0;
     ct_tensor_spec *specs = rc ? NULL : model_tensor_specs(&mc, &n);
     double t0 = ct_now();
-    if (!rc) rc = write_folder(model, out, specs, n, r, &q, (size_t)max_shard, qtext, qlen, &nfiles, err);
+    if (!rc) rc = write_folder(model, out, specs, n, r, &f, (size_t)max_shard, qtext, qlen, &nfiles, err);
     if (!rc) {
-        for (size_t i = 0; i < n; i++) n4 += quant4_should_quantize(&specs[i]);
-        printf("quantize: %s: %zu of %zu tensors in 4 bits (%s, blocksize %zu%s), %zu file%s, %.1f s\n", out, n4, n,
-               quant4_type_name(q.type), q.blocksize, q.double_quant ? ", double quant" : "", nfiles,
+        for (size_t i = 0; i < n; i++) n4 += model_write_quantizes(&specs[i], &f);
+        char how[64];
+        if (fp8) snprintf(how, sizeof how, "in FP8 (E4M3, 128x128 blocks)");
+        else snprintf(how, sizeof how, "in 4 bits (%s, blocksize %zu%s)", quant4_type_name(q.type), q.blocksize,
+                      q.double_quant ? ", double quant" : "");
+        printf("quantize: %s: %zu of %zu tensors %s, %zu file%s, %.1f s\n", out, n4, n, how, nfiles,
                nfiles == 1 ? "" : "s", ct_now() - t0);
         if (st_count(r) > n)
             printf("quantize: left out %zu tensors the model does not use (HF's causal-LM class drops them too)\n",

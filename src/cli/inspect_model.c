@@ -53,10 +53,13 @@ static void print_memory_estimate(const ct_model_config *mc, const ct_param_coun
 {
     size_t n;
     ct_tensor_spec *specs = model_tensor_specs(mc, &n);
-    double lora = 0, q4 = 0, widest = 0; /* weights HF's bitsandbytes quantizes; the widest dense decode */
+    /* weights HF's bitsandbytes quantizes, those base_precision fp8 quantizes; the widest dense decode */
+    double lora = 0, q4 = 0, f8 = 0, widest = 0;
     for (size_t i = 0; i < n; i++) {
         const ct_tensor_spec *s = &specs[i];
         if (quant4_should_quantize(s)) q4 += (double)model_tensor_numel(s);
+        if (quant4_should_quantize(s) || (s->kind == CT_TENSOR_LINEAR && s->expert && s->ndim == 2))
+            f8 += (double)model_tensor_numel(s);
         if (s->kind != CT_TENSOR_LINEAR) continue;
         /* [out, in] or, for fused experts, [E, in, out]: one matrix per leading index */
         double a = (double)s->shape[s->ndim - 2], b = (double)s->shape[s->ndim - 1];
@@ -78,7 +81,7 @@ static void print_memory_estimate(const ct_model_config *mc, const ct_param_coun
     printf("                  weights %.3g + LoRA/Adam %.3g (%s params) + saved layer inputs %.3g"
            " + working set %.3g + workspace %.3g GiB\n",
            gib(weights), gib(lora_b), human(b, sizeof b, lora), gib(saved), gib(working), gib(workspace));
-    if (q4 > 0) {
+    if (q4 > 0 || f8 > 0) {
         /* the fused weights model_weight decodes: q|k|v (or the GDN input), gate|up */
         double H = mc->hidden_size, D = mc->head_dim;
         double qkv = ((mc->attn_output_gate ? 2 : 1) * mc->num_attention_heads + 2 * mc->num_key_value_heads) * D * H;
@@ -91,6 +94,11 @@ static void print_memory_estimate(const ct_model_config *mc, const ct_param_coun
         double w4 = 2.0 * ((double)pc->total - q4) + q4 * (0.5 + 4.0 / 64) + 2 * widest;
         printf("  memory (nf4)    %.3g GiB with model_quantization: nf4 (%s weights in 4 bits): weights %.3g GiB\n",
                gib(w4 + lora_b + saved + working + workspace), human(b, sizeof b, q4), gib(w4));
+        /* E4M3 bytes + an fp32 scale per 128x128 block; a stack of routed experts decodes whole */
+        double stack = f8 > q4 ? 2.0 * mc->num_experts * mc->moe_intermediate_size * H : 0;
+        double w8 = 2.0 * ((double)pc->total - f8) + f8 * (1.0 + 4.0 / 16384) + 2 * (stack > widest ? stack : widest);
+        printf("  memory (fp8)    %.3g GiB with base_precision: fp8 (%s weights in FP8): weights %.3g GiB\n",
+               gib(w8 + lora_b + saved + working + workspace), human(b, sizeof b, f8), gib(w8));
     }
 }
 
@@ -177,7 +185,9 @@ int inspect_model(const char *dir, ct_error *err)
     printf("  architecture    %s (%s), %s\n", mc.model_type, mc.architectures[0] ? mc.architectures : "-", mc.torch_dtype);
     if (mc.quant_method != CT_QUANT_NONE)
         printf("  stored          %s (quantization_config; trained as stored: docs/quantization.md)\n",
-               mc.quant_method == CT_QUANT_BNB4 ? "bitsandbytes 4-bit linear weights" : "MXFP4 experts");
+               mc.quant_method == CT_QUANT_BNB4    ? "bitsandbytes 4-bit linear weights"
+               : mc.quant_method == CT_QUANT_MXFP4 ? "MXFP4 experts"
+                                                   : "FP8 (E4M3, 128x128 blocks) linear weights");
     if (mc.gdn) {
         int linear = 0;
         for (int l = 0; l < mc.num_hidden_layers; l++) linear += mc.layer_linear[l];

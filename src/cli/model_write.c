@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "json.h"
+#include "fp8.h"
 #include "mxfp4.h"
 
 int model_write_parse_quant(const char *flag, const char *type, const char *blocksize, bool no_double_quant,
@@ -18,7 +19,7 @@ int model_write_parse_quant(const char *flag, const char *type, const char *bloc
 {
     *o = quant4_write_defaults();
     if (!quant4_type_from_name(type, &o->type))
-        return CT_FAIL_INPUT(err, "%s '%s': expected nf4 or fp4", flag, type);
+        return CT_FAIL_INPUT(err, "%s '%s': expected nf4, fp4 or fp8 (init also takes mxfp4)", flag, type);
     if (blocksize) {
         long long bs;
         if (cli_parse_ll("--blocksize", blocksize, 32, 4096, &bs, err) || !quant4_blocksize_valid((size_t)bs))
@@ -29,18 +30,36 @@ int model_write_parse_quant(const char *flag, const char *type, const char *bloc
     return CT_OK;
 }
 
-static bool quantized(const ct_tensor_spec *t, const quant4_write_opts *q) { return q && quant4_should_quantize(t); }
-
-/* A gpt_oss expert parameter the Hub's checkpoints store in MXFP4. */
-static bool mx_expert(const ct_tensor_spec *t, bool mx)
+static bool quantized(const ct_tensor_spec *t, const model_write_format *f)
 {
-    return mx && t->kind == CT_TENSOR_LINEAR && t->expert && t->ndim == 3;
+    return f->form == MODEL_WRITE_4BIT && quant4_should_quantize(t);
 }
 
-static size_t planned_bytes(const ct_tensor_spec *t, const quant4_write_opts *q, bool mx)
+/* A gpt_oss expert parameter the Hub's checkpoints store in MXFP4. */
+static bool mx_expert(const ct_tensor_spec *t, const model_write_format *f)
+{
+    return f->form == MODEL_WRITE_MXFP4 && t->kind == CT_TENSOR_LINEAR && t->expert && t->ndim == 3;
+}
+
+/* What base_precision fp8 quantizes on load: the nn.Linear weights and the
+ * per-expert (2-D) routed experts. */
+static bool fp8_weight(const ct_tensor_spec *t, const model_write_format *f)
+{
+    return f->form == MODEL_WRITE_FP8 && t->ndim == 2 &&
+           (quant4_should_quantize(t) || (t->kind == CT_TENSOR_LINEAR && t->expert));
+}
+
+bool model_write_quantizes(const ct_tensor_spec *t, const model_write_format *f)
+{
+    return quantized(t, f) || mx_expert(t, f) || fp8_weight(t, f);
+}
+
+static size_t planned_bytes(const ct_tensor_spec *t, const model_write_format *f)
 {
     size_t n = model_tensor_numel(t);
-    return mx_expert(t, mx) ? n / 2 + n / MXFP4_BLOCK : quantized(t, q) ? quant4_write_bytes(n, q) : n * sizeof(uint16_t);
+    if (fp8_weight(t, f)) return n + fp8_blocks((size_t)t->shape[0]) * fp8_blocks((size_t)t->shape[1]) * sizeof(float);
+    return mx_expert(t, f) ? n / 2 + n / MXFP4_BLOCK
+           : quantized(t, f) ? quant4_write_bytes(n, &f->quant4) : n * sizeof(uint16_t);
 }
 
 /* An expert parameter [E, in, out] (bf16) as MXFP4 of its (E, out, in) transpose. */
@@ -61,8 +80,7 @@ static int add_mxfp4(st_writer *sw, const ct_tensor_spec *t, const uint16_t *bf1
 
 /* Fills and adds specs[first..end) to one file at path. */
 static int write_shard(const ct_tensor_spec *specs, size_t first, size_t end, const char *path,
-                       const quant4_write_opts *q, bool mx, model_fill_fn fill, void *ctx, size_t *total,
-                       ct_error *err)
+                       const model_write_format *f, model_fill_fn fill, void *ctx, size_t *total, ct_error *err)
 {
     st_writer *sw = st_writer_new();
     int rc = CT_OK;
@@ -71,15 +89,20 @@ static int write_shard(const ct_tensor_spec *specs, size_t first, size_t end, co
         size_t n = model_tensor_numel(t);
         uint16_t *bf16 = ct_malloc(n * sizeof *bf16 + 2);
         rc = fill(ctx, i, bf16, err);
-        if (rc == CT_OK && mx_expert(t, mx)) {
+        if (rc == CT_OK && mx_expert(t, f)) {
             rc = add_mxfp4(sw, t, bf16, total, err);
-        } else if (rc == CT_OK && quantized(t, q)) {
+        } else if (rc == CT_OK && (quantized(t, f) || fp8_weight(t, f))) {
             float *x = ct_malloc(n * sizeof *x);
             #pragma omp parallel for schedule(static)
             for (size_t k = 0; k < n; k++) x[k] = ct_bf16_to_f32(bf16[k]);
             free(bf16);
             bf16 = NULL;
-            rc = quant4_write_add(sw, t->name, x, t->ndim, t->shape, q, total, err);
+            if (fp8_weight(t, f)) {
+                rc = fp8_write_weight(sw, t->name, x, t->shape[0], t->shape[1], err);
+                if (rc == CT_OK) *total += planned_bytes(t, f);
+            } else {
+                rc = quant4_write_add(sw, t->name, x, t->ndim, t->shape, &f->quant4, total, err);
+            }
             free(x);
         } else if (rc == CT_OK) {
             rc = st_writer_add(sw, t->name, CT_DTYPE_BF16, t->ndim, t->shape, bf16, err);
@@ -101,15 +124,15 @@ static void index_entry(json_writer *idx, const char *key, const char *file)
 }
 
 int model_write_weights(const ct_tensor_spec *specs, size_t n, const char *dir, size_t max_shard,
-                        const quant4_write_opts *quant, bool mxfp4, model_fill_fn fill, void *ctx, const char *who,
-                        size_t *nfiles, ct_error *err)
+                        const model_write_format *f, model_fill_fn fill, void *ctx, const char *who, size_t *nfiles,
+                        ct_error *err)
 {
     /* Greedy in spec order: a shard closes when the next tensor would overflow
      * it; a tensor larger than the limit gets a shard of its own. */
     size_t *shard_of = ct_malloc((n + 1) * sizeof *shard_of);
     size_t nshards = 0, cur = 0;
     for (size_t i = 0; i < n; i++) {
-        size_t bytes = planned_bytes(&specs[i], quant, mxfp4);
+        size_t bytes = planned_bytes(&specs[i], f);
         if (nshards == 0 || (cur > 0 && cur + bytes > max_shard)) { nshards++; cur = 0; }
         cur += bytes;
         shard_of[i] = nshards - 1;
@@ -127,7 +150,14 @@ int model_write_weights(const ct_tensor_spec *specs, size_t n, const char *dir, 
         if (nshards == 1) snprintf(name, sizeof name, "model.safetensors");
         else snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, nshards);
         for (size_t k = first; k < i; k++) {
-            if (mx_expert(&specs[k], mxfp4)) {
+            if (fp8_weight(&specs[k], f)) {
+                char key[sizeof specs[k].name + 16];
+                index_entry(&map, specs[k].name, name);
+                snprintf(key, sizeof key, "%s_scale_inv", specs[k].name);
+                index_entry(&map, key, name);
+                continue;
+            }
+            if (mx_expert(&specs[k], f)) {
                 char key[sizeof specs[k].name + 16];
                 snprintf(key, sizeof key, "%s_blocks", specs[k].name);
                 index_entry(&map, key, name);
@@ -135,11 +165,11 @@ int model_write_weights(const ct_tensor_spec *specs, size_t n, const char *dir, 
                 index_entry(&map, key, name);
                 continue;
             }
-            if (!quantized(&specs[k], quant)) {
+            if (!quantized(&specs[k], f)) {
                 index_entry(&map, specs[k].name, name);
                 continue;
             }
-            for (const char *const *suffix = quant4_write_suffixes(quant); *suffix; suffix++) {
+            for (const char *const *suffix = quant4_write_suffixes(&f->quant4); *suffix; suffix++) {
                 char key[sizeof specs[k].name + 64];
                 snprintf(key, sizeof key, "%s%s", specs[k].name, *suffix);
                 index_entry(&map, key, name);
@@ -148,7 +178,7 @@ int model_write_weights(const ct_tensor_spec *specs, size_t n, const char *dir, 
         size_t plen = strlen(dir) + sizeof name + 2;
         char *path = ct_malloc(plen);
         snprintf(path, plen, "%s/%s", dir, name);
-        rc = write_shard(specs, first, i, path, quant, mxfp4, fill, ctx, &total, err);
+        rc = write_shard(specs, first, i, path, f, fill, ctx, &total, err);
         if (rc == CT_OK && nshards > 1) fprintf(stderr, "%s: wrote %s\n", who, path);
         free(path);
     }

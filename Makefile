@@ -127,7 +127,8 @@ FUZZ_CFLAGS  := -O1 -g -std=c11 -D_GNU_SOURCE -DCT_LIBFUZZER $(SRC_INC) -Ifuzz -
                 -fno-sanitize-recover=all -MMD -MP
 FUZZ_LIB     := src/common/common.c src/common/json.c src/formats/config.c src/formats/safetensors.c src/formats/shard.c src/formats/model_config.c \
                 src/text/tokenizer.c src/text/tokenizer_encode.c src/text/tokenizer_decode.c src/text/tokenizer_bpe.c src/text/tokenizer_text.c \
-                src/model/model.c src/model/lora.c src/formats/adapter.c src/formats/checkpoint.c $(wildcard src/text/chat_template*.c)
+                src/model/model.c src/model/lora.c src/formats/adapter.c src/formats/checkpoint.c src/formats/quant4.c \
+                src/formats/quant4_write.c src/formats/mxfp4.c src/formats/fp8.c $(wildcard src/text/chat_template*.c)
 FUZZ_OBJS    := $(FUZZ_LIB:src/%.c=build-fuzz/obj/%.o)
 FUZZ_TARGETS := $(patsubst fuzz/fuzz_%.c,%,$(wildcard fuzz/fuzz_*.c))
 

@@ -170,6 +170,19 @@ struct ct_backend {
      * product formed in fp32 and rounded once to the weight type. NULL on a
      * backend that cannot hold FP8 weights yet. */
     void (*dequant_fp8)(ct_backend *be, void *y, const uint8_t *q, const float *scale, size_t rows, size_t cols);
+    /* The GEMMs of such a weight W (out, in) in FP8 itself: the activations are
+     * quantized on the fly to E4M3 per row and 128-column group with
+     * power-of-two scales (fp8_quantize_rows), fp32 accumulation; the result
+     * differs from the dense GEMM of the decoded W by that quantization. NULL
+     * where a backend has none (model_linear_* then decode W and use the
+     * dense ops). in and out multiples of 16, the strides multiples of 8.
+     *   fwd: y = c_in + x (T,in) @ W^T + bias; c_in NULL, y itself or a
+     *        residual with y's stride
+     *   bwd: dx (T,in) (=|+=) dy (T,out) @ W */
+    void (*linear_fwd_fp8)(ct_backend *be, void *y, int ldy, const void *c_in, const void *x, int ldx,
+                           const uint8_t *q, const float *scale, const void *bias, int T, int in, int out);
+    void (*linear_bwd_input_fp8)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const uint8_t *q,
+                                 const float *scale, int T, int in, int out, int accumulate);
 
     /* LoRA (PEFT): y += scale * (drop(x) @ A^T) @ B^T ; A (R,in), B (out,R) fp32. */
     void (*lora_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx,

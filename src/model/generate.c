@@ -229,7 +229,7 @@ static void gdn_mixer(ct_generator *g, int l, int T)
     int H = c->hidden_size, NP = model_gdn_proj_dim(c), CD = model_gdn_conv_dim(c);
     int Kd = model_gdn_key_dim(c), Vd = model_gdn_value_dim(c), Hv = c->linear_num_value_heads;
     int Hk = c->linear_num_key_heads, Dk = c->linear_key_head_dim, Dv = c->linear_value_head_dim;
-    be->linear_fwd(be, g->proj, NP, g->xn, H, MODEL_WEIGHT(g->m, l, win), NULL, T, H, NP, 0);
+    model_linear_fwd(MODEL_W(g->m, l, win), g->proj, NP, g->xn, H, NULL, T, H, NP, 0);
     gdn_in_lora(g, l, T);
     be->gdn_conv_step(be, g->conv, CD, g->conv_state[l], g->proj, NP, w->conv_w, T, CD, c->linear_conv_kernel_dim);
     be->gdn_gates_fwd(be, g->gg, g->beta, act_at(g, g->proj, CD + Vd + Hv), NP, act_at(g, g->proj, CD + Vd), NP,
@@ -239,7 +239,7 @@ static void gdn_mixer(ct_generator *g, int l, int T)
     be->gated_rmsnorm_fwd(be, g->normed, Vd, g->core, Vd, act_at(g, g->proj, CD), NP, w->gdn_norm, T, Hv, Dv,
                           (float)c->rms_norm_eps);
     be->copy_2d(be, g->h, H, g->x, H, T, H);
-    be->linear_fwd(be, g->h, H, g->normed, Vd, MODEL_WEIGHT(g->m, l, wout), NULL, T, Vd, H, 1);
+    model_linear_fwd(MODEL_W(g->m, l, wout), g->h, H, g->normed, Vd, NULL, T, Vd, H, 1);
     lora_fwd(g, l, CT_MOD_OUT, g->h, H, g->normed, Vd, T);
 }
 
@@ -254,7 +254,7 @@ static void attention_mixer(ct_generator *g, int l, int T)
     int Qw = model_attn_gated(c) ? 2 * Q : Q, QKV = Qw + 2 * KV; /* q (and gate) columns, all columns */
     float eps = (float)c->rms_norm_eps;
 
-    be->linear_fwd(be, g->qkv, QKV, g->xn, H, MODEL_WEIGHT(g->m, l, wqkv), w->bqkv, T, H, QKV, 0);
+    model_linear_fwd(MODEL_W(g->m, l, wqkv), g->qkv, QKV, g->xn, H, w->bqkv, T, H, QKV, 0);
     lora_fwd(g, l, CT_MOD_Q, g->qkv, QKV, g->xn, H, T);
     lora_fwd(g, l, CT_MOD_K, act_at(g, g->qkv, Qw), QKV, g->xn, H, T);
     lora_fwd(g, l, CT_MOD_V, act_at(g, g->qkv, Qw + KV), QKV, g->xn, H, T);
@@ -281,7 +281,7 @@ static void attention_mixer(ct_generator *g, int l, int T)
         be->sigmoid_gate_fwd(be, g->attn, Q, g->attn, Q, act_at(g, g->qkv, Q), QKV, D, T, nq, D);
 
     be->copy_2d(be, g->h, H, g->x, H, T, H);
-    be->linear_fwd(be, g->h, H, g->attn, Q, MODEL_WEIGHT(g->m, l, wo), w->bo, T, Q, H, 1);
+    model_linear_fwd(MODEL_W(g->m, l, wo), g->h, H, g->attn, Q, w->bo, T, Q, H, 1);
     lora_fwd(g, l, CT_MOD_O, g->h, H, g->attn, Q, T);
 }
 
@@ -304,12 +304,12 @@ static void layer_forward(ct_generator *g, int l, int T)
         moe_forward(g->moe, &ml, l, 0, g->hn, g->h, g->x, T, false);
         return;
     }
-    be->linear_fwd(be, g->gu, 2 * I, g->hn, H, MODEL_WEIGHT(g->m, l, wgu), w->bgu, T, H, 2 * I, 0);
+    model_linear_fwd(MODEL_W(g->m, l, wgu), g->gu, 2 * I, g->hn, H, w->bgu, T, H, 2 * I, 0);
     lora_fwd(g, l, CT_MOD_GATE, g->gu, 2 * I, g->hn, H, T);
     lora_fwd(g, l, CT_MOD_UP, act_at(g, g->gu, I), 2 * I, g->hn, H, T);
     be->swiglu_fwd(be, g->act, g->gu, T, I);
     be->copy_2d(be, g->x, H, g->h, H, T, H);
-    be->linear_fwd(be, g->x, H, g->act, I, MODEL_WEIGHT(g->m, l, wdown), w->bdown, T, I, H, 1);
+    model_linear_fwd(MODEL_W(g->m, l, wdown), g->x, H, g->act, I, w->bdown, T, I, H, 1);
     lora_fwd(g, l, CT_MOD_DOWN, g->x, H, g->act, I, T);
 }
 

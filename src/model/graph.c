@@ -453,7 +453,7 @@ static void mlp_chunk_forward(ct_graph *g, const lora_ctx *lc, int l, const void
     const ct_model_config *c = &g->m->cfg;
     const ct_layer_weights *w = &g->m->layers[l];
     int H = c->hidden_size, I = c->intermediate_size;
-    g->be->linear_fwd(g->be, gu, 2 * I, hn, H, MODEL_WEIGHT(g->m, l, wgu), w->bgu, n, H, 2 * I, 0);
+    model_linear_fwd(MODEL_W(g->m, l, wgu), gu, 2 * I, hn, H, w->bgu, n, H, 2 * I, 0);
     lora_fwd_shared(g, lc, l, gate_up, (int[]){0, I}, 2, gu, 2 * I, hn, H, n, chunk);
     g->be->swiglu_fwd(g->be, act, gu, n, I);
 }
@@ -464,16 +464,14 @@ static void mlp_forward(ct_graph *g, const lora_ctx *lc, int l, layer_acts *a, v
 {
     const ct_model_config *c = &g->m->cfg;
     const ct_layer_weights *w = &g->m->layers[l];
-    ct_backend *be = g->be;
     int T = g->T, H = c->hidden_size, I = c->intermediate_size;
     for (int t0 = 0, ci = 0; t0 < T; t0 += g->mlp_chunk, ci++) {
         int n = T - t0 < g->mlp_chunk ? T - t0 : g->mlp_chunk;
         size_t row = (size_t)t0 * H, r0 = recomputed(g, l) ? 0 : (size_t)t0; /* chunk's rows in gu, act */
         void *gu = act_at(g, a->gu, r0 * 2 * I), *act = act_at(g, a->act, r0 * I);
         mlp_chunk_forward(g, lc, l, act_at(g, a->hn, row), gu, act, n, ci);
-        be->linear_fwd_residual(be, act_at(g, out, row), H, act_at(g, a->h, row), act, I, MODEL_WEIGHT(g->m, l, wdown),
-                                w->bdown,
-                                n, I, H);
+        model_linear_fwd_residual(MODEL_W(g->m, l, wdown), act_at(g, out, row), H, act_at(g, a->h, row), act, I,
+                                  w->bdown, n, I, H);
         lora_fwd(g, lc, l, CT_MOD_DOWN, act_at(g, out, row), H, act, I, n, ci);
     }
 }
@@ -492,10 +490,10 @@ static void mlp_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_act
         const void *hn = act_at(g, a->hn, row), *dc = act_at(g, (void *)d, row);
         void *dhn = act_at(g, g->dhn, row), *gu = act_at(g, a->gu, r0 * 2 * I), *act = act_at(g, a->act, r0 * I);
         if (recomputed(g, l)) mlp_chunk_forward(g, lc, l, hn, gu, act, n, ci);
-        be->linear_bwd_input(be, g->dact, I, dc, H, MODEL_WEIGHT(g->m, l, wdown), n, I, H, 0);
+        model_linear_bwd_input(MODEL_W(g->m, l, wdown), g->dact, I, dc, H, n, I, H, 0);
         lora_bwd(g, lc, l, CT_MOD_DOWN, g->dact, I, dc, H, act, I, n, ci);
         be->swiglu_bwd(be, g->dgu, g->dact, gu, n, I);
-        be->linear_bwd_input(be, dhn, H, g->dgu, 2 * I, MODEL_WEIGHT(g->m, l, wgu), n, H, 2 * I, 0);
+        model_linear_bwd_input(MODEL_W(g->m, l, wgu), dhn, H, g->dgu, 2 * I, n, H, 2 * I, 0);
         lora_bwd_shared(g, lc, l, gate_up, (int[]){0, I}, 2, dhn, H, g->dgu, 2 * I, hn, H, n, ci);
     }
 }
@@ -516,7 +514,7 @@ static void gdn_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x, l
     int T = g->T, H = c->hidden_size, NP = model_gdn_proj_dim(c), CD = model_gdn_conv_dim(c);
     int Kd = model_gdn_key_dim(c), Vd = model_gdn_value_dim(c), Hv = c->linear_num_value_heads;
     int Hk = c->linear_num_key_heads, Dk = c->linear_key_head_dim, Dv = c->linear_value_head_dim;
-    be->linear_fwd(be, a->proj, NP, a->xn, H, MODEL_WEIGHT(g->m, l, win), NULL, T, H, NP, 0);
+    model_linear_fwd(MODEL_W(g->m, l, win), a->proj, NP, a->xn, H, NULL, T, H, NP, 0);
     lora_fwd_shared(g, lc, l, gdn_in_qkvz, (int[]){0, CD, 0}, 3, a->proj, NP, a->xn, H, T, 0);
     lora_fwd_shared(g, lc, l, gdn_in_ba, (int[]){CD + Vd, CD + Vd + Hv, CD + Vd}, 3, a->proj, NP, a->xn, H, T, 0);
     be->gdn_conv_fwd(be, a->conv, CD, a->proj, NP, w->conv_w, g->positions, T, CD, c->linear_conv_kernel_dim);
@@ -526,7 +524,7 @@ static void gdn_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x, l
                       a->gg, a->beta, g->cu_seqlens, g->n_docs, T, Hk, Hv, Dk, Dv, 1.0f / sqrtf((float)Dk));
     be->gated_rmsnorm_fwd(be, a->normed, Vd, a->core, Vd, act_at(g, a->proj, CD), NP, w->gdn_norm, T, Hv, Dv,
                           (float)c->rms_norm_eps);
-    be->linear_fwd_residual(be, a->h, H, x, a->normed, Vd, MODEL_WEIGHT(g->m, l, wout), NULL, T, Vd, H);
+    model_linear_fwd_residual(MODEL_W(g->m, l, wout), a->h, H, x, a->normed, Vd, NULL, T, Vd, H);
     lora_fwd(g, lc, l, CT_MOD_OUT, a->h, H, a->normed, Vd, T, 0);
 }
 
@@ -539,7 +537,7 @@ static void gdn_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_act
     int T = g->T, H = c->hidden_size, NP = model_gdn_proj_dim(c), CD = model_gdn_conv_dim(c);
     int Kd = model_gdn_key_dim(c), Vd = model_gdn_value_dim(c), Hv = c->linear_num_value_heads;
     int Hk = c->linear_num_key_heads, Dk = c->linear_key_head_dim, Dv = c->linear_value_head_dim;
-    be->linear_bwd_input(be, g->dnormed, Vd, g->dh, H, MODEL_WEIGHT(g->m, l, wout), T, Vd, H, 0);
+    model_linear_bwd_input(MODEL_W(g->m, l, wout), g->dnormed, Vd, g->dh, H, T, Vd, H, 0);
     lora_bwd(g, lc, l, CT_MOD_OUT, g->dnormed, Vd, g->dh, H, a->normed, Vd, T, 0);
     be->gated_rmsnorm_bwd(be, g->dcore, Vd, act_at(g, g->dproj, CD), NP, g->dnormed, Vd, a->core, Vd,
                           act_at(g, a->proj, CD), NP, w->gdn_norm, T, Hv, Dv, (float)c->rms_norm_eps);
@@ -551,7 +549,7 @@ static void gdn_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_act
                       T, Hv);
     be->gdn_conv_bwd(be, g->dproj, NP, g->dconv, CD, a->proj, NP, w->conv_w, g->positions, T, CD,
                      c->linear_conv_kernel_dim);
-    be->linear_bwd_input(be, g->dxn, H, g->dproj, NP, MODEL_WEIGHT(g->m, l, win), T, H, NP, 0);
+    model_linear_bwd_input(MODEL_W(g->m, l, win), g->dxn, H, g->dproj, NP, T, H, NP, 0);
     lora_bwd_shared(g, lc, l, gdn_in_qkvz, (int[]){0, CD, 0}, 3, g->dxn, H, g->dproj, NP, a->xn, H, T, 0);
     lora_bwd_shared(g, lc, l, gdn_in_ba, (int[]){CD + Vd, CD + Vd + Hv, CD + Vd}, 3, g->dxn, H, g->dproj, NP, a->xn, H,
                     T, 0);
@@ -569,7 +567,7 @@ static void attention_forward(ct_graph *g, const lora_ctx *lc, int l, const void
     float eps = (float)c->rms_norm_eps;
 
     void *qkv_lin = c->qk_norm ? a->qkv_raw : a->qkv;
-    be->linear_fwd(be, qkv_lin, QKV, a->xn, H, MODEL_WEIGHT(g->m, l, wqkv), w->bqkv, T, H, QKV, 0);
+    model_linear_fwd(MODEL_W(g->m, l, wqkv), qkv_lin, QKV, a->xn, H, w->bqkv, T, H, QKV, 0);
     lora_fwd_shared(g, lc, l, qkv_mods, (int[]){0, Qw, Qw + KV}, 3, qkv_lin, QKV, a->xn, H, T, 0);
     void *q = a->qkv, *k = act_at(g, a->qkv, Qw), *v = layer_v(g, a, Qw + KV);
     const int32_t *pos = g->positions;
@@ -591,7 +589,7 @@ static void attention_forward(ct_graph *g, const lora_ctx *lc, int l, const void
         be->sigmoid_gate_fwd(be, a->gated, Q, a->attn, Q, act_at(g, qkv_lin, Q), QKV, D, T, nq, D);
         oin = a->gated;
     }
-    be->linear_fwd_residual(be, a->h, H, x, oin, Q, MODEL_WEIGHT(g->m, l, wo), w->bo, T, Q, H);
+    model_linear_fwd_residual(MODEL_W(g->m, l, wo), a->h, H, x, oin, Q, w->bo, T, Q, H);
     lora_fwd(g, lc, l, CT_MOD_O, a->h, H, oin, Q, T, 0);
 }
 
@@ -607,7 +605,7 @@ static void attention_backward(ct_graph *g, const lora_ctx *lc, int l, const lay
     bool gated = model_attn_gated(c);
     void *qkv_lin = c->qk_norm ? a->qkv_raw : a->qkv;
 
-    be->linear_bwd_input(be, g->dattn, Q, g->dh, H, MODEL_WEIGHT(g->m, l, wo), T, Q, H, 0);
+    model_linear_bwd_input(MODEL_W(g->m, l, wo), g->dattn, Q, g->dh, H, T, Q, H, 0);
     lora_bwd(g, lc, l, CT_MOD_O, g->dattn, Q, g->dh, H, gated ? a->gated : a->attn, Q, T, 0);
     if (gated) /* in place: dattn becomes the gradient of the ungated output */
         be->sigmoid_gate_bwd(be, g->dattn, Q, act_at(g, g->dqkv, Q), QKV, g->dattn, Q, a->attn, Q,
@@ -629,7 +627,7 @@ static void attention_backward(ct_graph *g, const lora_ctx *lc, int l, const lay
         be->rope(be, dq, QKV, pos, freq, T, nq, D, rot, scaling, 1);
         be->rope(be, dk, QKV, pos, freq, T, nkv, D, rot, scaling, 1);
     }
-    be->linear_bwd_input(be, g->dxn, H, g->dqkv, QKV, MODEL_WEIGHT(g->m, l, wqkv), T, H, QKV, 0);
+    model_linear_bwd_input(MODEL_W(g->m, l, wqkv), g->dxn, H, g->dqkv, QKV, T, H, QKV, 0);
     lora_bwd_shared(g, lc, l, qkv_mods, (int[]){0, Qw, Qw + KV}, 3, g->dxn, H, g->dqkv, QKV, a->xn, H, T, 0);
 }
 

@@ -349,11 +349,11 @@ void moe_forward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *hn, 
     else be->swiglu_fwd(be, a->act, a->gu, n, I);
     if (mo->Is) { /* the shared expert and its gate's logit, which backward reads (a recompute too) */
         int Is = mo->Is;
-        be->linear_fwd(be, a->sgu, 2 * Is, hn, H, MODEL_WEIGHT(mo->m, l, wsh_gu), NULL, T, H, 2 * Is, 0);
+        model_linear_fwd(MODEL_W(mo->m, l, wsh_gu), a->sgu, 2 * Is, hn, H, NULL, T, H, 2 * Is, 0);
         shared_lora_fwd(mo, ml, l, CT_MOD_GATE, a->sgu, 2 * Is, hn, H, T);
         shared_lora_fwd(mo, ml, l, CT_MOD_UP, act_at(mo, a->sgu, Is), 2 * Is, hn, H, T);
         be->swiglu_fwd(be, a->sact, a->sgu, T, Is);
-        be->linear_fwd(be, a->s, H, a->sact, Is, MODEL_WEIGHT(mo->m, l, wsh_down), NULL, T, Is, H, 0);
+        model_linear_fwd(MODEL_W(mo->m, l, wsh_down), a->s, H, a->sact, Is, NULL, T, Is, H, 0);
         shared_lora_fwd(mo, ml, l, CT_MOD_DOWN, a->s, H, a->sact, Is, T);
         be->linear_fwd(be, a->sg, 1, hn, H, w->wsh_gate, NULL, T, H, 1, 0);
         shared_lora_fwd(mo, ml, l, CT_MOD_SH_GATE, a->sg, 1, hn, H, T);
@@ -407,10 +407,10 @@ void moe_backward(ct_moe *mo, const moe_lora *ml, int l, int ws, const void *dou
     if (mo->Is) { /* the shared expert: out += sigmoid(sg) s, s = down(swiglu(gu(hn))), sg = hn . wsh_gate */
         int Is = mo->Is;
         be->moe_shared_gate_bwd(be, mo->ds, H, mo->dsg, 1, dout, H, a->s, H, a->sg, 1, T, H);
-        be->linear_bwd_input(be, mo->dsact, Is, mo->ds, H, MODEL_WEIGHT(mo->m, l, wsh_down), T, Is, H, 0);
+        model_linear_bwd_input(MODEL_W(mo->m, l, wsh_down), mo->dsact, Is, mo->ds, H, T, Is, H, 0);
         shared_lora_bwd(mo, ml, l, CT_MOD_DOWN, mo->dsact, Is, mo->ds, H, a->sact, Is, T);
         be->swiglu_bwd(be, mo->dsgu, mo->dsact, a->sgu, T, Is);
-        be->linear_bwd_input(be, dhn, H, mo->dsgu, 2 * Is, MODEL_WEIGHT(mo->m, l, wsh_gu), T, H, 2 * Is, 1);
+        model_linear_bwd_input(MODEL_W(mo->m, l, wsh_gu), dhn, H, mo->dsgu, 2 * Is, T, H, 2 * Is, 1);
         shared_lora_bwd(mo, ml, l, CT_MOD_GATE, dhn, H, mo->dsgu, 2 * Is, a->hn, H, T);
         shared_lora_bwd(mo, ml, l, CT_MOD_UP, dhn, H, act_at(mo, mo->dsgu, Is), 2 * Is, a->hn, H, T);
         be->linear_bwd_input(be, dhn, H, mo->dsg, 1, w->wsh_gate, T, H, 1, 1);

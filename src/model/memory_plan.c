@@ -118,6 +118,19 @@ size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
                                 2 * round256(states * Hv * Dk * Dv * 4) + 2 * round256(nt * T * Hv * Dk * 4) +
                                 2 * round256(nt * T * Hv * 4));
     }
+    for (int l = 0; m->fp8_weights && m->qlayers && l < c->num_hidden_layers; l++) {
+        /* the FP8 GEMMs (fp8.cu): the quantized input and its scales, and for the
+         * input gradient W^T and its block grid too */
+        const ct_qweight *q = (const ct_qweight *)&m->qlayers[l];
+        for (size_t i = 0; i < sizeof(ct_layer_qweights) / sizeof(ct_qweight); i++) {
+            if (!q[i].fp8 || !q[i].codes) continue;
+            size_t in = q[i].cols, out = q[i].rows, gi = (in + 127) / 128, go = (out + 127) / 128;
+            size_t fwd = round256(T * in) + round256(gi * T * 4);
+            size_t bwd = round256(in * out) + round256(gi * ((go + 3) / 4 * 4) * 4) + round256(T * out) +
+                         round256(go * T * 4);
+            need = max_sz(need, max_sz(fwd, bwd));
+        }
+    }
     return need + ((size_t)1 << 20);
 }
 

@@ -863,6 +863,40 @@ const void *model_weight(const ct_model *m, const void *dense, const ct_qweight 
     return m->dequant_buf;
 }
 
+/* Whether the FP8 GEMMs take this weight and these strides. */
+static bool fp8_gemm(const ct_model *m, const ct_qweight *q, int in, int out, int ld_in, int ld_out)
+{
+    return q && q->codes && q->fp8 && m->be->linear_fwd_fp8 && m->be->linear_bwd_input_fp8 && in % 16 == 0 &&
+           out % 16 == 0 && ld_in % 8 == 0 && ld_out % 8 == 0;
+}
+
+void model_linear_fwd(const ct_model *m, const void *dense, const ct_qweight *q, void *y, int ldy, const void *x,
+                      int ldx, const void *bias, int T, int in, int out, int accumulate)
+{
+    if (fp8_gemm(m, q, in, out, ldx, ldy))
+        m->be->linear_fwd_fp8(m->be, y, ldy, accumulate ? y : NULL, x, ldx, q->codes, q->scales, bias, T, in, out);
+    else
+        m->be->linear_fwd(m->be, y, ldy, x, ldx, model_weight(m, dense, q), bias, T, in, out, accumulate);
+}
+
+void model_linear_fwd_residual(const ct_model *m, const void *dense, const ct_qweight *q, void *y, int ldy,
+                               const void *res, const void *x, int ldx, const void *bias, int T, int in, int out)
+{
+    if (fp8_gemm(m, q, in, out, ldx, ldy))
+        m->be->linear_fwd_fp8(m->be, y, ldy, res, x, ldx, q->codes, q->scales, bias, T, in, out);
+    else
+        m->be->linear_fwd_residual(m->be, y, ldy, res, x, ldx, model_weight(m, dense, q), bias, T, in, out);
+}
+
+void model_linear_bwd_input(const ct_model *m, const void *dense, const ct_qweight *q, void *dx, int lddx,
+                            const void *dy, int lddy, int T, int in, int out, int accumulate)
+{
+    if (fp8_gemm(m, q, in, out, lddx, lddy))
+        m->be->linear_bwd_input_fp8(m->be, dx, lddx, dy, lddy, q->codes, q->scales, T, in, out, accumulate);
+    else
+        m->be->linear_bwd_input(m->be, dx, lddx, dy, lddy, model_weight(m, dense, q), T, in, out, accumulate);
+}
+
 void model_free(ct_model *m)
 {
     ct_backend *be = m->be;

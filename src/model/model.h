@@ -130,6 +130,21 @@ int model_load_with(ct_model *m, ct_backend *be, const char *dir, const ct_load_
 const void *model_weight(const ct_model *m, const void *dense, const ct_qweight *q);
 /* model_weight of field F of layer L. */
 #define MODEL_WEIGHT(m, l, F) model_weight((m), (m)->layers[l].F, (m)->qlayers ? &(m)->qlayers[l].F : NULL)
+
+/* The GEMMs of a base weight (its dense field, or q holding it in 4 bits or
+ * FP8), with the contracts of the backend ops linear_fwd,
+ * linear_fwd_residual and linear_bwd_input, and the one place that chooses
+ * how they run: an FP8 weight through the backend's FP8 GEMMs where it has
+ * them and the shapes allow (in and out multiples of 16, strides multiples of
+ * 8), every other quantized weight decoded first (model_weight). */
+void model_linear_fwd(const ct_model *m, const void *dense, const ct_qweight *q, void *y, int ldy, const void *x,
+                      int ldx, const void *bias, int T, int in, int out, int accumulate);
+void model_linear_fwd_residual(const ct_model *m, const void *dense, const ct_qweight *q, void *y, int ldy,
+                               const void *res, const void *x, int ldx, const void *bias, int T, int in, int out);
+void model_linear_bwd_input(const ct_model *m, const void *dense, const ct_qweight *q, void *dx, int lddx,
+                            const void *dy, int lddy, int T, int in, int out, int accumulate);
+/* The weight arguments of field F of layer L for model_linear_*. */
+#define MODEL_W(m, l, F) (m), (m)->layers[l].F, (m)->qlayers ? &(m)->qlayers[l].F : NULL
 void model_free(ct_model *m);
 
 /* Per-projection sizes: in and out features of each LoRA-able module. */

@@ -979,16 +979,15 @@ int model_check_weights(const ct_model_config *mc, const st_reader *r, ct_error 
             }
             continue;
         }
-        if (fp8_is_quantized(r, s->name) && s->ndim == 2) {
-            /* an FP8 weight: model.c reads and checks it with its scales (fp8_read_weight) */
-            if (mc->quant_method != CT_QUANT_FP8) {
-                rc = CT_FAIL_INPUT(err, "%s: tensor %s is stored in FP8 but config.json has no fp8 "
-                                   "quantization_config", t->file, s->name);
-                break;
-            }
-            continue;
+        /* an FP8 weight: its shape is checked below (model.c decodes some with the
+         * file's shape); model.c reads and checks its dtype and scales (fp8_read_weight) */
+        bool fp8 = fp8_is_quantized(r, s->name) && s->ndim == 2;
+        if (fp8 && mc->quant_method != CT_QUANT_FP8) {
+            rc = CT_FAIL_INPUT(err, "%s: tensor %s is stored in FP8 but config.json has no fp8 "
+                               "quantization_config", t->file, s->name);
+            break;
         }
-        if (t->dtype != CT_DTYPE_BF16 && t->dtype != CT_DTYPE_F16 && t->dtype != CT_DTYPE_F32) {
+        if (!fp8 && t->dtype != CT_DTYPE_BF16 && t->dtype != CT_DTYPE_F16 && t->dtype != CT_DTYPE_F32) {
             rc = CT_FAIL_INPUT(err, "%s: tensor %s: dtype %s is not supported (need BF16, F16 or F32)", t->file, s->name,
                                ct_dtype_name(t->dtype));
             break;

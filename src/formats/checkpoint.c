@@ -68,6 +68,19 @@ static int cmp_name(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* A manifest entry's name: a file of the checkpoint folder itself (no '/', not
+ * "." or ".."), without control characters or an embedded NUL, since it is
+ * printed in one-line errors. */
+static bool plain_file_name(const json_value *name)
+{
+    if (!name->string_len || strlen(name->string) != name->string_len || strchr(name->string, '/') ||
+        !strcmp(name->string, ".") || !strcmp(name->string, ".."))
+        return false;
+    for (const unsigned char *c = (const unsigned char *)name->string; *c; c++)
+        if (*c < 0x20 || *c == 0x7f) return false;
+    return true;
+}
+
 /* Writes DIR/manifest.json listing every other regular file of DIR, by name. */
 static int write_manifest(const char *dir, long long step, ct_error *err)
 {
@@ -136,9 +149,9 @@ int checkpoint_verify(const char *dir, ct_error *err)
         const json_value *name = json_get_type(f, "name", JSON_STRING);
         const json_value *size = json_get_type(f, "size", JSON_NUMBER);
         const json_value *crc = json_get_type(f, "crc32", JSON_NUMBER);
-        /* names stay inside the folder: the manifest is read from untrusted disks too */
-        if (!name || !size || !crc || !size->is_integer || !crc->is_integer || !name->string_len ||
-            strchr(name->string, '/') || !strcmp(name->string, "..")) {
+        /* names stay inside the folder and print on one line: the manifest is read
+         * from untrusted disks too */
+        if (!name || !size || !crc || !size->is_integer || !crc->is_integer || !plain_file_name(name)) {
             rc = CT_FAIL_INPUT(err, "%s: entry %zu is not {name, size, crc32}", path, i);
             break;
         }

@@ -2,12 +2,12 @@
 """hf_parity.py - the HF transformers + PEFT reference that judges ctune.
 
 Needs torch, transformers, peft and safetensors (no network; bitsandbytes for
-bitsandbytes 4-bit bases, nothing more for MXFP4 ones). Two modes, grads and
+bitsandbytes 4-bit bases, nothing more for MXFP4 and FP8 ones). Two modes, grads and
 train, and a helper, quantize (below):
 
   grads: loss and LoRA gradients of one batch, for the committed CPU fixtures
     python3 scripts/hf_parity.py grads --model DIR --adapter DIR --docs DOCS.jsonl \\
-        --out EXPECTED.safetensors [--device cpu|cuda] [--dtype float32|bfloat16|float64] [--quantize nf4|fp4]
+        --out EXPECTED.safetensors [--device cpu|cuda] [--dtype float32|bfloat16|float64] [--quantize nf4|fp4|fp8]
   DOCS.jsonl: one {"input_ids": [...], "labels": [...]} per line (labels -100 =
   ignored, else the token; "loss_mask" 0/1 instead of labels, or neither = all).
   Each document runs alone (batch 1, positions 0..T-1); the target of position t
@@ -52,7 +52,7 @@ train, and a helper, quantize (below):
         --lr LR --scheduler cosine|linear|constant --warmup W --steps N \\
         [--weight-decay 0] [--beta1 0.9] [--beta2 0.999] [--eps 1e-8] \\
         [--max-grad-norm 1.0] [--device cuda] [--dtype bfloat16|float32] \\
-        [--run-steps K] [--out RESULT.json] [--quantize nf4|fp4]
+        [--run-steps K] [--out RESULT.json] [--quantize nf4|fp4|fp8]
   --shards in the order ctune opened them (global document ids follow it);
   BATCHES.jsonl is ctune's CTUNE_TRACE output, one line per optimizer step:
   {"step": k, "micro_batches": [[[doc_id, length], ...], ...]}. --steps N is the
@@ -116,6 +116,37 @@ train, and a helper, quantize (below):
   stderr says it was. --quantize on such a folder is an error (exit 2).
   Checked with transformers 5.17.0: tests/fixtures/parity_gpt_oss_mxfp4 agrees
   with ctune to 1.4e-5.
+
+  FP8 bases (E4M3 in 128x128 blocks; docs/fp8.md). A --model folder whose
+  config.json has quantization_config quant_method fp8 (ctune init --quantize
+  fp8 and ctune quantize --type fp8 write one, as save_pretrained writes an
+  FP8Linear) is loaded with quantization_config=FineGrainedFP8Config(
+  dequantize=True), in both modes: transformers' Fp8Dequantize decodes each
+  weight into a plain nn.Linear of the parameter's dtype, decode(q) *
+  scale_inv as one fp32 product (exact in float32, what ctune's CPU backend
+  computes before each GEMM). Without dequantize it would keep FP8Linear and
+  its FP8 GEMMs on a GPU (and dequantize on a machine without one). After
+  loading, every F8_E4M3 weight of the folder must be a plain nn.Linear
+  parameter in --dtype equal bit for bit to the folder's codes and scales
+  decoded by hand, and no scale_inv may remain (exit 2 otherwise; the line "fp8
+  base: N weights ..." on stderr says it was). 5.17's Fp8Dequantize takes the
+  block size from the scale grid (rows / grid rows), which is wrong for a
+  partial block, so a weight whose dims are not multiples of 128 exits 2.
+  --quantize fp8 loads a bf16 folder and quantizes each q/k/v/o/gate/up/down
+  weight of the layers here, with the arithmetic of ctune's fp8_quantize_blocks
+  (per block amax, scale = (1 / amax) * 448 in fp32, scale_inv = 1 / scale,
+  q = e4m3(clamp(x * scale)); a block of zeros keeps scale_inv 1), and runs
+  the decoded weights: the reference of ctune's base_precision: fp8. HF's own
+  on-load quantizer cannot be that reference: on a machine without a GPU
+  FineGrainedFP8Config() refuses to quantize (and with dequantize=True loads
+  the bf16 weights as they are), and on a GPU 5.17's loader casts each bf16
+  weight to E4M3 unscaled before Fp8Quantize runs (docs/fp8.md), which loses
+  most bits of small weights. Each weight's codes and scales are checked bit
+  for bit against transformers' Fp8Quantize._quantize_one on the same fp32
+  weight, and their decode against Fp8Dequantize._dequantize_one: HF's
+  arithmetic without the loader's cast. A model with experts or other linear
+  weights in its layers exits 2 (not modelled). Checked with transformers
+  5.17.0: tests/fixtures/parity_qwen3_fp8 and parity_qwen3_fp8_onload.
 
   quantize: writes a bf16 --model quantized by bitsandbytes, as HF saves it
     python3 scripts/hf_parity.py quantize --model DIR --out DIR4 \\
@@ -327,7 +358,9 @@ def load_model(args):
             die(d, "not a directory")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[args.dtype]
     mx = mxfp4_config(args)
-    qcfg = None if mx is not None else bnb_config(args, dtype)
+    f8 = fp8_config(args)
+    f8_load = fp8_on_load(args)
+    qcfg = None if mx is not None or f8 is not None or f8_load else bnb_config(args, dtype)
     if dtype == torch.float64:
         n = fp64_model_source(args.model)
         print(f"float64: {n} fp32 casts of the model's source read as fp64", file=sys.stderr)
@@ -342,8 +375,8 @@ def load_model(args):
     if qcfg is not None:  # a 4-bit model is placed by device_map and cannot be cast or moved after
         impl["device_map"] = {"": args.device}
         impl["config" if getattr(args, "quantize", None) is None else "quantization_config"] = qcfg
-    if mx is not None:  # its loading attribute dequantize overrides the folder's config
-        impl["quantization_config"] = mx
+    if mx is not None or f8 is not None:  # their loading attribute dequantize overrides the folder's config
+        impl["quantization_config"] = mx if mx is not None else f8
     try:
         base = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, **impl)
     except TypeError:  # transformers < 4.56 knows only torch_dtype
@@ -354,6 +387,10 @@ def load_model(args):
         bnb_prepare(base, args, dtype)
     if mx is not None:
         mxfp4_check(base, args, dtype)
+    if f8 is not None:
+        fp8_check(base, args, dtype)
+    if f8_load:
+        fp8_quantize_layers(base, args, dtype)
     # autocast_adapter_dtype=True keeps the LoRA weights fp32 on a bf16 base, as ctune does
     model = PeftModel.from_pretrained(base, args.adapter, is_trainable=True, autocast_adapter_dtype=True)
     if qcfg is None:  # on a 4-bit base PEFT puts the LoRA weights on the base's device itself
@@ -545,6 +582,183 @@ def mxfp4_check(base, args, dtype):
     if not n:
         die(args.model, "quantization_config says mxfp4 but no tensor is stored as NAME_blocks")
     print(f"mxfp4 base: {n} expert stacks dequantized by transformers (Mxfp4Config(dequantize=True)), "
+          f"{dtype}, equal to the folder's decode bit for bit", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- FP8 bases
+
+FP8_BLOCK = 128  # weight block rows and columns (docs/fp8.md)
+FP8_MAX = 448.0  # the largest E4M3 value
+
+
+def fp8_config(args):
+    """FineGrainedFP8Config(dequantize=True) for a --model folder whose
+    quantization_config has quant_method fp8, else None. Exit 2 with --quantize
+    (the folder is quantized already) or on blocks other than 128x128 with
+    float scales."""
+    q = folder_quantization(args.model)
+    if not isinstance(q, dict) or q.get("quant_method") != "fp8":
+        return None
+    if getattr(args, "quantize", None):
+        die(args.model, f"--quantize {args.quantize}: the folder is quantized already (fp8)")
+    if list(q.get("weight_block_size") or []) != [FP8_BLOCK, FP8_BLOCK] or q.get("scale_fmt", "float") != "float":
+        die(os.path.join(args.model, "config.json"),
+            "quantization_config: only fp8 with 128x128 blocks and float scales is modelled")
+    from transformers import FineGrainedFP8Config
+    return FineGrainedFP8Config(dequantize=True)
+
+
+def fp8_on_load(args):
+    """True for --quantize fp8; exit 2 when the folder is quantized already."""
+    if getattr(args, "quantize", None) != "fp8":
+        return False
+    q = folder_quantization(args.model)
+    if q is not None:
+        die(args.model, f"--quantize fp8: the folder is quantized already "
+                        f"({q.get('quant_method') if isinstance(q, dict) else q!r})")
+    return True
+
+
+def fp8_decode(q, scale_inv):
+    """An F8_E4M3 weight [rows, cols] and its scale_inv [ceil(rows/128),
+    ceil(cols/128)] decoded by the rule of docs/fp8.md: decode(q) * scale_inv
+    of its 128x128 block, one fp32 product."""
+    import torch
+    rows, cols = q.shape
+    s = scale_inv.float().repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)
+    return q.to(torch.float32) * s[:rows, :cols]
+
+
+def fp8_pad(x):
+    """x [rows, cols] fp32 zero-padded to whole 128x128 blocks."""
+    import torch
+    rows, cols = x.shape
+    b = FP8_BLOCK
+    xp = torch.zeros(-(-rows // b) * b, -(-cols // b) * b, dtype=torch.float32)
+    xp[:rows, :cols] = x
+    return xp
+
+
+def fp8_quantize(name, x):
+    """x [rows, cols] fp32 -> (q F8_E4M3 [rows, cols], scale_inv F32 [ceil(rows/128),
+    ceil(cols/128)]) with the arithmetic of ctune's fp8_quantize_blocks, that of
+    transformers' Fp8Quantize._quantize_one: per 128x128 block (a partial one as
+    if zero-padded) amax = max |x|, scale = (1 / amax) * 448 in fp32 (torch's
+    448 / amax), 1 for a block of zeros, scale_inv = 1 / scale, q =
+    e4m3(clamp(x * scale, -448, 448)). Exit 2 on what ctune refuses: a
+    non-finite x, a block whose scale overflows fp32."""
+    import torch
+    if not torch.isfinite(x).all():
+        die(name, "a non-finite weight cannot be quantized to FP8")
+    rows, cols = x.shape
+    xp = fp8_pad(x)
+    R, C = xp.shape[0] // FP8_BLOCK, xp.shape[1] // FP8_BLOCK
+    blocks = xp.view(R, FP8_BLOCK, C, FP8_BLOCK)
+    amax = blocks.abs().amax(dim=(1, 3))
+    scale = torch.where(amax > 0, amax.reciprocal() * FP8_MAX, torch.ones_like(amax))
+    if not torch.isfinite(scale).all():
+        die(name, "a block's max |x| is so small that its FP8 scale overflows fp32")
+    q = (blocks * scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.view(R * FP8_BLOCK, C * FP8_BLOCK)[:rows, :cols].contiguous(), scale.reciprocal()
+
+
+def fp8_check_against_hf(name, x, q, scale_inv):
+    """fp8_quantize's q and scale_inv for x, and their decode, against
+    transformers' own Fp8Quantize._quantize_one and Fp8Dequantize._dequantize_one
+    on x zero-padded to whole blocks (5.17 quantizes no partial block), bit for
+    bit. Exit 2 where they differ."""
+    import types
+    import torch
+    from transformers import FineGrainedFP8Config
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize, Fp8Quantize
+    hq = types.SimpleNamespace(quantization_config=FineGrainedFP8Config())
+    xp = fp8_pad(x)
+    out = Fp8Quantize(hq)._quantize_one("w.weight", xp)
+    hf_q, hf_s = out["w.weight"], out["w.weight_scale_inv"]
+    rows, cols = x.shape
+    if not (torch.equal(hf_q[:rows, :cols].view(torch.uint8), q.view(torch.uint8)) and torch.equal(hf_s, scale_inv)):
+        die(name, "FP8 codes or scales differ from transformers' Fp8Quantize on the same fp32 weight")
+    hf_w = Fp8Dequantize(hq)._dequantize_one(hf_q, hf_s, output_dtype=torch.float32)[:rows, :cols]
+    if not torch.equal(hf_w, fp8_decode(q, scale_inv)):
+        die(name, "the FP8 decode differs from transformers' Fp8Dequantize")
+
+
+def fp8_quantize_layers(base, args, dtype):
+    """--quantize fp8: each q/k/v/o/gate/up/down weight of the layers replaced by
+    its FP8 quantization (fp8_quantize, checked against transformers' op),
+    decoded, in the mode's dtype. Exit 2 on a model with experts or other
+    linear weights in its layers (not modelled)."""
+    import torch
+    n, other = 0, []
+    for name, mod in base.named_modules():
+        if ".layers." not in name:
+            continue
+        if name.endswith(".experts"):
+            die(args.model, f"--quantize fp8: {name}: experts are not modelled")
+        if not isinstance(mod, torch.nn.Linear):
+            continue
+        if name.rsplit(".", 1)[-1] not in LINEAR_NAMES:
+            other.append(name)
+            continue
+        x = mod.weight.detach().float().cpu()
+        q, s = fp8_quantize(name, x)
+        fp8_check_against_hf(name, x, q, s)
+        mod.weight.data = fp8_decode(q, s).to(dtype).to(mod.weight.device)
+        n += 1
+    if other or not n:
+        die(args.model, f"--quantize fp8: {len(other)} linear weights of the layers are not modelled "
+                        f"({', '.join(other[:4])}{' ...' if len(other) > 4 else ''}); {n} are")
+    print(f"fp8 base: {n} weights quantized here as ctune's fp8_quantize_blocks does, equal to transformers' "
+          f"Fp8Quantize on the fp32 weights bit for bit, decoded to {dtype}", file=sys.stderr)
+
+
+def fp8_check(base, args, dtype):
+    """After loading an FP8 folder, that transformers did dequantize it (see the
+    module docstring): every F8_E4M3 weight of the folder is a plain nn.Linear
+    parameter in the mode's dtype equal bit for bit to the folder's codes and
+    scales decoded by hand (fp8_decode). Exit 2 otherwise, and on a weight whose
+    dims are not multiples of 128 (transformers 5.17's Fp8Dequantize takes the
+    block size from the grid, rows / grid rows, wrong for partial blocks)."""
+    import glob
+    import torch
+    from safetensors import safe_open
+    files = sorted(glob.glob(os.path.join(args.model, "*.safetensors")))
+    if not files:
+        die(args.model, "no .safetensors files")
+    mods = dict(base.named_modules())
+    params = dict(base.named_parameters())
+    n = 0
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            for key in f.keys():
+                if f.get_slice(key).get_dtype() != "F8_E4M3":
+                    continue
+                t = f.get_tensor(key)
+                if t.ndim != 2 or t.shape[0] % FP8_BLOCK or t.shape[1] % FP8_BLOCK:
+                    die(path, f"{key} {list(t.shape)}: transformers 5.17 dequantizes partial 128x128 blocks "
+                              "with the wrong block size; use dims that are multiples of 128")
+                owner = key.rsplit(".", 1)[0]
+                if type(mods.get(owner)) is not torch.nn.Linear:
+                    die(args.model, f"{owner} is {type(mods.get(owner)).__name__}, not a dequantized nn.Linear")
+                p = params.get(key)
+                if p is None or p.dtype != dtype:
+                    die(args.model, f"{key}: {'missing' if p is None else p.dtype} after dequantizing, "
+                                    f"expected a {dtype} parameter")
+                try:
+                    s = f.get_tensor(key + "_scale_inv")
+                except Exception as e:  # noqa: BLE001 - reported as bad input
+                    die(path, f"{key}_scale_inv: cannot read ({e})")
+                if tuple(s.shape) != (t.shape[0] // FP8_BLOCK, t.shape[1] // FP8_BLOCK):
+                    die(path, f"{key}_scale_inv {list(s.shape)} is not the 128x128 grid of {list(t.shape)}")
+                if not torch.equal(p.detach().cpu(), fp8_decode(t, s).to(dtype)):
+                    die(args.model, f"{key}: transformers' dequantized weight differs from the folder's FP8 "
+                                    "decoded by hand")
+                n += 1
+    if not n:
+        die(args.model, "quantization_config says fp8 but no tensor is F8_E4M3")
+    if any(k.endswith("_scale_inv") for k in params):
+        die(args.model, "scale_inv parameters remain after dequantizing")
+    print(f"fp8 base: {n} weights dequantized by transformers (FineGrainedFP8Config(dequantize=True)), "
           f"{dtype}, equal to the folder's decode bit for bit", file=sys.stderr)
 
 
@@ -895,8 +1109,9 @@ def main():
     common.add_argument("--model", required=True, help="HF model folder")
     common.add_argument("--adapter", required=True, help="PEFT adapter folder")
     common.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    common.add_argument("--quantize", choices=["nf4", "fp4"], default=None,
-                        help="quantize the bf16 --model on load with bitsandbytes (nf4: double quant)")
+    common.add_argument("--quantize", choices=["nf4", "fp4", "fp8"], default=None,
+                        help="quantize the bf16 --model on load: nf4/fp4 with bitsandbytes (nf4: double quant), "
+                             "fp8 as ctune's base_precision: fp8 does (see above)")
     g = sub.add_parser("grads", parents=[common])
     g.add_argument("--docs", required=True)
     g.add_argument("--out", required=True)

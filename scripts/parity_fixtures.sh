@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # parity_fixtures.sh — how the committed CPU parity fixtures tests/fixtures/NAME/
 # (NAME = parity_llama, parity_qwen3, parity_qwen3_moe, parity_gpt_oss, parity_mixtral, parity_qwen3_5,
-# parity_qwen3_5_moe, parity_qwen3_next, parity_gpt_oss_mxfp4)
+# parity_qwen3_5_moe, parity_qwen3_next, parity_gpt_oss_mxfp4; the 4-bit and FP8 ones below)
 # are made, in two halves:
 #
 #   bash scripts/parity_fixtures.sh local [NAME...]   # here, needs build/ctune or $CTUNE (no torch)
@@ -18,6 +18,7 @@
 #                              model/ + adapter/ (scripts/hf_parity.py grads, fp32 CPU;
 #                              the Gated DeltaNet ones in fp64: see hf_parity.py --dtype float64;
 #                              parity_gpt_oss_mxfp4's model loaded with Mxfp4Config(dequantize=True))
+#                              (FP8 fixtures: below)
 #
 # 4-bit fixtures (bitsandbytes QLoRA bases), each made from a base fixture above,
 # whose docs.jsonl, data/ and adapter/ it copies (so remake the base first):
@@ -32,6 +33,20 @@
 # bnb's CPU quantizer is the one bnb uses there, and ctune's quant4 matches it bit
 # for bit). Without bitsandbytes the hf half skips them, unless they are named.
 #
+# FP8 fixtures (E4M3 bases in 128x128 blocks, docs/fp8.md):
+#   parity_qwen3_fp8         NAME/config.json: parity_qwen3's widened so that every
+#                            projection fills whole blocks (H 256, D 128, 2 heads,
+#                            1 KV head, I 384); model/ by ctune init --seed 3
+#                            --quantize fp8, parity_qwen3's documents and shard, its
+#                            own adapter (3 steps of NAME/train.yaml, as above)
+#   parity_qwen3_fp8_onload  parity_qwen3_fp8's model in bf16 (ctune init --seed 3,
+#                            no --quantize), documents, shard and adapter; train.yaml
+#                            sets base_precision: fp8 (ctune quantizes on load)
+# Their hf half is the grads above (fp32 CPU): parity_qwen3_fp8 loaded with
+# FineGrainedFP8Config(dequantize=True), the _onload one with hf_parity.py
+# --quantize fp8 (fp8_quantize_blocks' arithmetic, not transformers' on-load
+# quantizer: see hf_parity.py). The two expected.safetensors are then identical.
+#
 # NAMEs default to all fixtures. Each half regenerates its outputs from scratch;
 # commit the results together. The hf half fails (hf_parity.py exits 3) when
 # PEFT leaves any adapter tensor unloaded. tests/fixtures/random_parity/ holds
@@ -42,17 +57,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ALL="parity_llama parity_qwen3 parity_qwen3_moe parity_gpt_oss parity_mixtral parity_qwen3_5 parity_qwen3_5_moe parity_qwen3_next parity_gpt_oss_mxfp4"
 QUANT4="parity_qwen3_nf4 parity_llama_fp4 parity_qwen3_nf4_onload"
+FP8="parity_qwen3_fp8 parity_qwen3_fp8_onload"
 PYTHON=${PYTHON:-python3}
 CTUNE=${CTUNE:-build/ctune}
 select_names() { # the names after the mode, checked against ALL
     local n
     NAMED=$#
-    NAMES=${*:-$ALL $QUANT4}
+    NAMES=${*:-$ALL $QUANT4 $FP8}
     for n in $NAMES; do
-        case " $ALL $QUANT4 " in *" $n "*) ;; *) echo "unknown fixture '$n' (known: $ALL $QUANT4)" >&2; exit 2 ;; esac
+        case " $ALL $QUANT4 $FP8 " in *" $n "*) ;; *) echo "unknown fixture '$n' (known: $ALL $QUANT4 $FP8)" >&2; exit 2 ;; esac
     done
 }
 is_quant4() { case " $QUANT4 " in *" $1 "*) return 0 ;; esac; return 1; }
+is_fp8() { case " $FP8 " in *" $1 "*) return 0 ;; esac; return 1; }
 base_of() { # a 4-bit fixture -> the fixture it is made from
     case $1 in parity_llama_*) echo parity_llama ;; *) echo parity_qwen3 ;; esac
 }
@@ -87,6 +104,27 @@ hf_quant4() { # NAME
     "$PYTHON" scripts/hf_parity.py grads --model "$d/model" "${q[@]}" --adapter "$d/adapter" \
         --docs "$d/docs.jsonl" --out "$d/expected.safetensors" --device cpu --dtype float32
 }
+# an FP8 fixture's local half: its model, the documents and shard of parity_qwen3
+# (parity_qwen3_fp8) or of parity_qwen3_fp8 with its adapter (_onload)
+local_fp8() { # NAME
+    local d=tests/fixtures/$1 b=tests/fixtures/parity_qwen3 cfg=tests/fixtures/parity_qwen3_fp8/config.json f
+    local q=(--quantize fp8) from=(docs.jsonl data)
+    case $1 in *_onload) b=tests/fixtures/parity_qwen3_fp8 q=() from+=(adapter) ;; esac
+    for f in "$cfg" "$d/train.yaml"; do [ -f "$f" ] || { echo "$f is missing" >&2; exit 2; }; done
+    for f in "${from[@]}"; do
+        [ -e "$b/$f" ] || { echo "$b/$f is missing: make $(basename "$b") first" >&2; exit 2; }
+    done
+    echo "== $d (from $b)"
+    rm -rf "$d/model" "$d/data" "$d/adapter" "$d/run" "$d/docs.jsonl" "$d/expected.safetensors"
+    "$CTUNE" init --config "$cfg" --out "$d/model" --seed 3 "${q[@]}"
+    for f in "${from[@]}"; do cp -r "$b/$f" "$d/"; done
+    case $1 in *_onload) return ;; esac
+    "$CTUNE" train "$d/train.yaml"
+    [ -f "$d/run/final/adapter_model.safetensors" ] || { echo "$d/run/final has no adapter" >&2; exit 1; }
+    cp -r "$d/run/final" "$d/adapter"
+    rm -rf "$d/run"
+}
+
 seed_of() { # NAME -> 11 + its index in ALL
     local i=0 n
     for n in $ALL; do
@@ -118,6 +156,7 @@ local_half() {
     for name in $NAMES; do
         if is_quant4 "$name"; then local_quant4 "$name"; continue; fi
         [ -x "$CTUNE" ] || { echo "$CTUNE is missing: run make first" >&2; exit 2; }
+        if is_fp8 "$name"; then local_fp8 "$name"; continue; fi
         d=tests/fixtures/$name
         for f in config.json train.yaml; do
             [ -f "$d/$f" ] || { echo "$d/$f is missing" >&2; exit 2; }
@@ -160,7 +199,9 @@ hf_half() {
         # the Gated DeltaNet hybrids' gradients are ill-conditioned: HF's fp32 is
         # farther from the truth than ctune's, so those fixtures are judged against fp64
         case $name in parity_qwen3_5* | parity_qwen3_next) dtype=float64 ;; esac
-        "$PYTHON" scripts/hf_parity.py grads --model "$d/model" --adapter "$d/adapter" \
+        q=()
+        case $name in *_fp8_onload) q=(--quantize fp8) ;; esac
+        "$PYTHON" scripts/hf_parity.py grads --model "$d/model" "${q[@]}" --adapter "$d/adapter" \
             --docs "$d/docs.jsonl" --out "$d/expected.safetensors" --device cpu --dtype $dtype
     done
 }

@@ -28,7 +28,9 @@
  * are 4-bit frozen bases (bitsandbytes NF4 with double quant, FP4 without, as
  * HF saves them), parity_qwen3_nf4_onload the bf16 base quantized on load
  * (model_quantization: nf4), parity_gpt_oss_mxfp4 a gpt_oss base whose
- * experts are MXFP4 (against HF's dequantized path): see their TESTs.
+ * experts are MXFP4 (against HF's dequantized path), parity_qwen3_fp8 and
+ * parity_qwen3_fp8_onload an FP8 base stored and quantized on load: see their
+ * TESTs.
  * Their expected.safetensors were made with torch 2.11, transformers 5.17
  * (fused experts: PEFT 0.21 converts the per-expert adapters on load, and
  * scripts/hf_parity.py splits the gradients back) on a machine with torch
@@ -76,7 +78,8 @@ static int ctune_step(const char *dir, bool packing, float *loss, float **grads,
     snprintf(path, sizeof path, "%s/train.yaml", dir);
     if (config_load(&cfg, path, &err)) return printf("%s\n", err.msg), -1;
     snprintf(path, sizeof path, "%s/model", dir);
-    ct_load_options lopt = {.quantize = cfg.model_quantization != CT_MODEL_QUANT_NONE,
+    ct_load_options lopt = {.fp8 = cfg.base_precision == CT_BASE_FP8,
+                            .quantize = cfg.model_quantization != CT_MODEL_QUANT_NONE,
                             .type = cfg.model_quantization == CT_MODEL_QUANT_FP4 ? QUANT4_FP4 : QUANT4_NF4,
                             .blocksize = 64, .double_quant = cfg.bnb_4bit_use_double_quant};
     if (model_load_with(m, be, path, &lopt, &err)) return printf("%s\n", err.msg), -1;
@@ -291,6 +294,41 @@ TEST(gpt_oss_mxfp4_loss_and_lora_gradients_match_hf_peft_dequantized_documents_o
 TEST(gpt_oss_mxfp4_packed_batch_matches_hf_peft_dequantized)
 {
     check_parity("tests/fixtures/parity_gpt_oss_mxfp4", true, false);
+}
+
+/* An FP8 base (E4M3, 128x128 blocks; docs/fp8.md): parity_qwen3's config
+ * widened to H 256, D 128, 2 heads, 1 KV head, I 384, so that every projection
+ * and both fused ones (q|k|v, gate|up) fill whole blocks and stay in FP8 (and
+ * transformers 5.17, which takes the block size from the grid, decodes them
+ * right), written by ctune init --quantize fp8, with parity_qwen3's documents
+ * and its own adapter. HF loaded it with FineGrainedFP8Config(dequantize=True)
+ * and ran fp32 (scripts/hf_parity.py checks that every FP8 weight became a
+ * plain nn.Linear equal bit for bit to decode(q) * scale_inv of its block, one
+ * fp32 product): what ctune's CPU backend decodes before each GEMM, so the
+ * fp32 bounds. Both FP8 fixtures' expected.safetensors were made with torch
+ * 2.15, transformers 5.17.0, peft 0.21.0, and are identical. */
+TEST(qwen3_fp8_loss_and_lora_gradients_match_hf_peft_dequantized_documents_one_by_one)
+{
+    check_parity("tests/fixtures/parity_qwen3_fp8", false, false);
+}
+TEST(qwen3_fp8_packed_batch_matches_hf_peft_dequantized)
+{
+    check_parity("tests/fixtures/parity_qwen3_fp8", true, false);
+}
+/* Quantize on load: parity_qwen3_fp8's bf16 model with train.yaml's
+ * base_precision: fp8, against hf_parity.py --quantize fp8, which quantizes in
+ * fp32 with fp8_quantize_blocks' arithmetic (checked bit for bit against
+ * transformers' own Fp8Quantize op), not through transformers' loader, which
+ * casts each bf16 weight to E4M3 unscaled first. So the same numbers as
+ * parity_qwen3_fp8. ctune_step must hand the config's base_precision to
+ * model_load for this case. */
+TEST(qwen3_fp8_quantized_on_load_matches_hf_peft_documents_one_by_one)
+{
+    check_parity("tests/fixtures/parity_qwen3_fp8_onload", false, false);
+}
+TEST(qwen3_fp8_quantized_on_load_packed_batch_matches_hf_peft)
+{
+    check_parity("tests/fixtures/parity_qwen3_fp8_onload", true, false);
 }
 
 /* An ill-conditioned fixture, judged against fp64: its expected.safetensors is
@@ -715,6 +753,10 @@ int main(int argc, char **argv)
     RUN(qwen3_nf4_quantized_on_load_packed_batch_matches_hf_peft_bnb);
     RUN(gpt_oss_mxfp4_loss_and_lora_gradients_match_hf_peft_dequantized_documents_one_by_one);
     RUN(gpt_oss_mxfp4_packed_batch_matches_hf_peft_dequantized);
+    RUN(qwen3_fp8_loss_and_lora_gradients_match_hf_peft_dequantized_documents_one_by_one);
+    RUN(qwen3_fp8_packed_batch_matches_hf_peft_dequantized);
+    RUN(qwen3_fp8_quantized_on_load_matches_hf_peft_documents_one_by_one);
+    RUN(qwen3_fp8_quantized_on_load_packed_batch_matches_hf_peft);
     RUN(qwen3_5_loss_and_lora_gradients_match_hf_peft_documents_one_by_one);
     RUN(qwen3_5_packed_batch_matches_hf_peft);
     RUN(qwen3_5_moe_loss_and_lora_gradients_match_hf_peft_documents_one_by_one);

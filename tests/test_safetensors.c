@@ -367,6 +367,15 @@ TEST(rejects_bad_shapes_and_offsets)
     CHECK(open_fails(path, "__metadata__ key 'n'", &err), "non-string metadata: %s", err.msg);
 }
 
+TEST(rejects_tensor_name_with_a_control_character)
+{
+    const char *path = join(fresh_dir(), "m.safetensors");
+    ct_error err = {0};
+    write_header_file(path, "{\"a\\nb\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1);
+    CHECK(open_fails(path, "tensor 'a?b': the name holds the control character 0x0a", &err), "%s", err.msg);
+    CHECK(!strchr(err.msg, '\n'), "not one line: %s", err.msg);
+}
+
 TEST(rejects_hole_between_tensors)
 {
     const char *path = join(fresh_dir(), "m.safetensors");
@@ -578,6 +587,7 @@ int main(void)
     RUN(rejects_header_that_is_not_json);
     RUN(rejects_unknown_dtype);
     RUN(rejects_bad_shapes_and_offsets);
+    RUN(rejects_tensor_name_with_a_control_character);
     RUN(rejects_hole_between_tensors);
     RUN(rejects_hole_at_start_of_data);
     RUN(rejects_overlapping_offsets);

@@ -67,6 +67,8 @@ static const char *safe(char *buf, size_t n, const char *s)
     return buf;
 }
 
+const char *st_printable(char *buf, size_t n, const char *s) { return safe(buf, n, s); }
+
 static const char *fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape)
 {
     size_t k = (size_t)snprintf(buf, n, "[");
@@ -121,6 +123,10 @@ static int parse_entry(const st_file *f, const char *name, const json_value *v, 
 {
     char nb[128], sb[256];
     safe(nb, sizeof nb, name);
+    /* the readers name tensors in their messages, which must stay one line */
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+        if (*c < 0x20)
+            return CT_FAIL_INPUT(err, "%s: tensor '%s': the name holds the control character 0x%02x", f->path, nb, *c);
     if (v->type != JSON_OBJECT)
         return CT_FAIL_INPUT(err, "%s: tensor '%s': expected an object with dtype, shape and data_offsets", f->path, nb);
     const json_value *dt = json_get_type(v, "dtype", JSON_STRING);

@@ -6,8 +6,10 @@
  * The reader validates as the reference implementation does: header length
  * <= 100,000,000; JSON object; known dtypes; data_offsets contiguous from 0 with
  * no holes or overlaps; end - begin == numel * dtype size; 8 + N + last end ==
- * file size; no duplicate names; shape products checked for overflow. Every
- * failure is a one-line CT_ERR_INPUT naming the file. */
+ * file size; no duplicate names; shape products checked for overflow. Names
+ * holding a control character (below 0x20) are refused, so every message that
+ * names a tensor is one line. Every failure is a one-line CT_ERR_INPUT naming
+ * the file. */
 #ifndef CT_SAFETENSORS_H
 #define CT_SAFETENSORS_H
 
@@ -58,6 +60,11 @@ const char *st_metadata(const st_reader *r, const char *key);
  * [a, b] does not match the config's [c, d]" style messages. */
 int st_expect(const st_reader *r, const char *name, ct_dtype dtype, int ndim,
               const int64_t *shape, const st_tensor **out, ct_error *err);
+
+/* S as a one-line message may quote it: bytes below 0x20 written '?', cut
+ * after 120 bytes ("..."), into buf (n bytes); returns buf. For strings from
+ * untrusted files that are not tensor names (st_open refuses those). */
+const char *st_printable(char *buf, size_t n, const char *s);
 
 typedef struct st_writer st_writer;
 st_writer *st_writer_new(void);

@@ -240,15 +240,15 @@ typedef struct edit {
     float poke_value;
 } edit;
 
-/* linear4bit.safetensors with one edit, saved to a new file and opened. */
-static st_reader *edited(edit e)
+/* SRC with one edit, saved to a new file and opened. */
+static st_reader *edited_from(const st_reader *src, edit e)
 {
     char path[128];
     snprintf(path, sizeof path, "%s/%d.safetensors", root_dir, nfiles++);
     st_writer *w = st_writer_new();
     ct_error err = {0};
-    for (size_t i = 0; i < st_count(linear); i++) {
-        const st_tensor *t = st_at(linear, i);
+    for (size_t i = 0; i < st_count(src); i++) {
+        const st_tensor *t = st_at(src, i);
         if (strcmp(t->name, e.name) != 0) {
             CT_ASSERT(st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, &err) == CT_OK, "%s", err.msg);
             continue;
@@ -273,17 +273,25 @@ static st_reader *edited(edit e)
     return r;
 }
 
-/* Loading WEIGHT from the edited file is CT_ERR_INPUT with a message holding want. */
-static void expect_input_error(edit e, const char *weight, const char *want)
+/* linear4bit.safetensors with one edit. */
+static st_reader *edited(edit e) { return edited_from(linear, e); }
+
+/* Loading WEIGHT from R (then closed) is CT_ERR_INPUT with a message holding
+ * want; what names the edit. */
+static void expect_load_error(st_reader *r, const char *what, const char *weight, const char *want)
 {
-    st_reader *r = edited(e);
     quant4_info info;
     float *y = (float *)1;
     ct_error err = {0};
     int rc = quant4_load_f32(r, weight, &info, &y, &err);
-    CHECK(rc == CT_ERR_INPUT && y == NULL, "%s: rc %d (want an input error)", e.name, rc);
-    CHECK(strstr(err.msg, want) && !strchr(err.msg, '\n'), "%s: message '%s' lacks '%s'", e.name, err.msg, want);
+    CHECK(rc == CT_ERR_INPUT && y == NULL, "%s: rc %d (want an input error)", what, rc);
+    CHECK(strstr(err.msg, want) && !strchr(err.msg, '\n'), "%s: message '%s' lacks '%s'", what, err.msg, want);
     st_close(r);
+}
+
+static void expect_input_error(edit e, const char *weight, const char *want)
+{
+    expect_load_error(edited(e), e.name, weight, want);
 }
 
 #define NO_EDIT .numel = -1, .poke = -1
@@ -301,6 +309,14 @@ TEST(unknown_quant_type_is_an_input_error)
                               .json = "{\"quant_type\": \"int4\", \"blocksize\": 128, \"dtype\": \"float32\", "
                                       "\"shape\": [16, 70]}"},
                        QPROJ, "unknown quant_type 'int4'");
+}
+
+TEST(quant_type_with_a_line_break_is_quoted_on_one_line)
+{
+    expect_input_error((edit){.name = QPROJ_STATE, NO_EDIT,
+                              .json = "{\"quant_type\": \"fp4\\nnf4\", \"blocksize\": 128, \"dtype\": \"float32\", "
+                                      "\"shape\": [16, 70]}"},
+                       QPROJ, "unknown quant_type 'fp4?nf4'");
 }
 
 TEST(quant_type_must_match_the_key)
@@ -361,6 +377,17 @@ TEST(negative_absmax_is_an_input_error)
                        QPROJ ".absmax: element 2 is -1");
 }
 
+TEST(double_quant_stats_whose_product_overflows_fp32_are_an_input_error)
+{
+    /* each stored value finite; block 0 decodes to map[q] x nested_absmax[0] + offset = 1e60 */
+    int q = ((const uint8_t *)fx(linear, DOWN, ".absmax")->data)[0];
+    st_reader *big = edited((edit){.name = DOWN ".nested_absmax", .numel = -1, .poke = 0, .poke_value = 1e30f});
+    st_reader *r = edited_from(big, (edit){.name = DOWN ".nested_quant_map", .numel = -1, .poke = q,
+                                           .poke_value = 1e30f});
+    st_close(big);
+    expect_load_error(r, DOWN ".nested_quant_map", DOWN, DOWN ".absmax: block 0 decodes to inf");
+}
+
 int main(void)
 {
     ct_error err = {0};
@@ -384,6 +411,7 @@ int main(void)
     RUN(plain_tensor_is_not_quantized);
     RUN(missing_quant_state_is_an_input_error);
     RUN(unknown_quant_type_is_an_input_error);
+    RUN(quant_type_with_a_line_break_is_quoted_on_one_line);
     RUN(quant_type_must_match_the_key);
     RUN(invalid_blocksize_is_an_input_error);
     RUN(broken_quant_state_json_is_an_input_error);
@@ -393,6 +421,7 @@ int main(void)
     RUN(missing_nested_absmax_is_an_input_error);
     RUN(foreign_quant_map_is_an_input_error);
     RUN(negative_absmax_is_an_input_error);
+    RUN(double_quant_stats_whose_product_overflows_fp32_are_an_input_error);
 
     for (int i = 0; i < nfiles; i++) {
         char path[128];

@@ -359,9 +359,14 @@ static int parse_state(const st_tensor *st, quant4_type key_type, quant4_info *i
         rc = CT_FAIL_INPUT(err, "%s: needs the keys quant_type, blocksize, dtype and shape", where);
         goto done;
     }
+    char text[128];   /* a string of the blob, quoted in one line */
     if (strcmp(qt->string, "nf4") == 0) info->type = QUANT4_NF4;
     else if (strcmp(qt->string, "fp4") == 0) info->type = QUANT4_FP4;
-    else { rc = CT_FAIL_INPUT(err, "%s: unknown quant_type '%s' (nf4 or fp4)", where, qt->string); goto done; }
+    else {
+        rc = CT_FAIL_INPUT(err, "%s: unknown quant_type '%s' (nf4 or fp4)", where,
+                           st_printable(text, sizeof text, qt->string));
+        goto done;
+    }
     if (info->type != key_type) {
         rc = CT_FAIL_INPUT(err, "%s: quant_type '%s' does not match the tensor's name", where, qt->string);
         goto done;
@@ -373,7 +378,8 @@ static int parse_state(const st_tensor *st, quant4_type key_type, quant4_info *i
     }
     info->blocksize = (size_t)bs;
     if (dtype->string_len >= sizeof info->dtype) {
-        rc = CT_FAIL_INPUT(err, "%s: dtype '%s' is not a torch dtype name", where, dtype->string);
+        rc = CT_FAIL_INPUT(err, "%s: dtype '%s' is not a torch dtype name", where,
+                           st_printable(text, sizeof text, dtype->string));
         goto done;
     }
     strcpy(info->dtype, dtype->string);
@@ -473,10 +479,19 @@ int quant4_load_blocks(const st_reader *r, const char *name, quant4_info *info, 
         if (!rc) {
             absmax = ct_malloc(nblocks * sizeof(float));
             quant4_double_dequantize(absmax, am_t->data, nested, nmap, info->offset, nblocks);
+            /* finite stats can still overflow fp32 in map * nested + offset */
+            for (size_t i = 0; i < nblocks && !rc; i++)
+                if (!isfinite(absmax[i]))
+                    rc = CT_FAIL_INPUT(err, "%s: tensor %s: block %zu decodes to %g (nested_quant_map x "
+                                       "nested_absmax + nested_offset overflows fp32)", am_t->file, am_t->name, i,
+                                       absmax[i]);
         }
         free(nested);
         free(nmap);
-        if (rc) return rc;
+        if (rc) {
+            free(absmax);
+            return rc;
+        }
     } else if ((rc = read_f32(am_t, true, &absmax, err))) {
         return rc;
     }

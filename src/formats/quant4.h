@@ -103,7 +103,8 @@ int quant4_load_f32(const st_reader *r, const char *name, quant4_info *info, flo
 /* quant4_read_info, then NAME's packed codes (*codes: the file's bytes, valid
  * while r is open) and its absmax as fp32 (*absmax: malloc'd, one per block;
  * double quantization undone exactly as bnb's dequantize_4bit does). Non-finite
- * or negative stored statistics are CT_ERR_INPUT naming the tensor. */
+ * or negative stored statistics, and a double-quantized absmax that decodes to
+ * a non-finite value, are CT_ERR_INPUT naming the tensor. */
 int quant4_load_blocks(const st_reader *r, const char *name, quant4_info *info, const uint8_t **codes,
                        float **absmax, ct_error *err);
 

@@ -377,6 +377,21 @@ TEST(skipped_layer_keeps_its_experts_bf16)
     CHECK(c.n_skip == 0 && mxfp4_converts(&c, "model.layers.0.mlp.experts"), "no list: everything converts");
 }
 
+/* Backtracking took exponential time on starred atoms that fail: 60 of them
+ * against a module name ran for ages; each is one step per character now. */
+TEST(many_starred_atoms_match_in_linear_time)
+{
+    char text[256], pattern[128] = "";
+    for (int i = 0; i < 60; i++) strcat(pattern, ".*");
+    mxfp4_config c;
+    ct_error err = {0};
+    strcat(pattern, "z");
+    snprintf(text, sizeof text, "{\"quant_method\": \"mxfp4\", \"modules_to_not_convert\": [\"%s\"]}", pattern);
+    REQUIRE(read_config(text, &c, &err) == CT_OK, "%s", err.msg);
+    CHECK(mxfp4_converts(&c, "model.layers.0.mlp.experts"), "no 'z' in the name: it converts");
+    CHECK(!mxfp4_converts(&c, "model.layers.0.mlp.experts.z"), "a 'z' in it: skipped");
+}
+
 TEST(other_quant_method_is_an_input_error)
 {
     mxfp4_config c;
@@ -385,6 +400,8 @@ TEST(other_quant_method_is_an_input_error)
     CHECK(strstr(err.msg, "quant_method is \"bitsandbytes\", expected \"mxfp4\""), "message: %s", err.msg);
     CHECK(read_config("{\"modules_to_not_convert\": []}", &c, &err) == CT_ERR_INPUT, "accepted a missing method");
     CHECK(strstr(err.msg, "quant_method is missing"), "message: %s", err.msg);
+    CHECK(read_config("{\"quant_method\": \"mx\\nfp4\"}", &c, &err) == CT_ERR_INPUT, "accepted a line break");
+    CHECK(strstr(err.msg, "quant_method is \"mx?fp4\"") && !strchr(err.msg, '\n'), "message: %s", err.msg);
 }
 
 TEST(malformed_modules_to_not_convert_is_an_input_error)
@@ -534,6 +551,7 @@ int main(int argc, char **argv)
     RUN(written_config_reads_back_as_the_official_one);
     RUN(official_config_converts_only_the_experts);
     RUN(skipped_layer_keeps_its_experts_bf16);
+    RUN(many_starred_atoms_match_in_linear_time);
     RUN(other_quant_method_is_an_input_error);
     RUN(malformed_modules_to_not_convert_is_an_input_error);
 

@@ -152,7 +152,7 @@ static const char *const official_skip[] = {
     "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head",
 };
 
-/* A pattern HF's re.match reads the way pattern_match does: word characters,
+/* A pattern HF's re.match reads the way match_prefix does: word characters,
  * '.' (any character) and '*' after an atom. */
 static bool pattern_valid(const char *p)
 {
@@ -167,24 +167,36 @@ static bool pattern_valid(const char *p)
     return true;
 }
 
-static bool match_here(const char *re, const char *text);
-
-/* c* then re at text: the longest run first does not matter for a yes/no. */
-static bool match_star(char c, const char *re, const char *text)
+/* Marks, after each position j of re marked in on, j + 2 when re[j] is a
+ * starred atom (it may match nothing). Ascending, so chains of stars close. */
+static void skip_stars(bool *on, const char *re, size_t n)
 {
-    do {
-        if (match_here(re, text)) return true;
-    } while (*text && (*text++ == c || c == '.'));
-    return false;
+    for (size_t j = 0; j + 1 < n; j++)
+        if (on[j] && re[j + 1] == '*') on[j + 2] = true;
 }
 
-/* re matches a prefix of text (re.match: anchored at the start only). */
-static bool match_here(const char *re, const char *text)
+/* re (a valid pattern, < 128 bytes) matches a prefix of text (re.match:
+ * anchored at the start only). The set of pattern positions reachable after
+ * each character of text: len(re) x len(text) steps, where backtracking takes
+ * exponential time on starred atoms that fail (".*.*.*...z"). */
+static bool match_prefix(const char *re, const char *text)
 {
-    if (!re[0]) return true;
-    if (re[1] == '*') return match_star(re[0], re + 2, text);
-    if (*text && (re[0] == '.' || re[0] == *text)) return match_here(re + 1, text + 1);
-    return false;
+    size_t n = strlen(re);
+    bool on[sizeof ((mxfp4_config *)0)->skip[0] + 1] = {true}, next[sizeof on];
+    CT_ASSERT(n < sizeof on, "pattern of %zu bytes", n);
+    skip_stars(on, re, n);
+    for (;; text++) {
+        if (on[n]) return true;
+        if (!*text) return false;
+        bool any = false;
+        memset(next, 0, sizeof next);
+        for (size_t j = 0; j < n; j++)
+            if (on[j] && (re[j] == '.' || re[j] == *text))
+                next[re[j + 1] == '*' ? j : j + 1] = any = true;   /* a starred atom stays to match again */
+        if (!any) return false;
+        skip_stars(next, re, n);
+        memcpy(on, next, sizeof on);
+    }
 }
 
 int mxfp4_read_config(const json_value *qc, const char *source, mxfp4_config *out, ct_error *err)
@@ -193,9 +205,10 @@ int mxfp4_read_config(const json_value *qc, const char *source, mxfp4_config *ou
     if (!qc || qc->type != JSON_OBJECT)
         return CT_FAIL_INPUT(err, "%s: quantization_config: expected an object", source);
     const json_value *m = json_get_type(qc, "quant_method", JSON_STRING);
+    char text[128];
     if (!m || strcmp(m->string, "mxfp4") != 0)
         return CT_FAIL_INPUT(err, "%s: quantization_config: quant_method is %s%s%s, expected \"mxfp4\"", source,
-                             m ? "\"" : "", m ? m->string : "missing", m ? "\"" : "");
+                             m ? "\"" : "", m ? st_printable(text, sizeof text, m->string) : "missing", m ? "\"" : "");
     const json_value *skip = json_get(qc, "modules_to_not_convert");
     if (!skip || skip->type == JSON_NULL) return CT_OK;
     if (skip->type != JSON_ARRAY)
@@ -220,7 +233,7 @@ bool mxfp4_converts(const mxfp4_config *c, const char *module)
     for (int i = 0; i < c->n_skip; i++) {
         const char *p = c->skip[i];
         size_t k = strlen(p);
-        if (match_here(p, module) || (k <= n && strcmp(module + n - k, p) == 0)) return false;
+        if (match_prefix(p, module) || (k <= n && strcmp(module + n - k, p) == 0)) return false;
     }
     return true;
 }

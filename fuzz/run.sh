@@ -43,6 +43,10 @@ seed() {
     json) files=(configs/models/*/config.json tests/fixtures/*/adapter/adapter_config.json) ;;
     model_config) files=(configs/models/*/config.json tests/fixtures/*/config.json) ;;
     safetensors) files=(tests/fixtures/*/adapter/*.safetensors tests/fixtures/*/model/*.safetensors) ;;
+    # real quantized files under the 64 KB -max_len (bnb NF4 and FP4, MXFP4 experts, FP8 cases)
+    quant) files=(tests/fixtures/{parity_qwen3_nf4,parity_llama_fp4,parity_gpt_oss_mxfp4}/model/model.safetensors
+                  tests/fixtures/fp8/cases.safetensors tests/fixtures/mxfp4/cases.safetensors
+                  tests/fixtures/quant4/linear4bit.safetensors) ;;
     shard) files=(tests/fixtures/*/data/*.shard) ;;
     tokenizer) files=(tests/fixtures/tokenizer/fuzz_seeds/*) ;;
     chat_template) files=(tests/fixtures/chat_templates/*.jinja tests/fixtures/chat_templates/fuzz_seeds/*) ;;
@@ -64,13 +68,13 @@ for name in "$@"; do
     mkdir -p "$crashes"
     before=$(find "$crashes" -type f | wc -l)   # earlier runs' findings stay until copied away
     log=$out/fuzz_$name.log
-    # -max_len: safetensors seeds are up to ~47 KB; configs are small, and longer
+    # -max_len: safetensors seeds (quant's too) are up to ~47 KB; configs are small, and longer
     # YAML or JSON inputs only slow a target down without reaching new code.
     # Size-dependent costs are still reached: fuzz_config repeats an input that
     # starts with byte 0x01 up to 64 KiB (a seed in tests/fuzz_regressions/config/
     # is one), and its 10 s -timeout (25 s for the others) catches a slow one.
     # Adapter and checkpoint inputs hold two or three files (up to ~62 KB).
-    case $name in safetensors|shard|adapter|checkpoint) max_len=65536 ;; *) max_len=8192 ;; esac
+    case $name in safetensors|shard|adapter|checkpoint|quant) max_len=65536 ;; *) max_len=8192 ;; esac
     timeout=25; [ "$name" = config ] && timeout=10
     dict=(); [ -f "fuzz/$name.dict" ] && dict=(-dict="fuzz/$name.dict")
     start=$SECONDS   # a finding stops the target early: the row gives the seconds it really ran

@@ -17,6 +17,7 @@
 #include "../fuzz/fuzz_config.c"
 #include "../fuzz/fuzz_json.c"
 #include "../fuzz/fuzz_model_config.c"
+#include "../fuzz/fuzz_quant.c"
 #include "../fuzz/fuzz_safetensors.c"
 #include "../fuzz/fuzz_shard.c"
 #include "../fuzz/fuzz_tokenizer.c"
@@ -140,6 +141,13 @@ TEST(model_config_survives_every_saved_input)
     CHECK(replay("model_config", "configs/models/*/config.json", fuzz_model_config) > 0, "nothing replayed");
 }
 
+TEST(quantized_weight_readers_survive_every_saved_input)
+{
+    CHECK(replay("quant", "tests/fixtures/{parity_qwen3_nf4/model/model,parity_llama_fp4/model/model,"
+                          "parity_gpt_oss_mxfp4/model/model,fp8/cases,mxfp4/cases,quant4/linear4bit}.safetensors",
+                 fuzz_quant) > 0, "nothing replayed");
+}
+
 TEST(safetensors_reader_survives_every_saved_input)
 {
     CHECK(replay("safetensors", "tests/fixtures/*/{adapter,model}/*.safetensors", fuzz_safetensors) > 0,
@@ -164,6 +172,7 @@ int main(void)
     RUN(config_reader_survives_every_saved_input);
     RUN(json_reader_survives_every_saved_input);
     RUN(model_config_survives_every_saved_input);
+    RUN(quantized_weight_readers_survive_every_saved_input);
     RUN(safetensors_reader_survives_every_saved_input);
     RUN(shard_reader_survives_every_saved_input);
     RUN(tokenizer_survives_every_saved_input);

@@ -20,6 +20,7 @@
 #include "config.h"
 #include "fp8.h"
 #include "graph.h"
+#include "lora_step.h"
 #include "model_fixture.h"
 
 /* Dims on 128-row blocks: q|k|v (256 | 128 | 128) and gate|up (384 | 384) fuse whole blocks. */
@@ -205,59 +206,6 @@ static int write_folder(const char *src, const char *dst, bool stored, fp8_fault
     return rc;
 }
 
-/* Loss and LoRA gradients (r 4, every module, B random) of two packed documents;
- * *fp8 the model's fp8_weights. */
-static double loss_grads(const char *dir, const ct_load_options *opt, float **grads, size_t *n, size_t *fp8)
-{
-    ct_error err = {0};
-    ct_backend *be = backend_cpu_new();
-    ct_model m;
-    if (model_load_with(&m, be, dir, opt, &err)) {
-        printf("model_load: %s\n", err.msg);
-        be->destroy(be);
-        return NAN;
-    }
-    *fp8 = m.fp8_weights;
-    static ct_config cfg; /* the defaults: all-linear */
-    config_defaults(&cfg);
-    ct_lora_config lc = cfg.lora;
-    lc.r = 4;
-    lc.lora_alpha = 8;
-    ct_lora lo;
-    if (lora_init(&lo, &m, &lc, 3, &err)) return printf("lora_init: %s\n", err.msg), NAN;
-    float *p = ct_malloc(lo.n_params * sizeof(float));
-    be->download(be, p, lo.params, lo.n_params * sizeof(float));
-    ct_rng rng;
-    ct_rng_seed(&rng, 11);
-    for (size_t i = 0; i < lo.n_params; i++) p[i] += 0.05f * ct_rng_normal(&rng); /* B != 0: dA is tested too */
-    be->upload(be, lo.params, p, lo.n_params * sizeof(float));
-    free(p);
-    static const int32_t a[] = {1, 5, 9, 2, 33, 17, 8, 60, 4}, b[] = {50, 22, 9, 13, 13, 2, 63};
-    const int32_t *docs[] = {a, b};
-    int lens[] = {9, 7};
-    ct_batch batch;
-    batch_alloc(&batch, 64);
-    fixture_batch(&batch, docs, lens, 2);
-    ct_graph *g = graph_new(&m, 64, true, &err);
-    if (!g) return printf("graph_new: %s\n", err.msg), NAN;
-    be->zero(be, lo.grads, lo.n_params * sizeof(float));
-    be->zero(be, graph_loss_sum(g), sizeof(float));
-    graph_set_batch(g, &batch);
-    graph_train_step(g, &lo, 1.0f / batch.n_targets, 0);
-    float sum;
-    be->download(be, &sum, graph_loss_sum(g), sizeof sum);
-    double loss = sum / batch.n_targets;
-    *n = lo.n_params;
-    *grads = ct_malloc(lo.n_params * sizeof(float));
-    be->download(be, *grads, lo.grads, lo.n_params * sizeof(float));
-    graph_free(g);
-    batch_free(&batch);
-    lora_free(&lo, be);
-    model_free(&m);
-    be->destroy(be);
-    return loss;
-}
-
 static void remove_dir(const char *dir)
 {
     char cmd[300];
@@ -275,9 +223,9 @@ static void check_on_load(const char *src, bool (*held)(const char *))
     ct_load_options opt = {.fp8 = true};
     float *gq = NULL, *gr = NULL, *g0 = NULL;
     size_t nq, nr, n0, f8, f8r, f80;
-    double lq = loss_grads(src, &opt, &gq, &nq, &f8);
-    double lr = loss_grads(dst, NULL, &gr, &nr, &f8r);
-    double l0 = loss_grads(src, NULL, &g0, &n0, &f80);
+    double lq = lora_step(src, &opt, &gq, &nq, NULL, &f8);
+    double lr = lora_step(dst, NULL, &gr, &nr, NULL, &f8r);
+    double l0 = lora_step(src, NULL, &g0, &n0, NULL, &f80);
     REQUIRE(isfinite(lq) && isfinite(lr) && isfinite(l0) && nq == nr, "losses %g %g %g", lq, lr, l0);
     CHECK(lq == lr, "%s: loss %.9g (FP8 on load) vs %.9g (rounded folder)", src, lq, lr);
     CHECK(!memcmp(gq, gr, nq * sizeof(float)), "%s: LoRA gradients differ from the rounded folder's", src);
@@ -333,8 +281,8 @@ TEST(a_stored_fp8_folder_equals_quantizing_on_load)
         ct_load_options opt = {.fp8 = true};
         float *gs = NULL, *gq = NULL, *gr = NULL;
         size_t ns, nq, nr, f8s, f8q, f8r;
-        double ls = loss_grads(dst, NULL, &gs, &ns, &f8s), lq = loss_grads(srcs[k], &opt, &gq, &nq, &f8q);
-        double lr = loss_grads(rnd, NULL, &gr, &nr, &f8r);
+        double ls = lora_step(dst, NULL, &gs, &ns, NULL, &f8s), lq = lora_step(srcs[k], &opt, &gq, &nq, NULL, &f8q);
+        double lr = lora_step(rnd, NULL, &gr, &nr, NULL, &f8r);
         REQUIRE(isfinite(ls) && isfinite(lq) && isfinite(lr) && ns == nq && ns == nr, "losses %g %g %g", ls, lq, lr);
         CHECK(ls == lq && !memcmp(gs, gq, ns * sizeof(float)), "%s: stored FP8 loss %.9g vs on load %.9g%s", srcs[k],
               ls, lq, ls == lq ? " (gradients differ)" : "");

@@ -19,6 +19,7 @@
 #include "check.h"
 #include "config.h"
 #include "graph.h"
+#include "lora_step.h"
 #include "model_fixture.h"
 #include "json.h"
 #include "mxfp4.h"
@@ -101,58 +102,6 @@ static int write_rounded(const char *src, const char *dst, quant4_type type, int
     return rc;
 }
 
-/* Loss and LoRA gradients (r 4, every module, B random) of two packed documents. */
-static double loss_grads(const char *dir, const ct_load_options *opt, float **grads, size_t *n, size_t *q4)
-{
-    ct_error err = {0};
-    ct_backend *be = backend_cpu_new();
-    ct_model m;
-    if (model_load_with(&m, be, dir, opt, &err)) {
-        printf("model_load: %s\n", err.msg);
-        be->destroy(be);
-        return NAN;
-    }
-    *q4 = m.quant_weights;
-    static ct_config cfg; /* the defaults: all-linear */
-    config_defaults(&cfg);
-    ct_lora_config lc = cfg.lora;
-    lc.r = 4;
-    lc.lora_alpha = 8;
-    ct_lora lo;
-    if (lora_init(&lo, &m, &lc, 3, &err)) return printf("lora_init: %s\n", err.msg), NAN;
-    float *p = ct_malloc(lo.n_params * sizeof(float));
-    be->download(be, p, lo.params, lo.n_params * sizeof(float));
-    ct_rng rng;
-    ct_rng_seed(&rng, 11);
-    for (size_t i = 0; i < lo.n_params; i++) p[i] += 0.05f * ct_rng_normal(&rng); /* B != 0: dA is tested too */
-    be->upload(be, lo.params, p, lo.n_params * sizeof(float));
-    free(p);
-    static const int32_t a[] = {1, 5, 9, 2, 33, 17, 8, 60, 4}, b[] = {50, 22, 9, 13, 13, 2, 63};
-    const int32_t *docs[] = {a, b};
-    int lens[] = {9, 7};
-    ct_batch batch;
-    batch_alloc(&batch, 64);
-    fixture_batch(&batch, docs, lens, 2);
-    ct_graph *g = graph_new(&m, 64, true, &err);
-    if (!g) return printf("graph_new: %s\n", err.msg), NAN;
-    be->zero(be, lo.grads, lo.n_params * sizeof(float));
-    be->zero(be, graph_loss_sum(g), sizeof(float));
-    graph_set_batch(g, &batch);
-    graph_train_step(g, &lo, 1.0f / batch.n_targets, 0);
-    float sum;
-    be->download(be, &sum, graph_loss_sum(g), sizeof sum);
-    double loss = sum / batch.n_targets;
-    *n = lo.n_params;
-    *grads = ct_malloc(lo.n_params * sizeof(float));
-    be->download(be, *grads, lo.grads, lo.n_params * sizeof(float));
-    graph_free(g);
-    batch_free(&batch);
-    lora_free(&lo, be);
-    model_free(&m);
-    be->destroy(be);
-    return loss;
-}
-
 /* Quantize-on-load of SRC equals the rounded folder bit for bit; q4_expected:
  * whether every quantizable weight should be held in 4 bits. */
 static void check_on_load(const char *src, quant4_type type, int bs, bool dq, bool q4_expected)
@@ -163,9 +112,9 @@ static void check_on_load(const char *src, quant4_type type, int bs, bool dq, bo
     ct_load_options opt = {.quantize = true, .type = type, .blocksize = bs, .double_quant = dq};
     float *gq = NULL, *gr = NULL, *g0 = NULL;
     size_t nq, nr, n0, q4, q4r, q40;
-    double lq = loss_grads(src, &opt, &gq, &nq, &q4);
-    double lr = loss_grads(dst, NULL, &gr, &nr, &q4r);
-    double l0 = loss_grads(src, NULL, &g0, &n0, &q40);
+    double lq = lora_step(src, &opt, &gq, &nq, &q4, NULL);
+    double lr = lora_step(dst, NULL, &gr, &nr, &q4r, NULL);
+    double l0 = lora_step(src, NULL, &g0, &n0, &q40, NULL);
     REQUIRE(isfinite(lq) && isfinite(lr) && isfinite(l0) && nq == nr, "losses %g %g %g", lq, lr, l0);
     CHECK(lq == lr, "%s: loss %.9g (quantized on load) vs %.9g (rounded folder)", src, lq, lr);
     CHECK(!memcmp(gq, gr, nq * sizeof(float)), "%s: LoRA gradients differ from the rounded folder's", src);
@@ -325,7 +274,7 @@ static void check_stored(const char *src, int flags)
             src);
     float *gs = NULL, *gr = NULL;
     size_t ns, nr, q4s, q4r;
-    double ls = loss_grads(dst, NULL, &gs, &ns, &q4s), lr = loss_grads(rnd, NULL, &gr, &nr, &q4r);
+    double ls = lora_step(dst, NULL, &gs, &ns, &q4s, NULL), lr = lora_step(rnd, NULL, &gr, &nr, &q4r, NULL);
     REQUIRE(isfinite(ls) && isfinite(lr) && ns == nr, "losses %g %g", ls, lr);
     CHECK(ls == lr && !memcmp(gs, gr, ns * sizeof(float)), "%s (flags %d): stored loss %.9g vs rounded %.9g", src,
           flags, ls, lr);
@@ -366,7 +315,7 @@ TEST(a_stored_4_bit_folder_equals_quantizing_on_load)
         ct_load_options opt = {.quantize = true, .type = o.type, .blocksize = 32, .double_quant = o.double_quant};
         float *gs = NULL, *gq = NULL;
         size_t ns, nq, q4s, q4q;
-        double ls = loss_grads(dst, NULL, &gs, &ns, &q4s), lq = loss_grads(src, &opt, &gq, &nq, &q4q);
+        double ls = lora_step(dst, NULL, &gs, &ns, &q4s, NULL), lq = lora_step(src, &opt, &gq, &nq, &q4q, NULL);
         REQUIRE(isfinite(ls) && isfinite(lq) && ns == nq, "losses %g %g", ls, lq);
         CHECK(ls == lq && !memcmp(gs, gq, ns * sizeof(float)), "%s: stored 4-bit loss %.9g vs on load %.9g%s", src, ls,
               lq, ls == lq ? " (gradients differ)" : "");
@@ -402,7 +351,7 @@ TEST(gpt_oss_mxfp4_experts_equal_their_decoded_values)
     REQUIRE(write_mxfp4_pair(gpt_oss_dir, mx, dec) == 0, "writing the MXFP4 folders");
     float *gm = NULL, *gd = NULL;
     size_t nm, nd, q4m, q4d;
-    double lm = loss_grads(mx, NULL, &gm, &nm, &q4m), ld = loss_grads(dec, NULL, &gd, &nd, &q4d);
+    double lm = lora_step(mx, NULL, &gm, &nm, &q4m, NULL), ld = lora_step(dec, NULL, &gd, &nd, &q4d, NULL);
     REQUIRE(isfinite(lm) && isfinite(ld) && nm == nd, "losses %g %g", lm, ld);
     CHECK(lm == ld, "loss %.9g (MXFP4) vs %.9g (decoded)", lm, ld);
     CHECK(!memcmp(gm, gd, nm * sizeof(float)), "LoRA gradients differ between the MXFP4 and the decoded folder");

@@ -403,6 +403,14 @@ TEST(output_steps_and_memory_are_capped)
     free(out);
     chat_template_free(t);
     check_fails("{{ 'x' * 1000000000000 }}", "larger than the", "output limit");
+    /* an empty string or list repeated a huge number of times is empty, at once
+     * (a fuzz finding: the copy loop ran n times over zero bytes) */
+    t = parse_text("[{{ '' * 1000000000000 }}|{{ ([] * 1000000000000) | length }}]", &err);
+    REQUIRE(t, "%s", err.msg);
+    out = render_text(t, false, &err);
+    CHECK(out && !strcmp(out, "[|0]"), "%s", out ? out : err.msg);
+    free(out);
+    chat_template_free(t);
     check_fails("{% set r = range(100000) %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}", "more than 20000000 steps",
                 NULL);
     t = parse_text("{% set ns = namespace(l=[]) %}{% for i in range(30000) %}{% set ns.l = ns.l + [i] %}{% endfor %}", &err);

@@ -96,6 +96,7 @@ static jt_value repeat(jt_render *r, jt_value seq, long long n)
     if (!ct_size_mul(unit, k, &total) || total > r->max_output)
         jt_fail(&r->c, JT_NO_POS, "repetition by %lld: the result would be larger than the %zu-byte output limit", n, r->max_output);
     jt_step(&r->c, JT_NO_POS, total / 64);
+    if (unit == 0) k = 0; /* an empty sequence repeated is empty: no loop over a huge n */
     if (seq.type == JT_STR) {
         char *p = jt_alloc(&r->c, total + 1);
         for (size_t i = 0; i < k; i++) memcpy(p + i * unit, seq.s.p, unit);

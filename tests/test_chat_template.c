@@ -411,6 +411,14 @@ TEST(output_steps_and_memory_are_capped)
     CHECK(out && !strcmp(out, "[|0]"), "%s", out ? out : err.msg);
     free(out);
     chat_template_free(t);
+    /* iterating an empty generator or dict (a fuzz finding: NULL + 0 under UBSan) */
+    t = parse_text("[{% for x in [] | select %}{{ x }}{% endfor %}{% for k in {} %}{{ k }}{% endfor %}"
+                   "{% for p in nothing | items %}{% endfor %}{{ [] | map('upper') | list }}|{{ {} | list }}]", &err);
+    REQUIRE(t, "%s", err.msg);
+    out = render_text(t, false, &err);
+    CHECK(out && !strcmp(out, "[[]|[]]"), "%s", out ? out : err.msg);
+    free(out);
+    chat_template_free(t);
     check_fails("{% set r = range(100000) %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}", "more than 20000000 steps",
                 NULL);
     t = parse_text("{% set ns = namespace(l=[]) %}{% for i in range(30000) %}{% set ns.l = ns.l + [i] %}{% endfor %}", &err);

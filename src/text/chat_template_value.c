@@ -643,14 +643,15 @@ jt_list *jt_iterate(jt_ctx *c, size_t pos, jt_value v)
     case JT_ITER: {
         jt_iter_check(c, pos, v);
         jt_list *l = jt_alloc(c, sizeof *l);
-        l->items = v.list->items + v.list->pos;
+        /* an empty generator holds no items at all (NULL, not NULL + 0: a fuzz finding) */
+        l->items = v.list->items ? v.list->items + v.list->pos : NULL;
         l->n = v.list->n - v.list->pos;
         v.list->pos = v.list->n;
         return l;
     }
     case JT_DICT: {
         jt_list *l = jt_list_v(c, v.dict->n, JT_SEQ_LIST).list;
-        memcpy(l->items, v.dict->keys, v.dict->n * sizeof(jt_value));
+        if (v.dict->n) memcpy(l->items, v.dict->keys, v.dict->n * sizeof(jt_value));
         return l;
     }
     case JT_STR: {

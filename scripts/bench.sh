@@ -16,7 +16,8 @@ WARMUP=${WARMUP:-5}
 HF_MODES=${HF_MODES-"packed packed-ckpt"}  # set empty for none
 CTUNE_MODES=${CTUNE_MODES-"ckpt nockpt"} # any of ckpt, nockpt, ckpt-auto (checkpoint_layers auto), ckpt-nf4 (QLoRA:
                                          # model_quantization nf4, double quant, quantized on load;
-                                         # also nockpt-nf4 and ckpt-auto-nf4),
+                                         # also nockpt-nf4 and ckpt-auto-nf4), ckpt-fp8 / nockpt-fp8
+                                         # (base_precision fp8, quantized on load),
                                          # ckpt-stored-nf4 / ckpt-mxfp4 (a folder ctune init --quantize wrote:
                                          # models/SHAPE-nf4, models/SHAPE-mxfp4 for gpt_oss's experts)
 mkdir -p "$OUT"
@@ -37,7 +38,8 @@ for shape in $SHAPES; do
     gflop=$(python3 scripts/flops.py "configs/models/$shape/config.json" "$data/train.shard")
     for cmode in $CTUNE_MODES; do
     ck=true cl=all q=none; [ "$cmode" = nockpt ] && ck=false; [ "$cmode" = ckpt-auto ] && cl=auto
-    case $cmode in ckpt-nf4 | nockpt-nf4 | ckpt-auto-nf4) q=nf4 ;; esac
+    bp=auto
+    case $cmode in ckpt-nf4 | nockpt-nf4 | ckpt-auto-nf4) q=nf4 ;; ckpt-fp8 | nockpt-fp8) bp=fp8 ;; esac
     case $cmode in nockpt*) ck=false ;; ckpt-auto*) cl=auto ;; esac
     m=$model
     case $cmode in
@@ -52,6 +54,7 @@ for shape in $SHAPES; do
     "$B/ctune" train configs/qwen3-0.6b.yaml --set model="$m" --set output_dir="$run" \
         --set "data.train_files=[$data/train.shard]" --set training.max_steps="$STEPS" \
         --set memory.gradient_checkpointing=$ck --set memory.checkpoint_layers=$cl --set model_quantization=$q \
+        --set base_precision=$bp \
         --set training.warmup_steps=2 --set training.logging_steps=1 >"$run.log" 2>&1
     rc=$?
     peak=$(peak_stop)
@@ -86,7 +89,7 @@ for r in rows:
           f"{str(r.get('host_syncs_per_step', '')):>10} {ratio:>12}{err}")
 PY
 echo "== dense LoRA of modules sharing an input: one at a time vs stacked (T=16384)"
-"$B/bench/lora_bench" 10
+if [ -x "$B/bench/lora_bench" ]; then "$B/bench/lora_bench" 10; else echo "skipped: $B/bench/lora_bench not built (make bench)"; fi
 # a wrong first step must not hide in the warm-up that the timing drops (run_record.py)
 first_step_failed() { grep -q '"first_step_ok": false' "$OUT/bench.jsonl" && echo "bench: FAIL: a run's first step disagrees with the steps after it (its error above)"; }
 first_step_failed && exit 1

@@ -309,6 +309,7 @@ extern "C" ct_backend *backend_cuda_new_with(const ct_cuda_options *opt, ct_erro
     cuda_fill_moe_gemm_lora_ops(be);
     cuda_fill_moe_shared_gate_ops(be);
     cuda_fill_quant_ops(be);
+    cuda_fill_fp8_ops(be);
     /* Gated DeltaNet (model_load needs every GDN op). */
     cuda_fill_gdn_pointwise_ops(be);
     cuda_fill_gdn_delta_ops(be);

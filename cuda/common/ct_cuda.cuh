@@ -95,6 +95,14 @@ void gemm(cuda_ctx *c, void *C, cudaDataType_t ctype, int ldc,
 void gemm_from(cuda_ctx *c, void *C, const void *C_in, cudaDataType_t ctype, int ldc,
                const void *A, int lda, bool ta, const void *B, int ldb, bool tb,
                int M, int N, int K, float alpha, float beta, const bf16 *bias);
+/* Row-major C (M,N) bf16 = A8 (M,K) @ B8^T (+ C_in when non-NULL, same layout
+ * as C, may equal C) (+ bias (N)): A8 E4M3 activations, a_scale[g * M + m]
+ * the fp32 scale of row m's 128-column group g (fp8.h: fp8_row_scale_index
+ * with ld_scale M); B8 (N,K) an E4M3 weight, b_scale its fp32 128x128 block
+ * scales, row-major with fp8_weight_scale_ld(K) per block row. fp32
+ * accumulation. M a multiple of 4, K and the input strides of 16 (asserted). */
+void gemm_fp8(cuda_ctx *c, bf16 *C, int ldc, const bf16 *C_in, const uint8_t *A8, int lda, const float *a_scale,
+              const uint8_t *B8, int ldb, const float *b_scale, int M, int N, int K, const bf16 *bias);
 void gemm_plans_free(cuda_ctx *c);
 
 /* ---- device helpers ---- */
@@ -176,6 +184,7 @@ void cuda_fill_gdn_delta_ops(ct_backend *be);
 
 /* dequant4.cu: frozen 4-bit weights (NF4, FP4, MXFP4) decoded to bf16 */
 void cuda_fill_quant_ops(ct_backend *be);
+void cuda_fill_fp8_ops(ct_backend *be);   /* fp8.cu */
 
 /* linear_lora.cu (+ the plain linear layers, which are one gemm each) */
 void cuda_linear_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const void *W,

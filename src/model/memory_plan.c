@@ -125,9 +125,12 @@ size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
         for (size_t i = 0; i < sizeof(ct_layer_qweights) / sizeof(ct_qweight); i++) {
             if (!q[i].fp8 || !q[i].codes) continue;
             size_t in = q[i].cols, out = q[i].rows, gi = (in + 127) / 128, go = (out + 127) / 128;
-            size_t fwd = round256(T * in) + round256(gi * T * 4);
+            /* the quantized rows, and the last 1-3 rows padded to 4 with their output */
+            size_t fwd = round256(T * in) + round256(gi * T * 4) + round256(4 * in) + round256(gi * 16) +
+                         round256(8 * ((out + 7) / 8 * 8));
             size_t bwd = round256(in * out) + round256(gi * ((go + 3) / 4 * 4) * 4) + round256(T * out) +
-                         round256(go * T * 4);
+                         round256(go * T * 4) + round256(4 * out) + round256(go * 16) +
+                         round256(8 * ((in + 7) / 8 * 8));
             need = max_sz(need, max_sz(fwd, bwd));
         }
     }

@@ -524,8 +524,9 @@ int train_run(const ct_config *cfg, ct_error *err)
                      cfg->model_quantization == CT_MODEL_QUANT_FP4 ? "fp4, quantized on load"
                      : cfg->model_quantization == CT_MODEL_QUANT_NF4 ? "nf4, quantized on load" : "as stored");
         if (r.model.fp8_weights)
-            log_note(&r.log, "base: %.3g G weights held in FP8 (E4M3, 128x128 blocks, %s), decoded per GEMM",
-                     r.model.fp8_weights / 1e9, cfg->base_precision == CT_BASE_FP8 ? "quantized on load" : "as stored");
+            log_note(&r.log, "base: %.3g G weights held in FP8 (E4M3, 128x128 blocks, %s), %s",
+                     r.model.fp8_weights / 1e9, cfg->base_precision == CT_BASE_FP8 ? "quantized on load" : "as stored",
+                     r.be->linear_fwd_fp8 ? "multiplied by FP8 GEMMs" : "decoded per GEMM");
         log_note(&r.log, "data: %zu documents, %zu tokens, %zu micro-batches per epoch, packing efficiency %.1f%%, "
                  "%zu documents truncated to %d tokens",
                  s.docs, s.tokens, s.batches, 100.0 * s.efficiency, s.truncated_docs, cfg->data.max_length);

@@ -35,7 +35,8 @@
 #             On random tokens the loss stays near ln(vocab) whatever the weights do, so
 #             the control passed too: the runs learn a real (if tiny) task instead.
 #             Work folders under $F8_DIR (default /tmp), each model removed after use
-#   fp8big    the 50-step parity on the Llama-3.1-8B shape (a 16 GB random-weight folder)
+#   fp8big    the 50-step parity on the Llama-3.1-8B shape (a 16 GB random-weight folder);
+#             2026-12-03 it failed the 2e-2 bound (5.1e-2 at step 33, docs/fp8.md)
 #   sanitize  compute-sanitizer memcheck (2 steps) and racecheck (1 step) of training
 #             on the qwen3-0.6b shape cut to 2 layers (head_dim 128: the wgmma
 #             attention kernels; the tiny models' head_dim 32 runs mma.sync), with

@@ -268,6 +268,10 @@ TEST(a_list_of_templates_gives_the_default_one)
     write_file(dir, "tokenizer_config.json", "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"tools\"}]}");
     CHECK(!chat_template_load(dir, NULL, &err) && err.code == CT_ERR_INPUT && strstr(err.msg, "'default'") &&
               strstr(err.msg, "'tool_use'"), "%s", err.msg);
+    /* a name holding a line break is quoted on the message's one line (a fuzz finding) */
+    write_file(dir, "tokenizer_config.json", "{\"chat_template\": [{\"name\": \"a\\nb\", \"template\": \"x\"}]}");
+    CHECK(!chat_template_load(dir, NULL, &err) && err.code == CT_ERR_INPUT && strstr(err.msg, "'a?b'") &&
+              !strchr(err.msg, '\n'), "%s", err.msg);
     ct_remove_tree(dir);
     free(dir);
 }

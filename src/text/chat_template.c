@@ -282,6 +282,8 @@ static int config_template(const json_value *root, const char *path, const char 
         }
         snprintf(names + strlen(names), sizeof names - strlen(names), "%s'%s'", i ? ", " : "", name->string);
     }
+    for (char *q = names; *q; q++) /* the names are the file's: the message stays one line */
+        if ((unsigned char)*q < 0x20) *q = '?';
     return CT_FAIL_INPUT(err, "%s: chat_template lists no template named 'default' (it has %s); "
                          "HINT: pick one with --chat-template FILE", path, names);
 }

@@ -190,8 +190,6 @@ static int cuda_check_model(ct_backend *be, const ct_model_config *c, const char
     else if (c->gdn && c->linear_value_head_dim % 32)
         snprintf(buf, sizeof buf, "linear_value_head_dim %d is not a multiple of 32", c->linear_value_head_dim),
             why = buf;
-    else if (c->arch == CT_ARCH_QWEN3_NEXT)
-        why = "qwen3_next is not validated on the CUDA backend yet (its 50-step GPU parity is open)";
     if (!why) return CT_OK;
     return CT_FAIL_INPUT(err, "%s/config.json: %s: not supported by the CUDA backend (set device: cpu to train it "
                          "on the CPU reference backend)", dir, why);
@@ -203,6 +201,8 @@ static size_t cuda_memory_used(ct_backend *be)
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
     return total - free_b;
 }
+
+static void *cuda_native_stream(ct_backend *be) { return ctx_of(be)->stream; }
 
 static void cuda_destroy(ct_backend *be)
 {
@@ -223,7 +223,7 @@ static void cuda_destroy(ct_backend *be)
 
 extern "C" ct_backend *backend_cuda_new_with(const ct_cuda_options *opt, ct_error *err)
 {
-    int n = 0;
+    int n = 0, dev = opt ? opt->device : 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
         CT_FAIL_RUNTIME(err, "no usable CUDA GPU (%s)",
@@ -231,20 +231,26 @@ extern "C" ct_backend *backend_cuda_new_with(const ct_cuda_options *opt, ct_erro
         (void)cudaGetLastError();
         return NULL;
     }
+    if (dev < 0 || dev >= n) {
+        CT_FAIL_RUNTIME(err, "GPU %d was asked for (LOCAL_RANK) but %d GPU%s visible (HINT: one rank per GPU: "
+                             "check --gpus, the launcher's processes per node and CUDA_VISIBLE_DEVICES)",
+                        dev, n, n == 1 ? " is" : "s are");
+        return NULL;
+    }
     cudaDeviceProp prop;
-    e = cudaGetDeviceProperties(&prop, 0);
+    e = cudaGetDeviceProperties(&prop, dev);
     if (e != cudaSuccess) {
-        CT_FAIL_RUNTIME(err, "cannot query GPU 0 (%s)", cudaGetErrorString(e));
+        CT_FAIL_RUNTIME(err, "cannot query GPU %d (%s)", dev, cudaGetErrorString(e));
         (void)cudaGetLastError();
         return NULL;
     }
     /* The kernels are built for sm_90a only; other GPUs cannot load them. */
     if (prop.major != 9 || prop.minor != 0) {
-        CT_FAIL_RUNTIME(err, "GPU 0 (%s) has compute capability %d.%d; this build needs a Hopper "
-                             "GPU (9.0)", prop.name, prop.major, prop.minor);
+        CT_FAIL_RUNTIME(err, "GPU %d (%s) has compute capability %d.%d; this build needs a Hopper "
+                             "GPU (9.0)", dev, prop.name, prop.major, prop.minor);
         return NULL;
     }
-    CUDA_CHECK(cudaSetDevice(0));
+    CUDA_CHECK(cudaSetDevice(dev));
     cuda_ctx *c = (cuda_ctx *)ct_calloc(1, sizeof *c);
     c->num_sms = prop.multiProcessorCount;
     if (opt) c->options = *opt;
@@ -275,6 +281,7 @@ extern "C" ct_backend *backend_cuda_new_with(const ct_cuda_options *opt, ct_erro
     be->sync = cuda_sync;
     be->destroy = cuda_destroy;
     be->memory_used = cuda_memory_used;
+    be->native_stream = cuda_native_stream;
     be->check_model = cuda_check_model;
     be->max_expert_lora_rank = 64; /* moe_expert_lora.cu pads R to 16, 32 or 64 */
     cuda_fill_offload_ops(be);

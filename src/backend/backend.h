@@ -92,6 +92,9 @@ struct ct_backend {
      * `bytes` now, so that the first step cannot run out of memory; false when it
      * cannot be had. NULL where ops need no scratch reservation (CPU). */
     bool (*reserve_scratch)(ct_backend *be, size_t bytes);
+    /* The compute stream (a cudaStream_t), for work queued in order with the ops
+     * by a library the backend does not wrap (NCCL, dist.c); NULL on the CPU. */
+    void *(*native_stream)(ct_backend *be);
 
     /* ---- activation offload (graph.c): saved layer inputs in host memory ----
      * Copies run on a second (copy) stream, ordered against the compute stream by
@@ -594,6 +597,7 @@ typedef enum ct_attn_fwd_kernel {
  * force a kept kernel where more than one serves a call. */
 typedef struct ct_cuda_options {
     ct_attn_fwd_kernel attn_fwd;
+    int device; /* the CUDA device ordinal (a rank's LOCAL_RANK) */
 } ct_cuda_options;
 
 /* The CUDA backend with the kernels opt chooses (NULL: all automatic), or NULL

@@ -5,10 +5,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "commands.h"
 #include "config.h"
 #include "eval_generate.h"
+#include "launch.h"
 #include "train.h"
 
 /* What the command line says, before any of it is applied to a config. */
@@ -21,6 +23,7 @@ typedef struct train_args {
     const char **data;      /* eval --data shards (room for argc) */
     int n_data;
     eval_generate_args gen; /* eval --generate */
+    const char *gpus;       /* train --gpus N */
 } train_args;
 
 static int add_set(void *ctx, const char *value, ct_error *err)
@@ -92,6 +95,9 @@ static int parse(int argc, char **argv, bool eval, ct_config *cfg, train_args *a
         {"--set", "key=value", "override a config key (repeatable; applied after the file)", .call = add_set, .ctx = a},
         {"--print-config", NULL, "print the resolved config and exit", .flag = &a->print_config},
         {"--dry-run", NULL, "load model and data, print the memory plan and exit", .flag = &a->dry_run},
+        {"--gpus", "N", "train on N GPUs of this machine, one process each (data-parallel over NCCL): the "
+                        "micro-batches of a step are dealt over them; or launch ctune with torchrun, Slurm or mpirun",
+         .str = &a->gpus},
         {0}};
     const cli_opt eval_opts[] = {
         {"--set", "key=value", "override a config key (repeatable; applied after the file)", .call = add_set, .ctx = a},
@@ -133,7 +139,8 @@ static int parse(int argc, char **argv, bool eval, ct_config *cfg, train_args *a
                                                  "   or: ctune eval --model DIR --generate FILE.jsonl [--adapter DIR] "
                                                  "[--metric exact|contains] [options]",
                                          eval_opts}
-                             : (cli_cmd){"train", "train CONFIG.yaml [--set key=value]... [--print-config] [--dry-run]",
+                             : (cli_cmd){"train", "train CONFIG.yaml [--set key=value]... [--print-config] [--dry-run] "
+                                                  "[--gpus N]",
                                          train_opts};
     int n_args = 0;
     int rc = cli_parse(&cmd, argc, argv, &n_args, err);
@@ -176,6 +183,43 @@ static void args_free(train_args *a)
     free(a->data);
 }
 
+/* `ctune train ... --gpus N`, N > 1: this process supervises N copies of the
+ * same command without --gpus, each told its rank by the launcher's
+ * environment (launch.h); ranks after 0 write their output to
+ * OUTPUT_DIR/rank-K.log. */
+static int train_gpus(const ct_config *cfg, int n, int argc, char **argv, ct_error *err)
+{
+    if (getenv("WORLD_SIZE") || getenv("SLURM_STEP_NUM_TASKS") || getenv("OMPI_COMM_WORLD_SIZE"))
+        return CT_FAIL_INPUT(err, "usage: --gpus %d under a launcher (WORLD_SIZE, SLURM_STEP_NUM_TASKS or "
+                             "OMPI_COMM_WORLD_SIZE is set): the launcher starts the ranks, drop --gpus", n);
+    char exe[CT_PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) return CT_FAIL_RUNTIME(err, "--gpus: cannot find this executable (/proc/self/exe)");
+    exe[len] = 0;
+    char **child = ct_calloc((size_t)argc + 2, sizeof *child);
+    int k = 0;
+    child[k++] = exe;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--gpus")) {
+            i++;
+            continue;
+        }
+        if (!strncmp(argv[i], "--gpus=", 7)) continue;
+        child[k++] = argv[i];
+    }
+    int rc = ct_mkdirs(cfg->output_dir, err);
+    if (!rc) {
+        ct_launch_options opt = {.ranks = n, .argv = child, .log_dir = cfg->output_dir,
+                                 .grace_s = cfg->distributed.timeout_seconds < 30 ? cfg->distributed.timeout_seconds
+                                                                                   : 30};
+        printf("ctune: %d ranks; rank 0 reports here, the others in %s/rank-K.log\n", n, cfg->output_dir);
+        fflush(stdout);
+        rc = launch_ranks(&opt, err);
+    }
+    free(child);
+    return rc;
+}
+
 int cmd_train(int argc, char **argv, ct_error *err)
 {
     static ct_config cfg; /* large (file lists): keep it off the stack */
@@ -186,6 +230,20 @@ int cmd_train(int argc, char **argv, ct_error *err)
     if (a.print_config) {
         config_print(&cfg, stdout);
         return CT_OK;
+    }
+    int gpus = 1;
+    if (a.gpus) {
+        char *end;
+        long v = strtol(a.gpus, &end, 10);
+        if (*end || end == a.gpus || v < 1 || v > 4096)
+            return CT_FAIL_INPUT(err, "usage: --gpus %s: expected a number of GPUs >= 1", a.gpus);
+        gpus = (int)v;
+        if (gpus > 1 && a.dry_run)
+            return CT_FAIL_INPUT(err, "usage: --dry-run plans one GPU: drop --gpus (every rank holds the same plan)");
+    }
+    if (gpus > 1) {
+        if ((rc = train_check_ranks(&cfg, gpus, err))) return rc;
+        return train_gpus(&cfg, gpus, argc, argv, err);
     }
     return a.dry_run ? train_dry_run(&cfg, err) : train_run(&cfg, err);
 }

@@ -1,4 +1,5 @@
-/* hooks.c — see hooks.h. The one file that reads the environment. */
+/* hooks.c — see hooks.h. The one file that reads ctune's own variables (dist.c
+ * reads the launcher's: RANK, WORLD_SIZE, ...). */
 #include "hooks.h"
 
 #include <pthread.h>
@@ -20,6 +21,9 @@ static void hooks_read(void)
     hooks.inject_nan_step = env_value("CTUNE_INJECT_NAN_STEP");
     const char *pin = env_value("CTUNE_INJECT_PIN_FAIL");
     hooks.inject_pin_fail = pin && *pin == '1';
+    const char *host = env_value("CTUNE_DIST_HOST_REDUCE");
+    hooks.dist_host_reduce = host && *host == '1';
+    hooks.inject_rank_fault = env_value("CTUNE_INJECT_RANK_FAULT");
 }
 
 const ct_hooks *hooks_get(void)

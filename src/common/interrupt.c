@@ -47,9 +47,8 @@ void interrupt_restore(void)
 
 int interrupt_pending(void) { return pending; }
 
-int interrupt_fail(ct_error *err, const char *output_dir, long long step)
+int interrupt_fail(ct_error *err, int sig, const char *output_dir, long long step)
 {
-    int sig = pending;
     ct_fail(err, 128 + sig, "interrupted by %s after step %lld; checkpoint saved in %s/checkpoint-%lld "
             "(run the same command to resume)", sig == SIGTERM ? "SIGTERM" : "SIGINT", step, output_dir, step);
     return 128 + sig;

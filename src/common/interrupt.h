@@ -14,8 +14,9 @@ void interrupt_install(void);
 void interrupt_restore(void);
 /* The signal that asked to stop (SIGINT or SIGTERM), or 0. Async-safe to poll. */
 int interrupt_pending(void);
-/* Fills err with "interrupted by SIGINT after step N; ..." and returns the exit
- * code 128 + signal. */
-int interrupt_fail(ct_error *err, const char *output_dir, long long step);
+/* Fills err with "interrupted by SIGINT after step N; ..." for sig (SIGINT or
+ * SIGTERM: the one that stopped the run, on this rank or another) and returns
+ * the exit code 128 + sig. */
+int interrupt_fail(ct_error *err, int sig, const char *output_dir, long long step);
 
 #endif

@@ -46,6 +46,7 @@ static const char *json_num(char *buf, size_t n, double v)
 
 void log_train(ct_log *lg, const ct_train_record *r)
 {
+    if (lg->quiet) return;
     double gib = (double)r->memory_used / (1 << 30);
     char mem_json[48] = "", mem_text[32] = "", skip_json[48] = "", skip_text[48] = "", lb[32], gb[32];
     char aux_json[48] = "";
@@ -76,6 +77,7 @@ void log_train(ct_log *lg, const ct_train_record *r)
 
 void log_eval(ct_log *lg, int step, double eval_loss, int eval_tokens)
 {
+    if (lg->quiet) return;
     char lb[32];
     fprintf(lg->metrics, "{\"step\": %d, \"eval_loss\": %s, \"eval_tokens\": %d}\n", step,
             json_num(lb, sizeof lb, eval_loss), eval_tokens);
@@ -88,6 +90,7 @@ void log_eval(ct_log *lg, int step, double eval_loss, int eval_tokens)
 
 void log_plot(ct_log *lg)
 {
+    if (lg->quiet) return;
     if (!lg->dir) return;
     ct_error err = {0};
     if (plot_run(lg->dir, &err)) log_note(lg, "note: loss.svg not written: %s", err.msg);
@@ -95,6 +98,7 @@ void log_plot(ct_log *lg)
 
 void log_note(ct_log *lg, const char *fmt, ...)
 {
+    if (lg->quiet) return;
     end_line(lg);
     va_list ap;
     va_start(ap, fmt);

@@ -13,6 +13,7 @@ typedef struct ct_log {
     char *dir;        /* the run folder (owned) */
     bool tty;
     bool line_open;   /* a progress line is on screen without its newline */
+    bool quiet;       /* reports nothing (the ranks after rank 0 of a run on several GPUs) */
 } ct_log;
 
 typedef struct ct_train_record {

@@ -141,11 +141,12 @@ static const key_spec keys[] = {
     ENUMK("memory.checkpoint_layers", memory.checkpoint_layers, ckpt_layer_names, "all or auto"),
     ENUMK("memory.activation_offload", memory.activation_offload, tri_names, "auto, on or off"),
     INTK("memory.offload_buffers", memory.offload_buffers, 1, 2, 0, "1 or 2"),
+    FLTK("distributed.timeout_seconds", distributed.timeout_seconds, 0, INFINITY, LO_OPEN, "a number of seconds > 0"),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
 _Static_assert(N_KEYS == CT_CONFIG_KEYS, "CT_CONFIG_KEYS in config.h counts the keys of this table");
 
-static const char *const sections[] = { "lora", "data", "training", "memory", NULL };
+static const char *const sections[] = { "lora", "data", "training", "memory", "distributed", NULL };
 
 /* Names users bring from Axolotl, TRL and PEFT that no edit distance would reach. */
 static const char *const aliases[][2] = {
@@ -205,6 +206,7 @@ void config_defaults(ct_config *cfg)
     cfg->memory.checkpoint_layers = CT_CKPT_ALL;
     cfg->memory.activation_offload = CT_TRI_AUTO;
     cfg->memory.offload_buffers = 2;
+    cfg->distributed.timeout_seconds = 600;
 }
 
 const char *config_canonical_module(const char *name)

@@ -19,7 +19,7 @@
  * scanner costs O(depth) per token, so a megabyte of '[' took minutes; deeper
  * input is refused while it is scanned, before the cost grows. */
 #define CT_CONFIG_MAX_DEPTH 64
-#define CT_CONFIG_KEYS 42                 /* keys in config.c's table */
+#define CT_CONFIG_KEYS 43                 /* keys in config.c's table */
 #define CT_ORIGIN_MAX (CT_PATH_MAX + 32)  /* "FILE:LINE", or "--set KEY=VALUE" cut to 300 characters */
 
 typedef enum { CT_SCHED_CONSTANT, CT_SCHED_LINEAR, CT_SCHED_COSINE } ct_sched_type;
@@ -88,6 +88,11 @@ typedef struct ct_memory_config {
     int offload_buffers;       /* device staging buffers for offloaded inputs: 2 overlaps copies (default), 1 saves one */
 } ct_memory_config;
 
+/* Several ranks (dist.h): how long a rank waits on another before it stops the run. */
+typedef struct ct_distributed_config {
+    double timeout_seconds;
+} ct_distributed_config;
+
 typedef struct ct_config {
     char source_path[CT_PATH_MAX];  /* the YAML file it was read from ("" if none) */
     char model[CT_PATH_MAX];        /* HF model folder */
@@ -100,6 +105,7 @@ typedef struct ct_config {
     ct_data_config data;
     ct_training_config training;
     ct_memory_config memory;
+    ct_distributed_config distributed;
     /* Where each key's value came from, by its place in config.c's key table:
      * "FILE:LINE" or "--set KEY=VALUE"; "" while it holds its default (read it
      * with config_origin). Errors that name a key start with it. */

@@ -14,9 +14,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "adapter.h"
 #include "checkpoint.h"
+#include "dist.h"
 #include "graph.h"
 #include "hooks.h"
 #include "interrupt.h"
@@ -44,13 +46,25 @@ typedef struct run {
     uint32_t data_crc;        /* dataset_crc32 of the training data */
     long long last_saved;     /* step of the newest checkpoint this run saved or resumed from; 0 if none */
     FILE *trace;              /* CTUNE_TRACE: the documents of every step, for HF parity runs */
+    ct_dist_env env;          /* this process's rank among those of the run (world 1: alone) */
+    ct_dist *dist;            /* the ranks, once joined (train_run only) */
+    FILE *notes;              /* notes on the checkpoint found and a resumed config: stderr on rank 0 */
+    int fault_rank, fault_step; /* CTUNE_INJECT_RANK_FAULT (hooks.h); fault_step 0: none */
+    bool fault_hang;
 } run;
 
-ct_backend *train_backend(const ct_config *cfg, ct_error *err)
+/* Rank 0 writes metrics, checkpoints and notes; the other ranks only compute. */
+static bool lead(const run *r) { return r->env.rank == 0; }
+
+/* Whether this process computes micro-batch i of a step (dist.h: dealt over the ranks). */
+static bool owns(const run *r, size_t i) { return !r->dist || dist_owns(r->dist, i); }
+
+ct_backend *train_backend(const ct_config *cfg, int gpu, ct_error *err)
 {
     if (cfg->device == CT_DEVICE_CPU) return backend_cpu_new();
     ct_error why = {0};
-    ct_backend *be = backend_cuda_new(&why);
+    ct_cuda_options opt = {.device = gpu};
+    ct_backend *be = backend_cuda_new_with(&opt, &why);
     if (be) return be;
     if (cfg->device == CT_DEVICE_CUDA) {
         CT_FAIL_RUNTIME(err, "device: cuda was asked for but no GPU is usable: %s", why.msg);
@@ -75,6 +89,7 @@ static void run_free(run *r)
     if (r->eval_ds.shards) dataset_close(&r->eval_ds);
     log_close(&r->log);
     if (r->trace) fclose(r->trace);
+    if (r->notes && r->notes != stderr) fclose(r->notes);
     free(r->config_text);
     if (r->be) r->be->destroy(r->be);
 }
@@ -162,7 +177,7 @@ static int check_positions(const ct_dataset *ds, const ct_packer_options *opt, c
 static int run_setup(run *r, const ct_config *cfg, bool need_train, ct_error *err)
 {
     r->cfg = cfg;
-    if (!(r->be = train_backend(cfg, err))) return err->code;
+    if (!(r->be = train_backend(cfg, r->env.local_rank, err))) return err->code;
     ct_load_options lopt = {.fp8 = cfg->base_precision == CT_BASE_FP8,
                             .quantize = cfg->model_quantization != CT_MODEL_QUANT_NONE,
                             .type = cfg->model_quantization == CT_MODEL_QUANT_FP4 ? QUANT4_FP4 : QUANT4_NF4,
@@ -196,7 +211,7 @@ static int run_setup(run *r, const ct_config *cfg, bool need_train, ct_error *er
     if ((rc = optim_guard_init(&r->guard, r->be, &cfg->training, err))) return rc;
     ct_memory_plan plan;
     rc = memory_plan_make(&r->model, &r->lora, &cfg->memory, capacity_of(cfg), &plan, err);
-    if (need_train && plan.opt.capacity > 0) memory_plan_print(&plan, stdout);
+    if (need_train && plan.opt.capacity > 0 && lead(r)) memory_plan_print(&plan, stdout);
     if (rc) return rc;
     if (r->be->reserve_scratch && !r->be->reserve_scratch(r->be, plan.workspace))
         return CT_FAIL_RUNTIME(err, "out of %s memory for the %.2f GiB op workspace the memory plan reserves",
@@ -209,8 +224,9 @@ static int run_setup(run *r, const ct_config *cfg, bool need_train, ct_error *er
     return need_train && cfg->training.router_aux_loss ? graph_set_router_aux_loss(r->graph, true, err) : CT_OK;
 }
 
-/* Mean loss over one pass of the packer's epoch 0 (no dropout). */
-static double evaluate(run *r, ct_packer *p, const ct_lora *lo, int *targets_out)
+/* *loss = the mean loss over one pass of the packer's epoch 0 (no dropout),
+ * its micro-batches dealt over the ranks like a step's. */
+static int evaluate(run *r, ct_packer *p, const ct_lora *lo, double *loss, int *targets_out, ct_error *err)
 {
     ct_backend *be = r->be;
     ct_batch b;
@@ -221,32 +237,45 @@ static double evaluate(run *r, ct_packer *p, const ct_lora *lo, int *targets_out
     long long targets = 0;
     for (size_t i = 0; i < n; i++) {
         packer_next(p, &b);
+        targets += b.n_targets;
+        if (!owns(r, i)) continue;
         graph_set_batch(r->graph, &b);
         graph_eval(r->graph, lo);
-        targets += b.n_targets;
+        dist_beat(r->dist);
     }
     float sum = 0;
     be->download(be, &sum, graph_loss_sum(r->graph), sizeof sum);
     be->zero(be, graph_loss_sum(r->graph), sizeof(float));
     batch_free(&b);
+    int rc = r->dist ? dist_sum_host(r->dist, &sum, 1, err) : CT_OK;
     *targets_out = (int)targets;
-    return targets > 0 ? sum / (double)targets : NAN;
+    *loss = targets > 0 ? sum / (double)targets : NAN;
+    return rc;
 }
 
+/* Every rank takes part (the window's loss is summed over them); rank 0 writes. */
 static int save_checkpoint(run *r, ct_error *err)
 {
     ct_backend *be = r->be;
     r->state.total_steps = r->total_steps;
     r->state.data = loader_position(r->loader);
     r->state.data_crc32 = r->data_crc;
-    be->download(be, &r->state.window.loss_sum, graph_loss_sum(r->graph), sizeof(float));
-    be->download(be, &r->state.window.aux_sum, graph_aux_loss_sum(r->graph), sizeof(float));
-    optim_guard_save(&r->guard, be, &r->state.guard);
-    int rc = checkpoint_save(r->cfg->output_dir, &r->lora, &r->model, &r->state, r->config_text, r->cfg->model,
-                             r->cfg->training.save_total_limit, err);
+    float sums[2];
+    be->download(be, &sums[0], graph_loss_sum(r->graph), sizeof(float));
+    be->download(be, &sums[1], graph_aux_loss_sum(r->graph), sizeof(float));
+    int rc = r->dist ? dist_sum_host(r->dist, sums, 2, err) : CT_OK;
     if (rc) return rc;
+    r->state.window.loss_sum = sums[0];
+    r->state.window.aux_sum = sums[1];
+    optim_guard_save(&r->guard, be, &r->state.guard);
+    if (lead(r)) {
+        dist_beat(r->dist);
+        rc = checkpoint_save(r->cfg->output_dir, &r->lora, &r->model, &r->state, r->config_text, r->cfg->model,
+                             r->cfg->training.save_total_limit, err);
+        if (rc) return rc;
+        log_plot(&r->log);
+    }
     r->last_saved = r->state.step;
-    log_plot(&r->log);
     return CT_OK;
 }
 
@@ -300,7 +329,7 @@ static int check_config(const run *r, const char *ckpt, const ct_trainer_state *
                          .saved_total_steps = st->total_steps, .total_steps = r->total_steps,
                          .has_data_crc = st->has_run_state, .saved_data_crc = st->data_crc32,
                          .data_crc = r->data_crc};
-    int rc = resume_check(r->cfg, r->config_text, &f, stderr, err);
+    int rc = resume_check(r->cfg, r->config_text, &f, r->notes, err);
     free(saved);
     return rc;
 }
@@ -318,7 +347,7 @@ static int resume_if_asked(run *r, ct_error *err)
         snprintf(path, sizeof path, "%s", t->resume_from_checkpoint);
         found = true;
     } else if (t->resume_mode == CT_RESUME_AUTO) {
-        found = checkpoint_find_latest(cfg->output_dir, path, sizeof path, stderr);
+        found = checkpoint_find_latest(cfg->output_dir, path, sizeof path, r->notes);
     }
     if (found) {
         ct_trainer_state st;
@@ -337,6 +366,10 @@ static int resume_if_asked(run *r, ct_error *err)
         packer_seek(r->packer, st.data);
         optim_guard_restore(&r->guard, r->be, &st.guard);
         log_note(&r->log, "resumed from %s (step %lld)", path, (long long)st.step);
+    }
+    if (!lead(r)) { /* rank 0 carries the saved window's loss; the output folder is its to write */
+        r->state.window.loss_sum = r->state.window.aux_sum = 0;
+        return CT_OK;
     }
     char metrics[CT_PATH_MAX + 32];
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", cfg->output_dir);
@@ -390,6 +423,29 @@ static int weights_fail(const run *r, int step, int bad, ct_error *err)
                            step, bad, good);
 }
 
+/* CTUNE_INJECT_RANK_FAULT=RANK:STEP:exit|hang (hooks.h), for the tests of a rank that dies or hangs. */
+static int parse_rank_fault(run *r, ct_error *err)
+{
+    const char *v = hooks_get()->inject_rank_fault;
+    if (!v) return CT_OK;
+    char how[8] = "";
+    int n = 0;
+    if (sscanf(v, "%d:%d:%7[a-z]%n", &r->fault_rank, &r->fault_step, how, &n) != 3 || v[n] || r->fault_step < 1 ||
+        (strcmp(how, "exit") && strcmp(how, "hang")))
+        return CT_FAIL_INPUT(err, "CTUNE_INJECT_RANK_FAULT=%s: expected RANK:STEP:exit or RANK:STEP:hang", v);
+    r->fault_hang = !strcmp(how, "hang");
+    return CT_OK;
+}
+
+static void rank_fault(const run *r, int step)
+{
+    if (r->fault_step != step || r->fault_rank != r->env.rank) return;
+    fprintf(stderr, "rank %d: CTUNE_INJECT_RANK_FAULT: %s at step %d\n", r->env.rank,
+            r->fault_hang ? "hanging" : "exiting", step);
+    if (!r->fault_hang) exit(3);
+    for (;;) sleep(3600);
+}
+
 static int train_loop(run *r, ct_error *err)
 {
     const ct_config *cfg = r->cfg;
@@ -406,6 +462,7 @@ static int train_loop(run *r, ct_error *err)
     be->upload(be, aux_sum, &w->aux_sum, sizeof(float));
     int rc = CT_OK;
     uint64_t step_syncs = 0; /* host waits inside steps, not counting logging reads */
+    int stop_sig = 0;        /* the signal that stopped the run after a step, on any rank */
     int steps_run = 0;
     for (int step = (int)r->state.step + 1; step <= r->total_steps && !rc; step++) {
         long long targets = 0, tokens = 0;
@@ -419,10 +476,16 @@ static int train_loop(run *r, ct_error *err)
         be->zero(be, r->lora.grads, r->lora.n_params * sizeof(float));
         float grad_scale = targets > 0 ? 1.0f / (float)targets : 0.0f;
         for (int i = 0; i < ga; i++) {
-            graph_set_batch(r->graph, batches[i]);
-            graph_train_step(r->graph, &r->lora, grad_scale, ct_hash64((uint64_t)t->seed, (uint64_t)step * ga + i));
+            if (owns(r, i)) {
+                graph_set_batch(r->graph, batches[i]);
+                graph_train_step(r->graph, &r->lora, grad_scale,
+                                 ct_hash64((uint64_t)t->seed, (uint64_t)step * ga + i));
+                dist_beat(r->dist);
+            }
             loader_release(r->loader, batches[i]);
         }
+        rank_fault(r, step);
+        if (r->dist && (rc = dist_sum_device(r->dist, be, r->lora.grads, r->lora.n_params, err))) break;
         double lr = optim_lr(t, step, r->total_steps);
         optim_guard_inject(&r->guard, be, r->lora.grads, step);
         optim_step(be, &r->lora, t, optim_guard_slot(&r->guard, step), lr, step);
@@ -441,16 +504,17 @@ static int train_loop(run *r, ct_error *err)
         int bad_weights = r->guard.bad_weights_step;
         bool nonfinite_stop = optim_guard_tripped(&r->guard) || bad_weights;
         if (log_now || nonfinite_stop) {
-            float sum = 0;
-            be->download(be, &sum, loss_sum, sizeof sum);
+            float sums[2] = {0, 0}; /* this rank's loss and aux sums, then the run's */
+            be->download(be, &sums[0], loss_sum, sizeof(float));
             be->zero(be, loss_sum, sizeof(float));
-            double aux = NAN;
             if (cfg->training.router_aux_loss) {
-                float a = 0;
-                be->download(be, &a, aux_sum, sizeof a);
+                be->download(be, &sums[1], aux_sum, sizeof(float));
                 be->zero(be, aux_sum, sizeof(float));
-                aux = a / (w->micro_batches > 0 ? (double)w->micro_batches : 1);
             }
+            if (r->dist && (rc = dist_sum_host(r->dist, sums, 2, err))) break;
+            float sum = sums[0];
+            double aux = cfg->training.router_aux_loss
+                             ? sums[1] / (w->micro_batches > 0 ? (double)w->micro_batches : 1) : NAN;
             double now = ct_now();
             ct_train_record rec = {.step = step, .total_steps = r->total_steps,
                                    .loss = (w->loss + sum) / (w->targets > 0 ? w->targets : 1),
@@ -473,9 +537,11 @@ static int train_loop(run *r, ct_error *err)
         if (r->has_eval && t->eval_steps > 0 && (step % t->eval_steps == 0 || last)) {
             float partial = 0; /* the training window's loss so far survives the eval */
             be->download(be, &partial, loss_sum, sizeof partial);
+            if (r->dist && (rc = dist_sum_host(r->dist, &partial, 1, err))) break;
             w->loss += partial;
             int n;
-            double el = evaluate(r, r->eval_packer, &r->lora, &n);
+            double el;
+            if ((rc = evaluate(r, r->eval_packer, &r->lora, &el, &n, err))) break;
             log_eval(&r->log, step, el, n);
         }
         r->state.elapsed = elapsed0 + ct_now() - t_start;
@@ -486,17 +552,21 @@ static int train_loop(run *r, ct_error *err)
                                  "holds the weights from before them (HINT: lower training.learning_rate or set "
                                  "training.max_grad_norm, check the data of those steps, then rerun to resume)",
                                  step, r->guard.streak, r->guard.streak_start, t->max_nonfinite_steps, step);
-        if (interrupt_pending()) break; /* SIGINT/SIGTERM: the step is done; save below and stop */
+        /* SIGINT/SIGTERM on any rank: the step is done; every rank saves below and stops */
+        if (!rc) rc = r->dist ? dist_agree(r->dist, step, interrupt_pending(), &stop_sig, err)
+                              : (stop_sig = interrupt_pending(), CT_OK);
+        if (stop_sig) break;
     }
     free(batches);
-    bool interrupted = r->state.step < r->total_steps && interrupt_pending();
+    bool interrupted = r->state.step < r->total_steps && stop_sig;
     if (rc) return rc;
     if (steps_run > 0)
         log_note(&r->log, "host syncs per step: %.2f (the loss is read back on logging steps only)",
                  (double)step_syncs / steps_run);
     if (r->state.step > 0) rc = save_checkpoint(r, err);
     if (rc) return rc;
-    if (interrupted) return interrupt_fail(err, cfg->output_dir, (long long)r->state.step);
+    if (interrupted) return interrupt_fail(err, stop_sig, cfg->output_dir, (long long)r->state.step);
+    if (!lead(r)) return CT_OK;
     char final[CT_PATH_MAX + 16];
     snprintf(final, sizeof final, "%s/final", cfg->output_dir);
     rc = lora_save_peft(&r->lora, &r->model, final, cfg->model, err);
@@ -504,13 +574,42 @@ static int train_loop(run *r, ct_error *err)
     return rc;
 }
 
+int train_check_ranks(const ct_config *cfg, int world, ct_error *err)
+{
+    int ga = cfg->training.gradient_accumulation_steps;
+    if (ga >= world) return CT_OK;
+    return CT_FAIL_INPUT(err, "%s: training.gradient_accumulation_steps is %d but the run has %d ranks: a step's "
+                         "micro-batches are dealt over the ranks, so rank %d would have none (expected at least %d, "
+                         "best a multiple of %d)", cfg->source_path[0] ? cfg->source_path : "config", ga, world, ga,
+                         world, world);
+}
+
+static int train_ranks(run *r, const ct_config *cfg, ct_error *err)
+{
+    int rc = parse_rank_fault(r, err);
+    if (rc) return rc;
+    if (!(r->dist = dist_open(&r->env, r->be, cfg->distributed.timeout_seconds, hooks_get()->dist_host_reduce, err)))
+        return err->code;
+    if (r->env.world > 1)
+        log_note(&r->log, "ranks: %d (%s), launched by %s; the %d micro-batches of a step are dealt over them, %s",
+                 r->env.world, r->be->name, r->env.launcher, cfg->training.gradient_accumulation_steps,
+                 dist_describe(r->dist));
+    if (lead(r)) rc = checkpoint_check_space(cfg->output_dir, &r->lora, err);
+    return rc;
+}
+
 int train_run(const ct_config *cfg, ct_error *err)
 {
     run r = {0};
-    int rc = checkpoint_probe_dir(cfg->output_dir, err);
-    if (!rc) checkpoint_clean_stale(cfg->output_dir, stderr);
+    int rc = dist_env_read(&r.env, err);
+    r.log.quiet = !lead(&r);
+    r.notes = lead(&r) ? stderr : fopen("/dev/null", "w");
+    if (!rc && !r.notes) rc = CT_FAIL_RUNTIME(err, "/dev/null: cannot open for writing");
+    if (!rc) rc = train_check_ranks(cfg, r.env.world, err);
+    if (!rc && lead(&r)) rc = checkpoint_probe_dir(cfg->output_dir, err);
+    if (!rc && lead(&r)) checkpoint_clean_stale(cfg->output_dir, stderr);
     if (!rc) rc = run_setup(&r, cfg, true, err);
-    if (!rc) rc = checkpoint_check_space(cfg->output_dir, &r.lora, err);
+    if (!rc) rc = train_ranks(&r, cfg, err);
     if (!rc) rc = config_total_steps(cfg, packer_batches_per_epoch(r.packer), &r.total_steps, err);
     if (!rc) {
         r.config_text = print_config(cfg);
@@ -533,14 +632,22 @@ int train_run(const ct_config *cfg, ct_error *err)
         rc = resume_if_asked(&r, err);
     }
     /* metrics.jsonl is opened for appending only once resume has cut it back to the checkpoint */
-    if (!rc) rc = log_open(&r.log, cfg->output_dir, err);
-    if (!rc) rc = trace_open(&r, err);
+    if (!rc && lead(&r)) rc = log_open(&r.log, cfg->output_dir, err);
+    if (!rc && lead(&r)) rc = trace_open(&r, err);
     if (!rc) {
         r.loader = loader_start(r.packer, 2 * cfg->training.gradient_accumulation_steps + 2);
         interrupt_install();
         rc = train_loop(&r, err);
         interrupt_restore();
     }
+    char own[32];
+    snprintf(own, sizeof own, "rank %d: ", r.env.rank);
+    if (rc && r.env.world > 1 && strncmp(err->msg, own, strlen(own))) { /* say which rank it was */
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s%s", own, err->msg);
+        snprintf(err->msg, sizeof err->msg, "%s", msg);
+    }
+    dist_close(r.dist, rc != 0);
     run_free(&r);
     return rc;
 }
@@ -569,7 +676,8 @@ int eval_run(const ct_config *cfg, const char *adapter_dir, ct_error *err)
     }
     if (!rc) {
         int n;
-        double loss = evaluate(&r, r.eval_packer, adapter_dir ? &r.lora : NULL, &n);
+        double loss;
+        rc = evaluate(&r, r.eval_packer, adapter_dir ? &r.lora : NULL, &loss, &n, err);
         printf("eval: loss %.6f  perplexity %.4f  (%d target tokens, %s)\n", loss, exp(loss), n,
                adapter_dir ? adapter_dir : "base model");
     }

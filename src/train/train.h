@@ -19,7 +19,12 @@ int train_dry_run(const ct_config *cfg, ct_error *err);
  * adapter in adapter_dir (NULL: base only). No eval files, or a shard without
  * a target token, is CT_ERR_INPUT. */
 int eval_run(const ct_config *cfg, const char *adapter_dir, ct_error *err);
-/* The backend cfg->device asks for (auto: CUDA when a GPU is usable, else CPU). */
-ct_backend *train_backend(const ct_config *cfg, ct_error *err);
+/* Several ranks (dist.h) deal each step's micro-batches over them, so every
+ * rank needs one: CT_ERR_INPUT naming the config when
+ * training.gradient_accumulation_steps < world. */
+int train_check_ranks(const ct_config *cfg, int world, ct_error *err);
+/* The backend cfg->device asks for (auto: CUDA when a GPU is usable, else CPU);
+ * gpu is the CUDA device ordinal (a rank's LOCAL_RANK). */
+ct_backend *train_backend(const ct_config *cfg, int gpu, ct_error *err);
 
 #endif

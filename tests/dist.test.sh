@@ -129,6 +129,23 @@ sigterm_stops_every_rank_after_the_same_step() {
     [ "$(grep -c "rank [01]: interrupted by SIGTERM after step $step;" log)" = 2 ] || { cat log; false; }
 }
 
+evaluation_is_dealt_over_the_ranks_and_summed() {
+    python3 "$ROOT/scripts/make_bench_data.py" --vocab 384 --tokens 1500 --median 100 --max-len 128 --out e.jsonl
+    "$CTUNE" prepare --in e.jsonl --out evald --vocab-size 384 --eval-fraction 0 >/dev/null
+    local ev=(--set "data.eval_files=[evald/train.shard]" --set training.eval_steps=2)
+    train one "${ev[@]}" >log1 2>&1 || { cat log1; false; }
+    train two "${ev[@]}" --gpus 2 >log2 2>&1 || { cat log2; false; }
+    python3 - one/metrics.jsonl two/metrics.jsonl <<'PY'
+import json, math, sys
+a, b = ([(r["step"], r["eval_loss"], r.get("eval_tokens")) for r in map(json.loads, open(p)) if "eval_loss" in r]
+        for p in sys.argv[1:])
+assert len(a) == len(b) == 2, (a, b)   # steps 2 and 4, once each: rank 0 alone writes
+for (s1, l1, n1), (s2, l2, n2) in zip(a, b):
+    assert s1 == s2 and n1 == n2, (a, b)
+    assert math.isfinite(l1) and abs(l1 - l2) <= 1e-6 * abs(l1), (l1, l2)
+PY
+}
+
 bad_launcher_environments_are_input_errors() {
     RANK=2 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 expect_exit 2 train run
     grep -q "RANK=2" err.txt
@@ -166,6 +183,7 @@ run_test resume_with_another_number_of_ranks
 run_test a_rank_that_exits_stops_the_others_and_the_checkpoint_resumes
 run_test a_rank_that_hangs_is_stopped_within_the_timeout
 run_test sigterm_stops_every_rank_after_the_same_step
+run_test evaluation_is_dealt_over_the_ranks_and_summed
 run_test bad_launcher_environments_are_input_errors
 run_test an_allocations_task_count_outside_srun_is_one_process
 run_test bad_gpus_options_are_usage_errors

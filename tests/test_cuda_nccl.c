@@ -2,8 +2,9 @@
  * communicator from a unique id, the fp32 sum all-reduce queued on the CUDA
  * backend's stream, in order with the backend's own work. One process, one
  * GPU (world 1: NCCL refuses two ranks on one GPU), so the sum is the input.
- * Without libnccl.so.2 the load must fail with a message saying what to
- * install; without a GPU the GPU tests report "skipped: no GPU". */
+ * A library that cannot be loaded must fail with a message saying what to
+ * install, and a library without NCCL's functions is refused by name;
+ * without a GPU the GPU tests report "skipped: no GPU". */
 #include "backend.h"
 #include "check.h"
 #include "nccl.h"
@@ -17,10 +18,21 @@ static ct_error load_err;
 
 TEST(a_missing_nccl_is_a_clear_error)
 {
-    if (nccl) SKIP("skipped: libnccl.so.2 is installed here (%s)", nccl_version(nccl));
-    CHECK(load_err.code == CT_ERR_RUNTIME, "code %d", load_err.code);
-    CHECK(strstr(load_err.msg, "libnccl.so.2") && strstr(load_err.msg, "LD_LIBRARY_PATH"), "message: %s",
-          load_err.msg);
+    ct_error err = {0};
+    ct_nccl *n = nccl_load_from("libnccl-not-installed.so.2", &err);
+    CHECK(!n, "a library that does not exist was loaded");
+    CHECK(err.code == CT_ERR_RUNTIME, "code %d", err.code);
+    CHECK(strstr(err.msg, "libnccl-not-installed.so.2") && strstr(err.msg, "LD_LIBRARY_PATH"), "message: %s", err.msg);
+    nccl_close(n, 0);
+}
+
+TEST(a_library_that_is_not_nccl_is_a_clear_error)
+{
+    ct_error err = {0};
+    ct_nccl *n = nccl_load_from("libz.so.1", &err);
+    CHECK(!n, "zlib was taken for NCCL");
+    CHECK(err.code == CT_ERR_RUNTIME && strstr(err.msg, "libz.so.1 has no ncclGetVersion"), "message: %s", err.msg);
+    nccl_close(n, 0);
 }
 
 TEST(sum_over_one_rank_queued_after_the_backends_work_is_that_work)
@@ -57,6 +69,7 @@ int main(void)
     if (!gpu) printf("# CUDA backend unavailable: %s\n", err.msg);
     nccl = nccl_load(&load_err);
     RUN(a_missing_nccl_is_a_clear_error);
+    RUN(a_library_that_is_not_nccl_is_a_clear_error);
     RUN(sum_over_one_rank_queued_after_the_backends_work_is_that_work);
     nccl_close(nccl, 0);
     if (gpu) gpu->destroy(gpu);

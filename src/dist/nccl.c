@@ -32,9 +32,11 @@ static int nccl_fail(ct_nccl *n, int res, const char *what, ct_error *err)
                            "and CUDA_VISIBLE_DEVICES; NCCL_DEBUG=WARN names the cause)", what, n->error_string(res));
 }
 
-ct_nccl *nccl_load(ct_error *err)
+ct_nccl *nccl_load(ct_error *err) { return nccl_load_from("libnccl.so.2", err); }
+
+ct_nccl *nccl_load_from(const char *name, ct_error *err)
 {
-    void *lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         CT_FAIL_RUNTIME(err, "several ranks on CUDA need NCCL, which cannot be loaded (%s) (HINT: install NCCL 2, "
                         "e.g. the nvidia-nccl-cu13 wheel or the libnccl2 package, and put the folder holding "
@@ -52,8 +54,8 @@ ct_nccl *nccl_load(ct_error *err)
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         *syms[i].fn = dlsym(lib, syms[i].name);
         if (!*syms[i].fn) {
-            CT_FAIL_RUNTIME(err, "libnccl.so.2 has no %s: not NCCL 2, or too old (HINT: install NCCL 2.12 or later)",
-                            syms[i].name);
+            CT_FAIL_RUNTIME(err, "%s has no %s: not NCCL 2, or too old (HINT: install NCCL 2.12 or later)",
+                            name, syms[i].name);
             dlclose(lib);
             free(n);
             return NULL;

@@ -19,6 +19,8 @@ typedef struct ct_nccl ct_nccl;
  * then the system's). NULL + CT_ERR_RUNTIME when it is missing or lacks a
  * function ctune calls. */
 ct_nccl *nccl_load(ct_error *err);
+/* The same from the library `name` (tests: one that does not exist). */
+ct_nccl *nccl_load_from(const char *name, ct_error *err);
 /* "NCCL 2.21.5". */
 const char *nccl_version(const ct_nccl *n);
 /* Rank 0: a new unique id into id[CT_NCCL_ID_BYTES]. */

@@ -56,12 +56,12 @@ static void one_by_one(bench_case *b)
     for (int q = 0; q < b->s->n; q++) {
         const ct_lora_cols *m = &b->mods[q];
         be->lora_fwd(be, (char *)b->y + (size_t)m->col0 * be->act_bytes, ld, b->x, in, m->A, m->B, T, in, m->cols,
-                     R, 2.0f, 0.0f, 0);
+                     R, 2.0f, 0.0f, 0, NULL, 0);
     }
     for (int q = 0; q < b->s->n; q++) {
         const ct_lora_cols *m = &b->mods[q];
         be->lora_bwd(be, b->dx, in, m->dA, m->dB, (char *)b->dy + (size_t)m->col0 * be->act_bytes, ld, b->x, in,
-                     m->A, m->B, T, in, m->cols, R, 2.0f, 0.0f, 0);
+                     m->A, m->B, T, in, m->cols, R, 2.0f, 0.0f, 0, NULL, 0);
     }
 }
 
@@ -69,8 +69,8 @@ static void stacked(bench_case *b)
 {
     ct_backend *be = b->be;
     int T = b->T, in = b->s->in, ld = b->out_all;
-    be->lora_fwd_cols(be, b->y, ld, b->x, in, T, in, b->mods, b->s->n, R, 2.0f);
-    be->lora_bwd_cols(be, b->dx, in, b->dy, ld, b->x, in, T, in, b->mods, b->s->n, R, 2.0f);
+    be->lora_fwd_cols(be, b->y, ld, b->x, in, T, in, b->mods, b->s->n, R, 2.0f, NULL, 0);
+    be->lora_bwd_cols(be, b->dx, in, b->dy, ld, b->x, in, T, in, b->mods, b->s->n, R, 2.0f, NULL, 0);
 }
 
 static double time_variant(bench_case *b, void (*fn)(bench_case *), int reps)

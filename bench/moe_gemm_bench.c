@@ -125,7 +125,7 @@ static void op_moe_lora_unfused_fwd(bench_bufs *b)
 }
 static void op_dense_lora_fwd(bench_bufs *b)
 {
-    b->be->lora_fwd(b->be, b->y, b->ldy, b->x, b->in, b->A, b->B, b->n, b->in, b->out, LORA_R, 2.0f, 0.0f, 1);
+    b->be->lora_fwd(b->be, b->y, b->ldy, b->x, b->in, b->A, b->B, b->n, b->in, b->out, LORA_R, 2.0f, 0.0f, 1, NULL, 0);
 }
 /* LoRA backward: dy is y (n, ldy). */
 static void op_moe_lora_bwd(bench_bufs *b)
@@ -136,7 +136,7 @@ static void op_moe_lora_bwd(bench_bufs *b)
 static void op_dense_lora_bwd(bench_bufs *b)
 {
     b->be->lora_bwd(b->be, b->dx, b->in, b->dA, b->dB, b->y, b->ldy, b->x, b->in, b->A, b->B, b->n, b->in, b->out,
-                    LORA_R, 2.0f, 0.0f, 1);
+                    LORA_R, 2.0f, 0.0f, 1, NULL, 0);
 }
 
 static int cmp_float(const void *a, const void *b)

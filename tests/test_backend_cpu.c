@@ -328,7 +328,7 @@ TEST(lora_fwd_adds_scaled_low_rank_product_with_and_without_dropout)
         double yd[LO_T * LO_OUT], *xd = to_d(x, LO_T * LO_IN), *Ad = to_d(A, LO_R * LO_IN), *Bd = to_d(B, LO_OUT * LO_R);
         ref_lora(yd, xd, Ad, Bd, LO_T, LO_IN, LO_OUT, LO_R, LO_SCALE, ps[k], LO_SEED);
         for (int i = 0; i < LO_T * LO_OUT; i++) want[i] = (float)(0.5 + yd[i]);
-        be->lora_fwd(be, y, LO_OUT, x, LO_IN, A, B, LO_T, LO_IN, LO_OUT, LO_R, LO_SCALE, ps[k], LO_SEED);
+        be->lora_fwd(be, y, LO_OUT, x, LO_IN, A, B, LO_T, LO_IN, LO_OUT, LO_R, LO_SCALE, ps[k], LO_SEED, NULL, 0);
         double e = check_max_rel_err(y, want, LO_T * LO_OUT);
         CHECK(e <= GEMM_TOL, "p %g: max rel err %.3g", ps[k], e);
         free(x); free(A); free(B); free(y); free(xd); free(Ad); free(Bd);
@@ -350,7 +350,7 @@ static void check_lora_bwd(float p)
     float *dy = rand_f(LO_T * LO_OUT, -1, 1);
     /* dA, dB and dx all accumulate: start them from non-zero values. */
     float *dA = fill_f(LO_R * LO_IN, 0.25f), *dB = fill_f(LO_OUT * LO_R, 0.25f), *dx = fill_f(LO_T * LO_IN, 0.25f);
-    be->lora_bwd(be, dx, LO_IN, dA, dB, dy, LO_OUT, x, LO_IN, A, B, LO_T, LO_IN, LO_OUT, LO_R, LO_SCALE, p, LO_SEED);
+    be->lora_bwd(be, dx, LO_IN, dA, dB, dy, LO_OUT, x, LO_IN, A, B, LO_T, LO_IN, LO_OUT, LO_R, LO_SCALE, p, LO_SEED, NULL, 0);
     for (int i = 0; i < LO_R * LO_IN; i++) dA[i] -= 0.25f;
     for (int i = 0; i < LO_OUT * LO_R; i++) dB[i] -= 0.25f;
     for (int i = 0; i < LO_T * LO_IN; i++) dx[i] -= 0.25f;

@@ -176,8 +176,27 @@ TEST(linear_bwd_input_matches_cpu)
     drop(pdy); drop(pW); drop(pdx); free(dy); free(W); free(dx0);
 }
 
+/* Whether a and b hold the same bytes on the CPU, and on the GPU. */
+static bool same_bits(pair a, pair b, size_t bytes_cpu, size_t bytes_gpu, bool on_gpu)
+{
+    ct_backend *be = on_gpu ? gpu : cpu;
+    size_t n = on_gpu ? bytes_gpu : bytes_cpu;
+    char *x = ct_malloc(n), *y = ct_malloc(n);
+    be->download(be, x, on_gpu ? a.g : a.c, n);
+    be->download(be, y, on_gpu ? b.g : b.c, n);
+    bool same = memcmp(x, y, n) == 0;
+    free(x); free(y);
+    return same;
+}
+
+/* act tensor of n elements: the same bits on both backends' copies */
+#define SAME_ACT(a, b, n, on_gpu) same_bits(a, b, (n) * cpu->act_bytes, (n) * gpu->act_bytes, on_gpu)
+#define SAME_F32(a, b, n, on_gpu) same_bits(a, b, (n) * 4, (n) * 4, on_gpu)
+
 /* LoRA on a column slice of x, with and without dropout: a wrong mask (a port of
- * ct_hash64 that is not bit-exact) would make errors of order 1. */
+ * ct_hash64 that is not bit-exact) would make errors of order 1. Then the same
+ * from the same start with u kept by the forward for the backward (ld 8 past R):
+ * the same bits as recomputing it, on each backend. */
 static void lora_case(float p, int with_dx)
 {
     int T = 64, in = 256, out = 128, R = 16, ldx = in + 32, ldy = out + 64;
@@ -191,20 +210,40 @@ static void lora_case(float p, int with_dx)
     pair pdA = put_raw(dA0, (size_t)R * in * 4), pdB = put_raw(dB0, (size_t)out * R * 4);
     pair pdx = put_act(x, (size_t)T * ldx);
 
-    cpu->lora_fwd(cpu, py.c, ldy, px.c, ldx, pA.c, pB.c, T, in, out, R, scale, p, seed);
-    gpu->lora_fwd(gpu, py.g, ldy, px.g, ldx, pA.g, pB.g, T, in, out, R, scale, p, seed);
+    cpu->lora_fwd(cpu, py.c, ldy, px.c, ldx, pA.c, pB.c, T, in, out, R, scale, p, seed, NULL, 0);
+    gpu->lora_fwd(gpu, py.g, ldy, px.g, ldx, pA.g, pB.g, T, in, out, R, scale, p, seed, NULL, 0);
     double e = act_err(py, T, out, ldy);
     CHECK(e < 2e-2, "fwd y rel err %g (p %g)", e, p);
 
     cpu->lora_bwd(cpu, with_dx ? pdx.c : NULL, ldx, pdA.c, pdB.c, pdy.c, ldy, px.c, ldx, pA.c, pB.c,
-                  T, in, out, R, scale, p, seed);
+                  T, in, out, R, scale, p, seed, NULL, 0);
     gpu->lora_bwd(gpu, with_dx ? pdx.g : NULL, ldx, pdA.g, pdB.g, pdy.g, ldy, px.g, ldx, pA.g, pB.g,
-                  T, in, out, R, scale, p, seed);
+                  T, in, out, R, scale, p, seed, NULL, 0);
     double ea = f32_err(pdA, (size_t)R * in), eb = f32_err(pdB, (size_t)out * R);
     CHECK(ea < 2e-2, "dA rel err %g (p %g)", ea, p);
     CHECK(eb < 2e-2, "dB rel err %g (p %g)", eb, p);
     double ex = act_err(pdx, T, in, ldx);
     CHECK(ex < 2e-2, "dx rel err %g (p %g, dx %s)", ex, p, with_dx ? "given" : "NULL: must be untouched");
+
+    int ldu = R + 8;
+    pair ky = put_act(y0, (size_t)T * ldy), kdA = put_raw(dA0, (size_t)R * in * 4);
+    pair kdB = put_raw(dB0, (size_t)out * R * 4), kdx = put_act(x, (size_t)T * ldx);
+    pair ku = put_act(y0, (size_t)T * ldu);
+    for (int on_gpu = 0; on_gpu <= 1; on_gpu++) {
+        ct_backend *be = on_gpu ? gpu : cpu;
+        void *kyp = on_gpu ? ky.g : ky.c, *kup = on_gpu ? ku.g : ku.c;
+        be->lora_fwd(be, kyp, ldy, on_gpu ? px.g : px.c, ldx, on_gpu ? pA.g : pA.c, on_gpu ? pB.g : pB.c, T, in,
+                     out, R, scale, p, seed, kup, ldu);
+        be->lora_bwd(be, with_dx ? (on_gpu ? kdx.g : kdx.c) : NULL, ldx, on_gpu ? kdA.g : kdA.c,
+                     on_gpu ? kdB.g : kdB.c, on_gpu ? pdy.g : pdy.c, ldy, on_gpu ? px.g : px.c, ldx,
+                     on_gpu ? pA.g : pA.c, on_gpu ? pB.g : pB.c, T, in, out, R, scale, p, seed, kup, ldu);
+        const char *where = on_gpu ? "gpu" : "cpu";
+        CHECK(SAME_ACT(ky, py, (size_t)T * ldy, on_gpu), "%s: y with u kept differs (p %g)", where, p);
+        CHECK(SAME_F32(kdA, pdA, (size_t)R * in, on_gpu), "%s: dA with u kept differs (p %g)", where, p);
+        CHECK(SAME_F32(kdB, pdB, (size_t)out * R, on_gpu), "%s: dB with u kept differs (p %g)", where, p);
+        CHECK(SAME_ACT(kdx, pdx, (size_t)T * ldx, on_gpu), "%s: dx with u kept differs (p %g)", where, p);
+    }
+    drop(ky); drop(kdA); drop(kdB); drop(kdx); drop(ku);
     drop(px); drop(pA); drop(pB); drop(py); drop(pdy); drop(pdA); drop(pdB); drop(pdx);
     free(x); free(A); free(B); free(y0); free(dy); free(dA0); free(dB0);
 }
@@ -212,42 +251,68 @@ static void lora_case(float p, int with_dx)
 /* n modules sharing x as one stacked LoRA (lora_fwd_cols / lora_bwd_cols) against
  * the CPU's module-by-module sequence: modules with a gap of untargeted columns
  * between them (which must come out unchanged), and ranks that pad (n R = 12 ->
- * 16 on the GPU). */
+ * 16 on the GPU). Then the same from the same start with u kept by the forward
+ * for the backward (ld 8 past lora_u_cols): the same bits as recomputing it, on
+ * each backend. */
 static void lora_cols_case(int n, int R, const int *col0, const int *cols, int out_all)
 {
-    int T = 77, in = 192, ldx = in + 16, ldy = out_all + 8;
+    int T = 77, in = 192, ldx = in + 16, ldy = out_all + 8, ldu = lora_u_cols(n, R) + 8;
     float scale = 1.5f;
     float *x = rnd((size_t)T * ldx, 1.0f), *y0 = rnd((size_t)T * ldy, 0.05f), *dy = rnd((size_t)T * ldy, 1.0f);
     pair px = put_act(x, (size_t)T * ldx), py = put_act(y0, (size_t)T * ldy), pdy = put_act(dy, (size_t)T * ldy);
     pair pdx = put_act(x, (size_t)T * ldx);
+    pair ky = put_act(y0, (size_t)T * ldy), kdx = put_act(x, (size_t)T * ldx), ku = put_act(y0, (size_t)T * ldu);
     pair pA[CT_LORA_COLS_MAX], pB[CT_LORA_COLS_MAX], pdA[CT_LORA_COLS_MAX], pdB[CT_LORA_COLS_MAX];
-    ct_lora_cols lc[CT_LORA_COLS_MAX], lg[CT_LORA_COLS_MAX];
+    pair kdA[CT_LORA_COLS_MAX], kdB[CT_LORA_COLS_MAX];
+    ct_lora_cols lc[CT_LORA_COLS_MAX], lg[CT_LORA_COLS_MAX], kc[CT_LORA_COLS_MAX], kg[CT_LORA_COLS_MAX];
     for (int q = 0; q < n; q++) {
         size_t nA = (size_t)R * in, nB = (size_t)cols[q] * R;
         float *A = rnd(nA, 0.1f), *B = rnd(nB, 0.1f), *dA = rnd(nA, 0.5f), *dB = rnd(nB, 0.5f);
         pA[q] = put_raw(A, nA * 4); pB[q] = put_raw(B, nB * 4);
         pdA[q] = put_raw(dA, nA * 4); pdB[q] = put_raw(dB, nB * 4);
+        kdA[q] = put_raw(dA, nA * 4); kdB[q] = put_raw(dB, nB * 4);
         lc[q] = (ct_lora_cols){.A = pA[q].c, .B = pB[q].c, .col0 = col0[q], .cols = cols[q], .dA = pdA[q].c,
                                .dB = pdB[q].c};
         lg[q] = (ct_lora_cols){.A = pA[q].g, .B = pB[q].g, .col0 = col0[q], .cols = cols[q], .dA = pdA[q].g,
                                .dB = pdB[q].g};
+        kc[q] = lc[q]; kc[q].dA = kdA[q].c; kc[q].dB = kdB[q].c;
+        kg[q] = lg[q]; kg[q].dA = kdA[q].g; kg[q].dB = kdB[q].g;
         free(A); free(B); free(dA); free(dB);
     }
-    cpu->lora_fwd_cols(cpu, py.c, ldy, px.c, ldx, T, in, lc, n, R, scale);
-    gpu->lora_fwd_cols(gpu, py.g, ldy, px.g, ldx, T, in, lg, n, R, scale);
+    cpu->lora_fwd_cols(cpu, py.c, ldy, px.c, ldx, T, in, lc, n, R, scale, NULL, 0);
+    gpu->lora_fwd_cols(gpu, py.g, ldy, px.g, ldx, T, in, lg, n, R, scale, NULL, 0);
     double e = act_err(py, T, out_all, ldy);
     CHECK(e < 2e-2, "fwd y rel err %g (%d modules, R %d)", e, n, R);
-    cpu->lora_bwd_cols(cpu, pdx.c, ldx, pdy.c, ldy, px.c, ldx, T, in, lc, n, R, scale);
-    gpu->lora_bwd_cols(gpu, pdx.g, ldx, pdy.g, ldy, px.g, ldx, T, in, lg, n, R, scale);
+    cpu->lora_bwd_cols(cpu, pdx.c, ldx, pdy.c, ldy, px.c, ldx, T, in, lc, n, R, scale, NULL, 0);
+    gpu->lora_bwd_cols(gpu, pdx.g, ldx, pdy.g, ldy, px.g, ldx, T, in, lg, n, R, scale, NULL, 0);
     for (int q = 0; q < n; q++) {
         double ea = f32_err(pdA[q], (size_t)R * in), eb = f32_err(pdB[q], (size_t)cols[q] * R);
         CHECK(ea < 2e-2, "module %d dA rel err %g (%d modules, R %d)", q, ea, n, R);
         CHECK(eb < 2e-2, "module %d dB rel err %g (%d modules, R %d)", q, eb, n, R);
-        drop(pA[q]); drop(pB[q]); drop(pdA[q]); drop(pdB[q]);
     }
     double ex = act_err(pdx, T, in, ldx);
     CHECK(ex < 2e-2, "dx rel err %g (%d modules, R %d)", ex, n, R);
-    drop(px); drop(py); drop(pdy); drop(pdx);
+
+    for (int on_gpu = 0; on_gpu <= 1; on_gpu++) {
+        ct_backend *be = on_gpu ? gpu : cpu;
+        const ct_lora_cols *k = on_gpu ? kg : kc;
+        void *kup = on_gpu ? ku.g : ku.c;
+        be->lora_fwd_cols(be, on_gpu ? ky.g : ky.c, ldy, on_gpu ? px.g : px.c, ldx, T, in, k, n, R, scale, kup, ldu);
+        be->lora_bwd_cols(be, on_gpu ? kdx.g : kdx.c, ldx, on_gpu ? pdy.g : pdy.c, ldy, on_gpu ? px.g : px.c, ldx,
+                          T, in, k, n, R, scale, kup, ldu);
+        const char *where = on_gpu ? "gpu" : "cpu";
+        CHECK(SAME_ACT(ky, py, (size_t)T * ldy, on_gpu), "%s: y with u kept differs (%d modules)", where, n);
+        CHECK(SAME_ACT(kdx, pdx, (size_t)T * ldx, on_gpu), "%s: dx with u kept differs (%d modules)", where, n);
+        for (int q = 0; q < n; q++) {
+            CHECK(SAME_F32(kdA[q], pdA[q], (size_t)R * in, on_gpu), "%s: module %d dA with u kept differs", where, q);
+            CHECK(SAME_F32(kdB[q], pdB[q], (size_t)cols[q] * R, on_gpu), "%s: module %d dB with u kept differs",
+                  where, q);
+        }
+    }
+    for (int q = 0; q < n; q++) {
+        drop(pA[q]); drop(pB[q]); drop(pdA[q]); drop(pdB[q]); drop(kdA[q]); drop(kdB[q]);
+    }
+    drop(px); drop(py); drop(pdy); drop(pdx); drop(ky); drop(kdx); drop(ku);
     free(x); free(y0); free(dy);
 }
 

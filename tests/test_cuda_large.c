@@ -483,9 +483,9 @@ static void lora_large_case(float p)
         cpu->act_from_f32(cpu, cx[e], h, (size_t)EDGE * LD);
         cy[e] = put_rows(y, LD, r0[e], EDGE, 0.05f);
     }
-    gpu->lora_fwd(gpu, gat(y, yc), LD, x, LD, pA.g, pB.g, T, in, out, R, scale, p, seed);
+    gpu->lora_fwd(gpu, gat(y, yc), LD, x, LD, pA.g, pB.g, T, in, out, R, scale, p, seed, NULL, 0);
     for (int e = 0; e < 2; e++) {
-        cpu->lora_fwd(cpu, cat(cy[e], yc), LD, cx[e], LD, pA.c, pB.c, EDGE, in, out, R, scale, 0.0f, 0);
+        cpu->lora_fwd(cpu, cat(cy[e], yc), LD, cx[e], LD, pA.c, pB.c, EDGE, in, out, R, scale, 0.0f, 0, NULL, 0);
         double err = rows_err(y, LD, r0[e], cy[e], EDGE, yc, out);
         CHECK(err < 2e-2, "%s rows: y rel err %g (p %g)", edge_name(e), err, p);
     }
@@ -498,10 +498,10 @@ static void lora_large_case(float p)
         cdx[e] = put_rows(dx, LD, r0[e], EDGE, 1.0f);
         dx0[e] = cpu_rows(cdx[e], LD, EDGE, 0, in);
     }
-    gpu->lora_bwd(gpu, dx, LD, pdA.g, pdB.g, gat(y, yc), LD, x, LD, pA.g, pB.g, T, in, out, R, scale, p, seed);
+    gpu->lora_bwd(gpu, dx, LD, pdA.g, pdB.g, gat(y, yc), LD, x, LD, pA.g, pB.g, T, in, out, R, scale, p, seed, NULL, 0);
     for (int e = 0; e < 2; e++)
         cpu->lora_bwd(cpu, cdx[e], LD, pdA.c, pdB.c, cat(cdy[e], yc), LD, cx[e], LD, pA.c, pB.c, EDGE, in, out,
-                      R, scale, 0.0f, 0);
+                      R, scale, 0.0f, 0, NULL, 0);
     double ea = f32_err_at(pdA.g, pdA.c, (size_t)R * in), eb = f32_err_at(pdB.g, pdB.c, (size_t)out * R);
     CHECK(ea < 2e-2, "dA rel err %g (p %g)", ea, p);
     CHECK(eb < 2e-2, "dB rel err %g (p %g)", eb, p);

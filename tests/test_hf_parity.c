@@ -103,7 +103,9 @@ static int ctune_step(const char *dir, bool packing, float *loss, float **grads,
         packer_next(p, &bs[i]);
         targets += bs[i].n_targets;
     }
-    ct_graph *g = graph_new(m, cap, true, &err);
+    /* u kept for the backward, as training runs it (test_offload: the same bits as recomputing it) */
+    ct_graph_options gopt = {.capacity = cap, .checkpointing = true, .lora_rank = lo_out->R};
+    ct_graph *g = graph_new_with(m, &gopt, &err);
     if (!g) return printf("%s\n", err.msg), -1;
     be->zero(be, lo_out->grads, lo_out->n_params * 4);
     be->zero(be, graph_loss_sum(g), 4);

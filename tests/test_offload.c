@@ -149,25 +149,38 @@ static void check_layouts_match(ct_backend *be, const char *json, double dropout
     double gsum = 0;
     for (size_t i = 0; i < f.lora.n_params; i++) gsum += fabs(ref.grads[i]);
     REQUIRE(gsum > 0, "reference gradients are all zero");
-    /* keep: layers that keep their intermediates (none, one, all but one, all) */
+    /* keep: layers that keep their intermediates (none, one, all but one, all);
+     * u: the forward keeps each LoRA's u for the backward (rank r) or not (0) */
     const int keeps[] = {0, 1, L - 1, L};
     for (int ki = 0; ki < 4; ki++)
         for (int k = 0; k <= L; k++)
-            for (int nb = 1; nb <= 2; nb++) {
-                const int keep = keeps[ki];
-                ct_graph_options o = {.capacity = capacity, .checkpointing = true, .offload_layers = k,
-                                      .offload_buffers = nb, .keep_layers = keep};
-                result r;
-                REQUIRE(run_graph(&f, &o, &r) == 0, "run keep=%d k=%d buffers=%d", keep, k, nb);
-                CHECK(r.loss == ref.loss, "keep=%d k=%d buffers=%d: loss %.9g != %.9g", keep, k, nb, r.loss,
-                      ref.loss);
-                CHECK(r.eval_loss == ref.eval_loss, "keep=%d k=%d buffers=%d: eval loss %.9g != %.9g", keep, k,
-                      nb, r.eval_loss, ref.eval_loss);
-                CHECK(memcmp(r.grads, ref.grads, f.lora.n_params * sizeof(float)) == 0,
-                      "keep=%d k=%d buffers=%d: gradients differ (l2 rel %.3g)", keep, k, nb,
-                      check_l2_rel_err(r.grads, ref.grads, f.lora.n_params));
-                free(r.grads);
-            }
+            for (int nb = 1; nb <= 2; nb++)
+                for (int ku = 0; ku < 2; ku++) {
+                    const int keep = keeps[ki], rank = ku ? f.lora.R : 0;
+                    ct_graph_options o = {.capacity = capacity, .checkpointing = true, .offload_layers = k,
+                                          .offload_buffers = nb, .keep_layers = keep, .lora_rank = rank};
+                    result r;
+                    REQUIRE(run_graph(&f, &o, &r) == 0, "run keep=%d k=%d buffers=%d u rank %d", keep, k, nb, rank);
+                    CHECK(r.loss == ref.loss, "keep=%d k=%d buffers=%d u rank %d: loss %.9g != %.9g", keep, k, nb,
+                          rank, r.loss, ref.loss);
+                    CHECK(r.eval_loss == ref.eval_loss, "keep=%d k=%d buffers=%d u rank %d: eval loss %.9g != %.9g",
+                          keep, k, nb, rank, r.eval_loss, ref.eval_loss);
+                    CHECK(memcmp(r.grads, ref.grads, f.lora.n_params * sizeof(float)) == 0,
+                          "keep=%d k=%d buffers=%d u rank %d: gradients differ (l2 rel %.3g)", keep, k, nb, rank,
+                          check_l2_rel_err(r.grads, ref.grads, f.lora.n_params));
+                    free(r.grads);
+                }
+    /* no checkpointing, u kept: every layer's backward reads its own */
+    ct_graph_options kept_u = ref_opt;
+    kept_u.lora_rank = f.lora.R;
+    result r;
+    REQUIRE(run_graph(&f, &kept_u, &r) == 0, "no checkpointing, u kept");
+    CHECK(r.loss == ref.loss && r.eval_loss == ref.eval_loss, "no checkpointing, u kept: loss %.9g / %.9g", r.loss,
+          ref.loss);
+    CHECK(memcmp(r.grads, ref.grads, f.lora.n_params * sizeof(float)) == 0,
+          "no checkpointing, u kept: gradients differ (l2 rel %.3g)", check_l2_rel_err(r.grads, ref.grads,
+                                                                                       f.lora.n_params));
+    free(r.grads);
     free(ref.grads);
     fixture_close(&f);
 }
@@ -226,7 +239,8 @@ TEST(mlp_chunks_match_the_whole_micro_batch)
 
 /* Layers that keep their intermediates run the MLP over the same chunks as the
  * recomputed ones (their gu and act hold every chunk): bit-identical to
- * recomputing every layer at the same chunk size, dropout masks included. */
+ * recomputing every layer at the same chunk size, dropout masks included; and
+ * so with each LoRA's u kept per chunk. */
 TEST(kept_layers_match_recomputed_ones_with_mlp_chunks_and_dropout)
 {
     fixture f;
@@ -235,16 +249,18 @@ TEST(kept_layers_match_recomputed_ones_with_mlp_chunks_and_dropout)
     ct_graph_options all = {.capacity = 64, .checkpointing = true, .mlp_chunk = 16};
     result a;
     REQUIRE(run_graph(&f, &all, &a) == 0, "every layer recomputed");
-    for (int keep = 1; keep <= L; keep++) {
+    for (int keep = 1; keep <= 2 * L; keep++) {
         ct_graph_options o = all;
-        o.keep_layers = keep;
+        o.keep_layers = (keep - 1) % L + 1;
         o.offload_layers = 1;
+        o.lora_rank = keep > L ? f.lora.R : 0; /* the second round keeps u */
         result r;
-        REQUIRE(run_graph(&f, &o, &r) == 0, "keep %d", keep);
-        CHECK(r.loss == a.loss && r.eval_loss == a.eval_loss, "keep %d: loss %.9g / %.9g, eval %.9g / %.9g", keep,
-              r.loss, a.loss, r.eval_loss, a.eval_loss);
+        REQUIRE(run_graph(&f, &o, &r) == 0, "keep %d, u rank %d", o.keep_layers, o.lora_rank);
+        CHECK(r.loss == a.loss && r.eval_loss == a.eval_loss, "keep %d, u rank %d: loss %.9g / %.9g, eval %.9g / %.9g",
+              o.keep_layers, o.lora_rank, r.loss, a.loss, r.eval_loss, a.eval_loss);
         CHECK(memcmp(r.grads, a.grads, f.lora.n_params * sizeof(float)) == 0,
-              "keep %d: gradients differ (l2 rel %.3g)", keep, check_l2_rel_err(r.grads, a.grads, f.lora.n_params));
+              "keep %d, u rank %d: gradients differ (l2 rel %.3g)", o.keep_layers, o.lora_rank,
+              check_l2_rel_err(r.grads, a.grads, f.lora.n_params));
         free(r.grads);
     }
     free(a.grads);

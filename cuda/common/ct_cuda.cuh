@@ -195,14 +195,16 @@ void cuda_linear_bwd_input(ct_backend *be, void *dx, int lddx, const void *dy, i
                            const void *W, int T, int in, int out, int accumulate);
 void cuda_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const float *A,
                    const float *B, int T, int in, int out, int R, float scale, float dropout_p,
-                   uint64_t dropout_seed);
+                   uint64_t dropout_seed, void *u_keep, int ldu);
 void cuda_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, float *dB, const void *dy,
                    int lddy, const void *x, int ldx, const float *A, const float *B, int T, int in,
-                   int out, int R, float scale, float dropout_p, uint64_t dropout_seed);
+                   int out, int R, float scale, float dropout_p, uint64_t dropout_seed, const void *u_kept,
+                   int ldu);
 void cuda_lora_fwd_cols(ct_backend *be, void *y, int ldy, const void *x, int ldx, int T, int in,
-                        const ct_lora_cols *lora, int n_lora, int R, float scale);
+                        const ct_lora_cols *lora, int n_lora, int R, float scale, void *u_keep, int ldu);
 void cuda_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x, int ldx,
-                        int T, int in, const ct_lora_cols *lora, int n_lora, int R, float scale);
+                        int T, int in, const ct_lora_cols *lora, int n_lora, int R, float scale, const void *u_kept,
+                        int ldu);
 /* The fp32 masters of n_mod (1..CT_LORA_COLS_MAX) modules as one LoRA of rank
  * n_mod R, padded bf16 (lora_convert.cu), queued on st: Ap (E,RP,in) and At (its
  * transpose, or NULL) hold module q's A in ranks q R .. q R + R - 1, Bt (E,RP,out)

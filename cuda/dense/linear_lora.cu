@@ -139,29 +139,34 @@ static const bf16 *lora_input(cuda_ctx *c, const lora_scratch *s, const bf16 *x,
 
 void cuda_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx, const float *A,
                    const float *B, int T, int in, int out, int R, float scale, float dropout_p,
-                   uint64_t dropout_seed)
+                   uint64_t dropout_seed, void *u_keep, int ldu)
 {
     cuda_ctx *c = ctx_of(be);
     if (T == 0) return;
     lora_scratch s = lora_prepare(c, A, B, T, in, out, R, dropout_p);
     int ldxd;
     const bf16 *xd = lora_input(c, &s, (const bf16 *)x, ldx, &ldxd, T, in, dropout_p, dropout_seed);
-    gemm(c, s.u, CUDA_R_16BF, R, xd, ldxd, false, s.A, in, true, T, R, in, 1.0f, 0.0f, NULL);
-    gemm(c, y, CUDA_R_16BF, ldy, s.u, R, false, s.B, R, true, T, out, R, scale, 1.0f, NULL);
+    bf16 *u = u_keep ? (bf16 *)u_keep : s.u;
+    int ld = u_keep ? ldu : R;
+    gemm(c, u, CUDA_R_16BF, ld, xd, ldxd, false, s.A, in, true, T, R, in, 1.0f, 0.0f, NULL);
+    gemm(c, y, CUDA_R_16BF, ldy, u, ld, false, s.B, R, true, T, out, R, scale, 1.0f, NULL);
 }
 
 void cuda_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, float *dB, const void *dy,
                    int lddy, const void *x, int ldx, const float *A, const float *B, int T, int in,
-                   int out, int R, float scale, float dropout_p, uint64_t dropout_seed)
+                   int out, int R, float scale, float dropout_p, uint64_t dropout_seed, const void *u_kept,
+                   int ldu)
 {
     cuda_ctx *c = ctx_of(be);
     if (T == 0) return;
     lora_scratch s = lora_prepare(c, A, B, T, in, out, R, dropout_p);
     int ldxd;
     const bf16 *xd = lora_input(c, &s, (const bf16 *)x, ldx, &ldxd, T, in, dropout_p, dropout_seed);
-    gemm(c, s.u, CUDA_R_16BF, R, xd, ldxd, false, s.A, in, true, T, R, in, 1.0f, 0.0f, NULL);
+    const bf16 *u = u_kept ? (const bf16 *)u_kept : s.u;
+    int ld = u_kept ? ldu : R;
+    if (!u_kept) gemm(c, s.u, CUDA_R_16BF, R, xd, ldxd, false, s.A, in, true, T, R, in, 1.0f, 0.0f, NULL);
     gemm(c, s.g, CUDA_R_16BF, R, dy, lddy, false, s.B, R, false, T, R, out, 1.0f, 0.0f, NULL);
-    gemm(c, dB, CUDA_R_32F, R, dy, lddy, true, s.u, R, false, out, R, T, scale, 1.0f, NULL);
+    gemm(c, dB, CUDA_R_32F, R, dy, lddy, true, u, ld, false, out, R, T, scale, 1.0f, NULL);
     gemm(c, dA, CUDA_R_32F, in, s.g, R, true, xd, ldxd, false, R, in, T, scale, 1.0f, NULL);
     if (!dx) return;
     if (dropout_p <= 0.0f) {
@@ -215,27 +220,32 @@ static stacked_lora lora_stack_prepare(cuda_ctx *c, const ct_lora_cols *lora, in
 }
 
 void cuda_lora_fwd_cols(ct_backend *be, void *y, int ldy, const void *x, int ldx, int T, int in,
-                        const ct_lora_cols *lora, int n_lora, int R, float scale)
+                        const ct_lora_cols *lora, int n_lora, int R, float scale, void *u_keep, int ldu)
 {
     cuda_ctx *c = ctx_of(be);
     if (T == 0) return;
     stacked_lora st = lora_stack_prepare(c, lora, n_lora, T, in, R, false);
-    bf16 *ys = (bf16 *)y + st.col0;
-    gemm(c, st.u, CUDA_R_16BF, st.RP, x, ldx, false, st.A, in, true, T, st.RP, in, 1.0f, 0.0f, NULL);
-    gemm(c, ys, CUDA_R_16BF, ldy, st.u, st.RP, false, st.Bt, st.span, false, T, st.span, st.RP, scale, 1.0f, NULL);
+    bf16 *ys = (bf16 *)y + st.col0, *u = u_keep ? (bf16 *)u_keep : st.u;
+    int ld = u_keep ? ldu : st.RP;
+    CT_ASSERT(!u_keep || ldu >= st.RP, "lora_fwd_cols: ldu %d < %d", ldu, st.RP);
+    gemm(c, u, CUDA_R_16BF, ld, x, ldx, false, st.A, in, true, T, st.RP, in, 1.0f, 0.0f, NULL);
+    gemm(c, ys, CUDA_R_16BF, ldy, u, ld, false, st.Bt, st.span, false, T, st.span, st.RP, scale, 1.0f, NULL);
 }
 
 void cuda_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x, int ldx,
-                        int T, int in, const ct_lora_cols *lora, int n_lora, int R, float scale)
+                        int T, int in, const ct_lora_cols *lora, int n_lora, int R, float scale, const void *u_kept,
+                        int ldu)
 {
     cuda_ctx *c = ctx_of(be);
     if (T == 0) return;
     stacked_lora st = lora_stack_prepare(c, lora, n_lora, T, in, R, true);
-    const bf16 *dys = (const bf16 *)dy + st.col0;
-    gemm(c, st.u, CUDA_R_16BF, st.RP, x, ldx, false, st.A, in, true, T, st.RP, in, 1.0f, 0.0f, NULL);
+    const bf16 *dys = (const bf16 *)dy + st.col0, *u = u_kept ? (const bf16 *)u_kept : st.u;
+    int ld = u_kept ? ldu : st.RP;
+    CT_ASSERT(!u_kept || ldu >= st.RP, "lora_bwd_cols: ldu %d < %d", ldu, st.RP);
+    if (!u_kept) gemm(c, st.u, CUDA_R_16BF, st.RP, x, ldx, false, st.A, in, true, T, st.RP, in, 1.0f, 0.0f, NULL);
     gemm(c, st.g, CUDA_R_16BF, st.RP, dys, lddy, false, st.Bt, st.span, true, T, st.RP, st.span, 1.0f, 0.0f, NULL);
     for (int q = 0; q < n_lora; q++)
-        gemm(c, lora[q].dB, CUDA_R_32F, R, (const bf16 *)dy + lora[q].col0, lddy, true, st.u + q * R, st.RP,
+        gemm(c, lora[q].dB, CUDA_R_32F, R, (const bf16 *)dy + lora[q].col0, lddy, true, u + q * R, ld,
              false, lora[q].cols, R, T, scale, 1.0f, NULL);
     gemm(c, st.dA, CUDA_R_32F, in, st.g, st.RP, true, x, ldx, false, st.RP, in, T, scale, 0.0f, NULL);
     size_t nA = (size_t)R * in;

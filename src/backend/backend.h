@@ -56,6 +56,10 @@ static inline int moe_u_cols(int n_lora, int R)
     return r <= 16 ? 16 : r <= 32 ? 32 : r <= 64 ? 64 : 0;
 }
 
+/* The columns of the u = x A^T that lora_fwd_cols keeps for lora_bwd_cols: module q's
+ * R ranks at columns q R, the row padded to 8 (CUDA: 16-byte aligned rows). */
+static inline int lora_u_cols(int n_lora, int R) { return (n_lora * R + 7) / 8 * 8; }
+
 struct ct_backend {
     const char *name;          /* "cpu" or "cuda" */
     size_t act_bytes;
@@ -187,18 +191,21 @@ struct ct_backend {
     void (*linear_bwd_input_fp8)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const uint8_t *q,
                                  const float *scale, int T, int in, int out, int accumulate);
 
-    /* LoRA (PEFT): y += scale * (drop(x) @ A^T) @ B^T ; A (R,in), B (out,R) fp32. */
+    /* LoRA (PEFT): y += scale * (drop(x) @ A^T) @ B^T ; A (R,in), B (out,R) fp32.
+     * u non-NULL: u = drop(x) @ A^T is also written there ((T, R) activations, ld
+     * ldu >= R), for a lora_bwd of the same x to read instead of recomputing it. */
     void (*lora_fwd)(ct_backend *be, void *y, int ldy, const void *x, int ldx,
                      const float *A, const float *B, int T, int in, int out, int R,
-                     float scale, float dropout_p, uint64_t dropout_seed);
+                     float scale, float dropout_p, uint64_t dropout_seed, void *u, int ldu);
     /* With u = drop(x) @ A^T and g = dy @ B:
      *   dB += scale * dy^T @ u ; dA += scale * g^T @ drop(x) ;
      *   dx += scale * drop'(g @ A)   (dx may be NULL; drop' = the same mask and 1/(1-p)).
-     * dA, dB accumulate (fp32) across micro-batches. */
+     * dA, dB accumulate (fp32) across micro-batches. u: NULL (computed here) or what
+     * lora_fwd wrote for the same x, A and mask: the same bits either way. */
     void (*lora_bwd)(ct_backend *be, void *dx, int lddx, float *dA, float *dB,
                      const void *dy, int lddy, const void *x, int ldx,
                      const float *A, const float *B, int T, int in, int out, int R,
-                     float scale, float dropout_p, uint64_t dropout_seed);
+                     float scale, float dropout_p, uint64_t dropout_seed, const void *u, int ldu);
     /* n_lora (1..CT_LORA_COLS_MAX) LoRA modules that share x and own column ranges
      * of one y (lora[q].col0 increasing, ranges not overlapping, E = 1), without
      * dropout: exactly lora_fwd / lora_bwd per module q in order, on y + col0 (dy +
@@ -206,11 +213,13 @@ struct ct_backend {
      * CUDA runs the modules as one LoRA of rank n_lora R (A stacked, B block-
      * diagonal over the columns from the first col0 to the last module's end), so x
      * is read and y (dx) read-modified-written once instead of once per module:
-     * results differ from the sequence by rounding only. */
+     * results differ from the sequence by rounding only. u, ldu (ldu >=
+     * lora_u_cols(n_lora, R)): as lora_fwd's and lora_bwd's, module q's at column q R. */
     void (*lora_fwd_cols)(ct_backend *be, void *y, int ldy, const void *x, int ldx, int T, int in,
-                          const ct_lora_cols *lora, int n_lora, int R, float scale);
+                          const ct_lora_cols *lora, int n_lora, int R, float scale, void *u, int ldu);
     void (*lora_bwd_cols)(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x, int ldx,
-                          int T, int in, const ct_lora_cols *lora, int n_lora, int R, float scale);
+                          int T, int in, const ct_lora_cols *lora, int n_lora, int R, float scale, const void *u,
+                          int ldu);
 
     /* RoPE in place, split-halves (rotate_half) style, on the first rot_dim dims of
      * each head of x (T, nh, D) with token stride ldx: angle = pos[t] * inv_freq[i]

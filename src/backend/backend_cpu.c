@@ -249,34 +249,41 @@ static const float *lora_dropped_input(const float *x, int ldx, int *ld_out, int
 
 static void cpu_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, int ldx,
                          const float *A, const float *B, int T, int in, int out, int R,
-                         float scale, float dropout_p, uint64_t dropout_seed)
+                         float scale, float dropout_p, uint64_t dropout_seed, void *u_keep, int ldu)
 {
     float *owned;
     int ldxd;
     const float *xd = lora_dropped_input(x, ldx, &ldxd, T, in, dropout_p, dropout_seed, &owned);
-    float *u = ct_malloc((size_t)T * R * sizeof(float));
-    cpu_sgemm(0, 1, T, R, in, 1.0f, xd, ldxd, A, in, 0.0f, u, R);
-    cpu_sgemm(0, 1, T, out, R, scale, u, R, B, R, 1.0f, y, ldy);
-    free(u);
+    float *u = u_keep ? u_keep : ct_malloc((size_t)T * R * sizeof(float));
+    int ld = u_keep ? ldu : R;
+    cpu_sgemm(0, 1, T, R, in, 1.0f, xd, ldxd, A, in, 0.0f, u, ld);
+    cpu_sgemm(0, 1, T, out, R, scale, u, ld, B, R, 1.0f, y, ldy);
+    if (!u_keep) free(u);
     free(owned);
 }
 
 static void cpu_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, float *dB,
                          const void *dy, int lddy, const void *x, int ldx,
                          const float *A, const float *B, int T, int in, int out, int R,
-                         float scale, float dropout_p, uint64_t dropout_seed)
+                         float scale, float dropout_p, uint64_t dropout_seed, const void *u_kept, int ldu)
 {
     float *owned;
     int ldxd;
     const float *xd = lora_dropped_input(x, ldx, &ldxd, T, in, dropout_p, dropout_seed, &owned);
-    float *u = ct_malloc((size_t)T * R * sizeof(float));
+    float *u_own = NULL;
+    const float *u = u_kept;
+    int ld = ldu;
+    if (!u_kept) { /* u = drop(x) A^T */
+        u = u_own = ct_malloc((size_t)T * R * sizeof(float));
+        ld = R;
+        cpu_sgemm(0, 1, T, R, in, 1.0f, xd, ldxd, A, in, 0.0f, u_own, R);
+    }
     float *g = ct_malloc((size_t)T * R * sizeof(float));
-    cpu_sgemm(0, 1, T, R, in, 1.0f, xd, ldxd, A, in, 0.0f, u, R);   /* u = drop(x) A^T */
-    cpu_sgemm(0, 0, T, R, out, 1.0f, dy, lddy, B, R, 0.0f, g, R);   /* g = dy B */
-    cpu_sgemm(1, 0, out, R, T, scale, dy, lddy, u, R, 1.0f, dB, R); /* dB += s dy^T u */
-    cpu_sgemm(1, 0, R, in, T, scale, g, R, xd, ldxd, 1.0f, dA, in); /* dA += s g^T drop(x) */
+    cpu_sgemm(0, 0, T, R, out, 1.0f, dy, lddy, B, R, 0.0f, g, R);    /* g = dy B */
+    cpu_sgemm(1, 0, out, R, T, scale, dy, lddy, u, ld, 1.0f, dB, R); /* dB += s dy^T u */
+    cpu_sgemm(1, 0, R, in, T, scale, g, R, xd, ldxd, 1.0f, dA, in);  /* dA += s g^T drop(x) */
     free(owned);
-    free(u);
+    free(u_own);
     if (dx && dropout_p <= 0.0f) {
         cpu_sgemm(0, 0, T, in, R, scale, g, R, A, in, 1.0f, dx, lddx);
     } else if (dx) {
@@ -295,19 +302,21 @@ static void cpu_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, float *d
 
 /* The modules one after another: the sequence lora_fwd_cols / lora_bwd_cols are defined as. */
 static void cpu_lora_fwd_cols(ct_backend *be, void *y, int ldy, const void *x, int ldx, int T, int in,
-                              const ct_lora_cols *lora, int n_lora, int R, float scale)
+                              const ct_lora_cols *lora, int n_lora, int R, float scale, void *u, int ldu)
 {
     for (int q = 0; q < n_lora; q++)
         cpu_lora_fwd(be, (float *)y + lora[q].col0, ldy, x, ldx, lora[q].A, lora[q].B, T, in, lora[q].cols, R,
-                     scale, 0.0f, 0);
+                     scale, 0.0f, 0, u ? (float *)u + q * R : NULL, ldu);
 }
 
 static void cpu_lora_bwd_cols(ct_backend *be, void *dx, int lddx, const void *dy, int lddy, const void *x,
-                              int ldx, int T, int in, const ct_lora_cols *lora, int n_lora, int R, float scale)
+                              int ldx, int T, int in, const ct_lora_cols *lora, int n_lora, int R, float scale,
+                              const void *u, int ldu)
 {
     for (int q = 0; q < n_lora; q++)
         cpu_lora_bwd(be, dx, lddx, lora[q].dA, lora[q].dB, (const float *)dy + lora[q].col0, lddy, x, ldx,
-                     lora[q].A, lora[q].B, T, in, lora[q].cols, R, scale, 0.0f, 0);
+                     lora[q].A, lora[q].B, T, in, lora[q].cols, R, scale, 0.0f, 0,
+                     u ? (const float *)u + q * R : NULL, ldu);
 }
 
 static void cpu_rope(ct_backend *be, void *x, int ldx, const int32_t *pos, const float *inv_freq,

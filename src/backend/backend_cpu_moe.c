@@ -232,7 +232,7 @@ static void cpu_moe_lora_fwd(ct_backend *be, void *y, int ldy, const void *x, in
         if (rows <= 0) continue;
         const float *xr = expert_rows(buf, &ld, x, ldx, gather, K, r0, rows, in);
         be->lora_fwd(be, (float *)y + (size_t)r0 * ldy, ldy, xr, ld, A + (size_t)e * R * in, B + (size_t)e * out * R,
-                     rows, in, out, R, scale, dropout_p, ct_hash64(dropout_seed, (uint64_t)e));
+                     rows, in, out, R, scale, dropout_p, ct_hash64(dropout_seed, (uint64_t)e), NULL, 0);
     }
     free(buf);
 }
@@ -250,7 +250,7 @@ static void cpu_moe_lora_bwd(ct_backend *be, void *dx, int lddx, float *dA, floa
         be->lora_bwd(be, dx ? (float *)dx + (size_t)r0 * lddx : NULL, lddx, dA + (size_t)e * R * in,
                      dB + (size_t)e * out * R, (const float *)dy + (size_t)r0 * lddy, lddy, xr, ld,
                      A + (size_t)e * R * in, B + (size_t)e * out * R, rows, in, out, R, scale, dropout_p,
-                     ct_hash64(dropout_seed, (uint64_t)e));
+                     ct_hash64(dropout_seed, (uint64_t)e), NULL, 0);
     }
     free(buf);
 }

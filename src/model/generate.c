@@ -204,7 +204,7 @@ static void lora_fwd(ct_generator *g, int l, ct_module mod, void *y, int ldy, co
     const ct_lora *lo = g->lo;
     if (!lo || !lo->targeted[mod]) return;
     g->be->lora_fwd(g->be, y, ldy, x, ldx, lora_A(lo, l, mod), lora_B(lo, l, mod), T, lo->in[mod], lo->out[mod],
-                    lo->R, lo->scale, 0.0f, 0);
+                    lo->R, lo->scale, 0.0f, 0, NULL, 0);
 }
 
 /* The LoRA modules on the GDN input projection and their first columns: qwen3_5's

@@ -24,6 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The LoRA groups (modules sharing an input) whose u = x A^T a layer's forward keeps
+ * for its backward: q|k|v, o, gate|up, down; GDN's in_proj [qkv|z], [b|a], out_proj. */
+typedef enum { U_QKV, U_O, U_GU, U_DOWN, U_GDN_QKVZ, U_GDN_BA, U_GDN_OUT, U_SLOTS } u_slot;
+
 /* One layer's intermediates: what backward reads. */
 typedef struct layer_acts {
     void *xn;        /* (T, H) */
@@ -49,6 +53,8 @@ typedef struct layer_acts {
     float *gg, *beta;/* (T, Hv) decay (log) and write gates */
     void *core;      /* (T, Vd) delta-rule output */
     void *normed;    /* (T, Vd) gated RMSNorm output: out_proj's input */
+    void *u[U_SLOTS];/* (T, u_width) each (gate|up, down: like gu's rows); NULL where
+                      * nothing is kept (ct_graph_options.lora_rank 0, no such layer) */
 } layer_acts;
 
 struct ct_graph {
@@ -104,6 +110,21 @@ static void *act_at(const ct_graph *g, void *p, size_t elems) { return (char *)p
 static bool layer_gdn(const ct_model_config *c, int l) { return c->gdn && c->layer_linear[l]; }
 
 static bool recomputed(const ct_graph *g, int l) { return l < g->n_recompute; }
+
+/* Columns of a kept u: room for every module of the group at rank lora_rank
+ * (the dropout path puts module q of the group at q r, the stacked one its j-th
+ * targeted module at j r). */
+static int u_width(const ct_graph *g, u_slot s)
+{
+    static const int group_modules[U_SLOTS] = {3, 1, 2, 1, 3, 3, 1};
+    return lora_u_cols(group_modules[s], g->opt.lora_rank);
+}
+
+/* Where the kept u of group s starts for the rows from row on; NULL: recompute. */
+static void *u_at(const ct_graph *g, const layer_acts *a, u_slot s, size_t row)
+{
+    return a->u[s] ? (char *)a->u[s] + row * u_width(g, s) * g->be->act_bytes : NULL;
+}
 
 /* Recomputed layers share workspace 0; layer l >= n_recompute keeps its own. */
 static int ws_of(const ct_graph *g, int l)
@@ -176,6 +197,11 @@ static void graph_layout(ct_graph *g, ct_arena *ar)
         a->rstd2 = arena_take(ar, T * F);
         a->gu = dense_mlp ? arena_take(ar, M * 2 * I * A) : NULL;
         a->act = dense_mlp ? arena_take(ar, M * I * A) : NULL;
+        for (int s = 0; s < U_SLOTS; s++) {
+            bool used = s == U_QKV || s == U_O ? attn : s == U_GU || s == U_DOWN ? dense_mlp : gdn;
+            size_t rows = s == U_GU || s == U_DOWN ? M : T;
+            a->u[s] = used && g->opt.lora_rank > 0 ? arena_take(ar, rows * u_width(g, (u_slot)s) * A) : NULL;
+        }
     }
     g->xf = arena_take(ar, T * H * A);
     g->rstd_f = arena_take(ar, T * F);
@@ -371,25 +397,46 @@ static uint64_t chunk_seed(const lora_ctx *lc, int l, ct_module mod, int chunk)
 }
 
 /* LoRA of module mod over T rows (one chunk of the micro-batch, or all of it). */
+/* Where a group's u is kept: the slot's start (u, its width ldu) or NULL. */
+typedef struct kept_u {
+    void *u;
+    int ldu;
+} kept_u;
+
+/* Only an adapter of the rank the slots were sized for keeps u (eval may run an
+ * adapter of another rank on a graph planned for the config's: it recomputes). */
+static kept_u kept(const ct_graph *g, const lora_ctx *lc, const layer_acts *a, u_slot s, size_t row)
+{
+    if (!lc->lo || lc->lo->R != g->opt.lora_rank) return (kept_u){NULL, 0};
+    return (kept_u){u_at(g, a, s, row), u_width(g, s)};
+}
+
+/* Module q of a group's kept u. */
+static kept_u kept_module(const ct_graph *g, kept_u k, int q)
+{
+    if (k.u) k.u = (char *)k.u + (size_t)q * g->opt.lora_rank * g->be->act_bytes;
+    return k;
+}
+
 static void lora_fwd(ct_graph *g, const lora_ctx *lc, int l, ct_module mod, void *y, int ldy, const void *x,
-                     int ldx, int T, int chunk)
+                     int ldx, int T, int chunk, kept_u k)
 {
     if (!lc->lo || !lc->lo->targeted[mod]) return;
     int in, out;
     model_module_shape(&g->m->cfg, mod, &in, &out);
     g->be->lora_fwd(g->be, y, ldy, x, ldx, lora_A(lc->lo, l, mod), lora_B(lc->lo, l, mod), T, in, out,
-                    lc->lo->R, lc->lo->scale, lc->dropout, chunk_seed(lc, l, mod, chunk));
+                    lc->lo->R, lc->lo->scale, lc->dropout, chunk_seed(lc, l, mod, chunk), k.u, k.ldu);
 }
 
 static void lora_bwd(ct_graph *g, const lora_ctx *lc, int l, ct_module mod, void *dx, int lddx,
-                     const void *dy, int lddy, const void *x, int ldx, int T, int chunk)
+                     const void *dy, int lddy, const void *x, int ldx, int T, int chunk, kept_u k)
 {
     if (!lc->lo || !lc->lo->targeted[mod]) return;
     int in, out;
     model_module_shape(&g->m->cfg, mod, &in, &out);
     g->be->lora_bwd(g->be, dx, lddx, lora_grad_A(lc->lo, l, mod), lora_grad_B(lc->lo, l, mod), dy, lddy, x, ldx,
                     lora_A(lc->lo, l, mod), lora_B(lc->lo, l, mod), T, in, out, lc->lo->R, lc->lo->scale,
-                    lc->dropout, chunk_seed(lc, l, mod, chunk));
+                    lc->dropout, chunk_seed(lc, l, mod, chunk), k.u, k.ldu);
 }
 
 static const ct_module qkv_mods[3] = {CT_MOD_Q, CT_MOD_K, CT_MOD_V};
@@ -417,30 +464,34 @@ static int shared_cols(const ct_graph *g, const lora_ctx *lc, int l, const ct_mo
 /* The LoRA of those modules: one stacked call without dropout, so x and y are
  * passed once; with dropout each module draws its own mask, so one call each. */
 static void lora_fwd_shared(ct_graph *g, const lora_ctx *lc, int l, const ct_module *mods, const int *col0, int n,
-                            void *y, int ldy, const void *x, int ldx, int T, int chunk)
-{
-    if (!lc->lo) return;
-    if (lc->dropout > 0.0f) {
-        for (int q = 0; q < n; q++) lora_fwd(g, lc, l, mods[q], act_at(g, y, col0[q]), ldy, x, ldx, T, chunk);
-        return;
-    }
-    ct_lora_cols cols[CT_LORA_COLS_MAX];
-    int in = 0, m = shared_cols(g, lc, l, mods, col0, n, false, cols, &in);
-    if (m) g->be->lora_fwd_cols(g->be, y, ldy, x, ldx, T, in, cols, m, lc->lo->R, lc->lo->scale);
-}
-
-static void lora_bwd_shared(ct_graph *g, const lora_ctx *lc, int l, const ct_module *mods, const int *col0, int n,
-                            void *dx, int lddx, const void *dy, int lddy, const void *x, int ldx, int T, int chunk)
+                            void *y, int ldy, const void *x, int ldx, int T, int chunk, kept_u k)
 {
     if (!lc->lo) return;
     if (lc->dropout > 0.0f) {
         for (int q = 0; q < n; q++)
-            lora_bwd(g, lc, l, mods[q], dx, lddx, act_at(g, (void *)dy, col0[q]), lddy, x, ldx, T, chunk);
+            lora_fwd(g, lc, l, mods[q], act_at(g, y, col0[q]), ldy, x, ldx, T, chunk, kept_module(g, k, q));
+        return;
+    }
+    ct_lora_cols cols[CT_LORA_COLS_MAX];
+    int in = 0, m = shared_cols(g, lc, l, mods, col0, n, false, cols, &in);
+    if (m) g->be->lora_fwd_cols(g->be, y, ldy, x, ldx, T, in, cols, m, lc->lo->R, lc->lo->scale, k.u, k.ldu);
+}
+
+static void lora_bwd_shared(ct_graph *g, const lora_ctx *lc, int l, const ct_module *mods, const int *col0, int n,
+                            void *dx, int lddx, const void *dy, int lddy, const void *x, int ldx, int T, int chunk,
+                            kept_u k)
+{
+    if (!lc->lo) return;
+    if (lc->dropout > 0.0f) {
+        for (int q = 0; q < n; q++)
+            lora_bwd(g, lc, l, mods[q], dx, lddx, act_at(g, (void *)dy, col0[q]), lddy, x, ldx, T, chunk,
+                     kept_module(g, k, q));
         return;
     }
     ct_lora_cols cols[CT_LORA_COLS_MAX];
     int in = 0, m = shared_cols(g, lc, l, mods, col0, n, true, cols, &in);
-    if (m) g->be->lora_bwd_cols(g->be, dx, lddx, dy, lddy, x, ldx, T, in, cols, m, lc->lo->R, lc->lo->scale);
+    if (m)
+        g->be->lora_bwd_cols(g->be, dx, lddx, dy, lddy, x, ldx, T, in, cols, m, lc->lo->R, lc->lo->scale, k.u, k.ldu);
 }
 
 static int layer_window(const ct_model_config *c, int l) { return c->layer_sliding[l] ? c->sliding_window : 0; }
@@ -448,13 +499,13 @@ static int layer_window(const ct_model_config *c, int l) { return c->layer_slidi
 /* gu = hn Wgu^T (+LoRA gate|up) and act = swiglu(gu) for the n tokens of chunk c
  * (hn already offset to its first token; gu and act start at row 0). */
 static void mlp_chunk_forward(ct_graph *g, const lora_ctx *lc, int l, const void *hn, void *gu, void *act, int n,
-                              int chunk)
+                              int chunk, kept_u ku)
 {
     const ct_model_config *c = &g->m->cfg;
     const ct_layer_weights *w = &g->m->layers[l];
     int H = c->hidden_size, I = c->intermediate_size;
     model_linear_fwd(MODEL_W(g->m, l, wgu), gu, 2 * I, hn, H, w->bgu, n, H, 2 * I, 0);
-    lora_fwd_shared(g, lc, l, gate_up, (int[]){0, I}, 2, gu, 2 * I, hn, H, n, chunk);
+    lora_fwd_shared(g, lc, l, gate_up, (int[]){0, I}, 2, gu, 2 * I, hn, H, n, chunk, ku);
     g->be->swiglu_fwd(g->be, act, gu, n, I);
 }
 
@@ -469,10 +520,10 @@ static void mlp_forward(ct_graph *g, const lora_ctx *lc, int l, layer_acts *a, v
         int n = T - t0 < g->mlp_chunk ? T - t0 : g->mlp_chunk;
         size_t row = (size_t)t0 * H, r0 = recomputed(g, l) ? 0 : (size_t)t0; /* chunk's rows in gu, act */
         void *gu = act_at(g, a->gu, r0 * 2 * I), *act = act_at(g, a->act, r0 * I);
-        mlp_chunk_forward(g, lc, l, act_at(g, a->hn, row), gu, act, n, ci);
+        mlp_chunk_forward(g, lc, l, act_at(g, a->hn, row), gu, act, n, ci, kept(g, lc, a, U_GU, r0));
         model_linear_fwd_residual(MODEL_W(g->m, l, wdown), act_at(g, out, row), H, act_at(g, a->h, row), act, I,
                                   w->bdown, n, I, H);
-        lora_fwd(g, lc, l, CT_MOD_DOWN, act_at(g, out, row), H, act, I, n, ci);
+        lora_fwd(g, lc, l, CT_MOD_DOWN, act_at(g, out, row), H, act, I, n, ci, kept(g, lc, a, U_DOWN, r0));
     }
 }
 
@@ -489,12 +540,17 @@ static void mlp_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_act
         size_t row = (size_t)t0 * H, r0 = recomputed(g, l) ? 0 : (size_t)t0;
         const void *hn = act_at(g, a->hn, row), *dc = act_at(g, (void *)d, row);
         void *dhn = act_at(g, g->dhn, row), *gu = act_at(g, a->gu, r0 * 2 * I), *act = act_at(g, a->act, r0 * I);
-        if (recomputed(g, l)) mlp_chunk_forward(g, lc, l, hn, gu, act, n, ci);
+        /* A recomputed layer's down LoRA has no kept u (its forward did not run here). */
+        kept_u ku_gu = kept(g, lc, a, U_GU, r0), ku_down = kept(g, lc, a, U_DOWN, r0);
+        if (recomputed(g, l)) {
+            mlp_chunk_forward(g, lc, l, hn, gu, act, n, ci, ku_gu);
+            ku_down.u = NULL;
+        }
         model_linear_bwd_input(MODEL_W(g->m, l, wdown), g->dact, I, dc, H, n, I, H, 0);
-        lora_bwd(g, lc, l, CT_MOD_DOWN, g->dact, I, dc, H, act, I, n, ci);
+        lora_bwd(g, lc, l, CT_MOD_DOWN, g->dact, I, dc, H, act, I, n, ci, ku_down);
         be->swiglu_bwd(be, g->dgu, g->dact, gu, n, I);
         model_linear_bwd_input(MODEL_W(g->m, l, wgu), dhn, H, g->dgu, 2 * I, n, H, 2 * I, 0);
-        lora_bwd_shared(g, lc, l, gate_up, (int[]){0, I}, 2, dhn, H, g->dgu, 2 * I, hn, H, n, ci);
+        lora_bwd_shared(g, lc, l, gate_up, (int[]){0, I}, 2, dhn, H, g->dgu, 2 * I, hn, H, n, ci, ku_gu);
     }
 }
 
@@ -515,8 +571,10 @@ static void gdn_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x, l
     int Kd = model_gdn_key_dim(c), Vd = model_gdn_value_dim(c), Hv = c->linear_num_value_heads;
     int Hk = c->linear_num_key_heads, Dk = c->linear_key_head_dim, Dv = c->linear_value_head_dim;
     model_linear_fwd(MODEL_W(g->m, l, win), a->proj, NP, a->xn, H, NULL, T, H, NP, 0);
-    lora_fwd_shared(g, lc, l, gdn_in_qkvz, (int[]){0, CD, 0}, 3, a->proj, NP, a->xn, H, T, 0);
-    lora_fwd_shared(g, lc, l, gdn_in_ba, (int[]){CD + Vd, CD + Vd + Hv, CD + Vd}, 3, a->proj, NP, a->xn, H, T, 0);
+    lora_fwd_shared(g, lc, l, gdn_in_qkvz, (int[]){0, CD, 0}, 3, a->proj, NP, a->xn, H, T, 0,
+                    kept(g, lc, a, U_GDN_QKVZ, 0));
+    lora_fwd_shared(g, lc, l, gdn_in_ba, (int[]){CD + Vd, CD + Vd + Hv, CD + Vd}, 3, a->proj, NP, a->xn, H, T, 0,
+                    kept(g, lc, a, U_GDN_BA, 0));
     be->gdn_conv_fwd(be, a->conv, CD, a->proj, NP, w->conv_w, g->positions, T, CD, c->linear_conv_kernel_dim);
     be->gdn_gates_fwd(be, a->gg, a->beta, act_at(g, a->proj, CD + Vd + Hv), NP, act_at(g, a->proj, CD + Vd), NP,
                       w->A_log, w->dt_bias, T, Hv);
@@ -525,7 +583,7 @@ static void gdn_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x, l
     be->gated_rmsnorm_fwd(be, a->normed, Vd, a->core, Vd, act_at(g, a->proj, CD), NP, w->gdn_norm, T, Hv, Dv,
                           (float)c->rms_norm_eps);
     model_linear_fwd_residual(MODEL_W(g->m, l, wout), a->h, H, x, a->normed, Vd, NULL, T, Vd, H);
-    lora_fwd(g, lc, l, CT_MOD_OUT, a->h, H, a->normed, Vd, T, 0);
+    lora_fwd(g, lc, l, CT_MOD_OUT, a->h, H, a->normed, Vd, T, 0, kept(g, lc, a, U_GDN_OUT, 0));
 }
 
 /* Its backward from g->dh (the gradient of a->h) to g->dxn (of a->xn). */
@@ -538,7 +596,7 @@ static void gdn_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_act
     int Kd = model_gdn_key_dim(c), Vd = model_gdn_value_dim(c), Hv = c->linear_num_value_heads;
     int Hk = c->linear_num_key_heads, Dk = c->linear_key_head_dim, Dv = c->linear_value_head_dim;
     model_linear_bwd_input(MODEL_W(g->m, l, wout), g->dnormed, Vd, g->dh, H, T, Vd, H, 0);
-    lora_bwd(g, lc, l, CT_MOD_OUT, g->dnormed, Vd, g->dh, H, a->normed, Vd, T, 0);
+    lora_bwd(g, lc, l, CT_MOD_OUT, g->dnormed, Vd, g->dh, H, a->normed, Vd, T, 0, kept(g, lc, a, U_GDN_OUT, 0));
     be->gated_rmsnorm_bwd(be, g->dcore, Vd, act_at(g, g->dproj, CD), NP, g->dnormed, Vd, a->core, Vd,
                           act_at(g, a->proj, CD), NP, w->gdn_norm, T, Hv, Dv, (float)c->rms_norm_eps);
     be->gdn_delta_bwd(be, g->dconv, CD, act_at(g, g->dconv, Kd), CD, act_at(g, g->dconv, 2 * Kd), CD, g->dgg,
@@ -550,9 +608,10 @@ static void gdn_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_act
     be->gdn_conv_bwd(be, g->dproj, NP, g->dconv, CD, a->proj, NP, w->conv_w, g->positions, T, CD,
                      c->linear_conv_kernel_dim);
     model_linear_bwd_input(MODEL_W(g->m, l, win), g->dxn, H, g->dproj, NP, T, H, NP, 0);
-    lora_bwd_shared(g, lc, l, gdn_in_qkvz, (int[]){0, CD, 0}, 3, g->dxn, H, g->dproj, NP, a->xn, H, T, 0);
+    lora_bwd_shared(g, lc, l, gdn_in_qkvz, (int[]){0, CD, 0}, 3, g->dxn, H, g->dproj, NP, a->xn, H, T, 0,
+                    kept(g, lc, a, U_GDN_QKVZ, 0));
     lora_bwd_shared(g, lc, l, gdn_in_ba, (int[]){CD + Vd, CD + Vd + Hv, CD + Vd}, 3, g->dxn, H, g->dproj, NP, a->xn, H,
-                    T, 0);
+                    T, 0, kept(g, lc, a, U_GDN_BA, 0));
 }
 
 /* The attention of layer l: a->h = x + o(attn(rope(norm_qk(qkv(a->xn))))) [* sigmoid(gate)]. */
@@ -568,7 +627,8 @@ static void attention_forward(ct_graph *g, const lora_ctx *lc, int l, const void
 
     void *qkv_lin = c->qk_norm ? a->qkv_raw : a->qkv;
     model_linear_fwd(MODEL_W(g->m, l, wqkv), qkv_lin, QKV, a->xn, H, w->bqkv, T, H, QKV, 0);
-    lora_fwd_shared(g, lc, l, qkv_mods, (int[]){0, Qw, Qw + KV}, 3, qkv_lin, QKV, a->xn, H, T, 0);
+    lora_fwd_shared(g, lc, l, qkv_mods, (int[]){0, Qw, Qw + KV}, 3, qkv_lin, QKV, a->xn, H, T, 0,
+                    kept(g, lc, a, U_QKV, 0));
     void *q = a->qkv, *k = act_at(g, a->qkv, Qw), *v = layer_v(g, a, Qw + KV);
     const int32_t *pos = g->positions;
     const float *freq = g->m->inv_freq, scaling = g->m->attn_scaling;
@@ -590,7 +650,7 @@ static void attention_forward(ct_graph *g, const lora_ctx *lc, int l, const void
         oin = a->gated;
     }
     model_linear_fwd_residual(MODEL_W(g->m, l, wo), a->h, H, x, oin, Q, w->bo, T, Q, H);
-    lora_fwd(g, lc, l, CT_MOD_O, a->h, H, oin, Q, T, 0);
+    lora_fwd(g, lc, l, CT_MOD_O, a->h, H, oin, Q, T, 0, kept(g, lc, a, U_O, 0));
 }
 
 /* Its backward from g->dh to g->dxn. */
@@ -606,7 +666,7 @@ static void attention_backward(ct_graph *g, const lora_ctx *lc, int l, const lay
     void *qkv_lin = c->qk_norm ? a->qkv_raw : a->qkv;
 
     model_linear_bwd_input(MODEL_W(g->m, l, wo), g->dattn, Q, g->dh, H, T, Q, H, 0);
-    lora_bwd(g, lc, l, CT_MOD_O, g->dattn, Q, g->dh, H, gated ? a->gated : a->attn, Q, T, 0);
+    lora_bwd(g, lc, l, CT_MOD_O, g->dattn, Q, g->dh, H, gated ? a->gated : a->attn, Q, T, 0, kept(g, lc, a, U_O, 0));
     if (gated) /* in place: dattn becomes the gradient of the ungated output */
         be->sigmoid_gate_bwd(be, g->dattn, Q, act_at(g, g->dqkv, Q), QKV, g->dattn, Q, a->attn, Q,
                              act_at(g, qkv_lin, Q), QKV, D, T, nq, D);
@@ -628,7 +688,8 @@ static void attention_backward(ct_graph *g, const lora_ctx *lc, int l, const lay
         be->rope(be, dk, QKV, pos, freq, T, nkv, D, rot, scaling, 1);
     }
     model_linear_bwd_input(MODEL_W(g->m, l, wqkv), g->dxn, H, g->dqkv, QKV, T, H, QKV, 0);
-    lora_bwd_shared(g, lc, l, qkv_mods, (int[]){0, Qw, Qw + KV}, 3, g->dxn, H, g->dqkv, QKV, a->xn, H, T, 0);
+    lora_bwd_shared(g, lc, l, qkv_mods, (int[]){0, Qw, Qw + KV}, 3, g->dxn, H, g->dqkv, QKV, a->xn, H, T, 0,
+                    kept(g, lc, a, U_QKV, 0));
 }
 
 /* out NULL: the checkpointing recompute, which needs what backward reads and

@@ -28,6 +28,10 @@ typedef struct ct_graph_options {
                            * intermediates and are not recomputed in backward (memory
                            * plan: memory.checkpoint_layers auto); 0 = every layer is
                            * recomputed. Results are bit-identical for every value. */
+    int lora_rank;        /* r of the adapter trained on this graph: each layer keeps the
+                           * u = x A^T of its dense LoRA modules for their backward, which
+                           * then reads x once less (T x r per module and layer); 0 =
+                           * nothing kept, backward recomputes u (same bits either way) */
     bool no_expert_lora;  /* the experts carry no LoRA (memory plan): a mixture-of-experts
                            * graph leaves out the buffers of the fused expert LoRA's u and
                            * g (n x 64 each per workspace); false keeps them, for any adapter */

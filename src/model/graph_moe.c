@@ -201,7 +201,7 @@ static void shared_lora_fwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod
     const ct_lora_slot *s = shared_lora(ml, l, mod);
     if (!s) return;
     mo->be->lora_fwd(mo->be, y, ldy, x, ldx, lora_A(ml->lo, l, mod), lora_B(ml->lo, l, mod), T, s->in, s->out,
-                     ml->lo->R, ml->lo->scale, ml->dropout, graph_module_seed(ml->step_seed, l, mod));
+                     ml->lo->R, ml->lo->scale, ml->dropout, graph_module_seed(ml->step_seed, l, mod), NULL, 0);
 }
 
 static void shared_lora_bwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod, void *dx, int lddx, const void *dy,
@@ -211,7 +211,7 @@ static void shared_lora_bwd(ct_moe *mo, const moe_lora *ml, int l, ct_module mod
     if (!s) return;
     mo->be->lora_bwd(mo->be, dx, lddx, lora_grad_A(ml->lo, l, mod), lora_grad_B(ml->lo, l, mod), dy, lddy, x, ldx,
                      lora_A(ml->lo, l, mod), lora_B(ml->lo, l, mod), T, s->in, s->out, ml->lo->R, ml->lo->scale,
-                     ml->dropout, graph_module_seed(ml->step_seed, l, mod));
+                     ml->dropout, graph_module_seed(ml->step_seed, l, mod), NULL, 0);
 }
 
 /* x: expert-ordered rows, or (gather non-NULL) token rows read through gather. */

@@ -207,7 +207,7 @@ static bool choose_layout(ct_memory_plan *p, const ct_model *m, const ct_lora *l
     int L = m->cfg.num_hidden_layers, max_buffers = mem->offload_buffers == 1 ? 1 : 2;
     ct_graph_options o = {.capacity = capacity, .checkpointing = mem->gradient_checkpointing,
                           .mlp_chunk = mem->gradient_checkpointing ? CT_MLP_CHUNK_TOKENS : 0,
-                          .no_expert_lora = !experts_adapted(m, lo)};
+                          .lora_rank = lo ? lo->R : 0, .no_expert_lora = !experts_adapted(m, lo)};
     if (o.checkpointing && mem->checkpoint_layers == CT_CKPT_AUTO && mem->activation_offload != CT_TRI_ON) {
         o.keep_layers = most_kept_layers(p, m, lo, o);
         fill(p, m, lo, &o);

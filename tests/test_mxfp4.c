@@ -147,6 +147,25 @@ TEST(quantize_rejects_non_finite_input)
     CHECK(strstr(err.msg, "element 37") && !strchr(err.msg, '\n'), "message: %s", err.msg);
 }
 
+/* Blocks quantize in parallel: of several bad blocks the first is named, as a
+ * serial pass would name it. */
+TEST(quantize_names_the_first_bad_block_of_many)
+{
+    size_t rows = 512, K = 1024, n = rows * K;
+    float *x = ct_calloc(n, sizeof *x);
+    x[n - 5] = NAN;
+    x[300000] = 3e38f;
+    x[200001] = -INFINITY;
+    uint8_t *blocks = ct_malloc(n / 2), *scales = ct_malloc(n / 32);
+    ct_error err = {0};
+    CHECK(mxfp4_quantize(blocks, scales, x, rows, K, &err) == CT_ERR_INPUT, "bad blocks quantized");
+    CHECK(strstr(err.msg, "element 200001 is -inf"), "message: %s", err.msg);
+    x[200001] = 0.0f;
+    CHECK(mxfp4_quantize(blocks, scales, x, rows, K, &err) == CT_ERR_INPUT && strstr(err.msg, "element 300000:") &&
+              strstr(err.msg, "253"), "message: %s", err.msg);
+    free(x); free(blocks); free(scales);
+}
+
 TEST(quantize_rejects_a_block_that_would_overflow_bf16)
 {
     float x[64] = {0};
@@ -537,6 +556,7 @@ int main(int argc, char **argv)
     RUN(quantize_matches_the_reference_byte_for_byte);
     RUN(quantize_round_trip_is_within_half_a_code_step);
     RUN(quantize_rejects_non_finite_input);
+    RUN(quantize_names_the_first_bad_block_of_many);
     RUN(quantize_rejects_a_block_that_would_overflow_bf16);
     RUN(written_experts_read_back_as_quantized);
     RUN(good_experts_file_reads);

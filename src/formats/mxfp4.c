@@ -54,41 +54,66 @@ void mxfp4_dequantize(float *y, const uint8_t *blocks, const uint8_t *scales, si
 static uint8_t encode(float v)
 {
     float a = fabsf(v);
-    uint8_t m = 0;
-    while (m < 7 && a >= midpoint[m]) m++;
+    uint8_t m = 0; /* how many midpoints a reaches: they ascend (no branches, so it vectorizes) */
+    for (int k = 0; k < 7; k++) m += a >= midpoint[k];
     return (uint8_t)((signbit(v) ? 8 : 0) | m);
 }
 
+/* The scale byte of a block with max |x| amax: 2^ceil(log2(amax / 6)) as a biased
+ * exponent (amax / 6 rounded up to a power of two). */
+static uint32_t block_scale_byte(float amax)
+{
+    float d = amax / 6.0f;
+    uint32_t bits;
+    memcpy(&bits, &d, 4);
+    return ((bits + 0x007FFFFFu) & 0x7F800000u) >> 23;
+}
+
+/* Block b of x into its scale byte and 16 code bytes; false if it cannot be
+ * quantized (a non-finite value, or a scale past MXFP4_SCALE_MAX). */
+static bool quantize_block(uint8_t *q, uint8_t *scale_byte, const float *xb)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < MXFP4_BLOCK; i++) {
+        if (!isfinite(xb[i])) return false;
+        if (fabsf(xb[i]) > amax) amax = fabsf(xb[i]);
+    }
+    uint32_t s = block_scale_byte(amax), bits = s << 23;
+    if (s > MXFP4_SCALE_MAX) return false;
+    float scale, inv;
+    memcpy(&scale, &bits, 4);
+    inv = scale == 0.0f ? 0.0f : 1.0f / scale;  /* a power of two: exact */
+    *scale_byte = (uint8_t)s;
+    for (int j = 0; j < MXFP4_BLOCK_BYTES; j++)
+        q[j] = (uint8_t)(encode(xb[2 * j] * inv) | (encode(xb[2 * j + 1] * inv) << 4));
+    return true;
+}
+
+/* Why block b (starting at xb) failed quantize_block. */
+static int block_error(const float *xb, size_t b, ct_error *err)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < MXFP4_BLOCK; i++) {
+        if (!isfinite(xb[i]))
+            return CT_FAIL_INPUT(err, "mxfp4: element %zu is %g (expected a finite value)", b * MXFP4_BLOCK + i,
+                                 xb[i]);
+        if (fabsf(xb[i]) > amax) amax = fabsf(xb[i]);
+    }
+    return CT_FAIL_INPUT(err, "mxfp4: element %zu: a block with max |x| %g needs scale byte %u, above %d "
+                         "(its values would overflow bf16)", b * MXFP4_BLOCK, amax, block_scale_byte(amax),
+                         MXFP4_SCALE_MAX);
+}
+
+/* Blocks in parallel (a gpt-oss-20b folder holds 19B expert values); an input
+ * error names the first failing block, as a serial pass would. */
 int mxfp4_quantize(uint8_t *blocks, uint8_t *scales, const float *x, size_t rows, size_t K, ct_error *err)
 {
     CT_ASSERT(K % MXFP4_BLOCK == 0, "mxfp4_quantize: K %zu is not a multiple of %d", K, MXFP4_BLOCK);
-    size_t nb = rows * (K / MXFP4_BLOCK);
-    for (size_t b = 0; b < nb; b++) {
-        const float *xb = x + b * MXFP4_BLOCK;
-        float amax = 0.0f;
-        for (int i = 0; i < MXFP4_BLOCK; i++) {
-            if (!isfinite(xb[i]))
-                return CT_FAIL_INPUT(err, "mxfp4: element %zu is %g (expected a finite value)", b * MXFP4_BLOCK + i,
-                                     xb[i]);
-            if (fabsf(xb[i]) > amax) amax = fabsf(xb[i]);
-        }
-        float d = amax / 6.0f;
-        uint32_t bits;
-        memcpy(&bits, &d, 4);
-        bits = (bits + 0x007FFFFFu) & 0x7F800000u;
-        uint32_t s = bits >> 23;
-        if (s > MXFP4_SCALE_MAX)
-            return CT_FAIL_INPUT(err, "mxfp4: element %zu: a block with max |x| %g needs scale byte %u, above %d "
-                                 "(its values would overflow bf16)", b * MXFP4_BLOCK, amax, s, MXFP4_SCALE_MAX);
-        float scale, inv;
-        memcpy(&scale, &bits, 4);
-        inv = scale == 0.0f ? 0.0f : 1.0f / scale;  /* a power of two: exact */
-        scales[b] = (uint8_t)s;
-        uint8_t *q = blocks + b * MXFP4_BLOCK_BYTES;
-        for (int j = 0; j < MXFP4_BLOCK_BYTES; j++)
-            q[j] = (uint8_t)(encode(xb[2 * j] * inv) | (encode(xb[2 * j + 1] * inv) << 4));
-    }
-    return CT_OK;
+    size_t nb = rows * (K / MXFP4_BLOCK), bad = nb;
+#pragma omp parallel for schedule(static) reduction(min : bad)
+    for (size_t b = 0; b < nb; b++)
+        if (!quantize_block(blocks + b * MXFP4_BLOCK_BYTES, &scales[b], x + b * MXFP4_BLOCK) && b < bad) bad = b;
+    return bad < nb ? block_error(x + bad * MXFP4_BLOCK, bad, err) : CT_OK;
 }
 
 bool mxfp4_is_quantized(const st_reader *r, const char *base)

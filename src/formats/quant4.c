@@ -14,6 +14,7 @@
 #include "quant4.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,20 +241,29 @@ static uint8_t dyn_nearest(float g)
     return (uint8_t)(dr < dl ? right : right - 1);
 }
 
+/* dyn_nearest of every grid point, built once: 65536 searches of the 256-entry
+ * map cost more than quantizing a tensor's absmax. */
+static uint8_t dyn_table[DYN_GRID];
+static pthread_once_t dyn_table_once = PTHREAD_ONCE_INIT;
+
+static void dyn_table_build(void)
+{
+    for (size_t k = 0; k < DYN_GRID; k++) dyn_table[k] = dyn_nearest((float)k / 65535.0f * 2.0f - 1.0f);
+}
+
 void quant4_quantize_dynamic(uint8_t *q8, float *absmax, const float *x, size_t n)
 {
-    uint8_t *table = ct_malloc(DYN_GRID);
-    for (size_t k = 0; k < DYN_GRID; k++) table[k] = dyn_nearest((float)k / 65535.0f * 2.0f - 1.0f);
-    const size_t bs = QUANT4_NESTED_BLOCKSIZE;
-    for (size_t b = 0; b * bs < n; b++) {
+    pthread_once(&dyn_table_once, dyn_table_build);
+    const size_t bs = QUANT4_NESTED_BLOCKSIZE, nb = ct_ceil_div(n, bs);
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < nb; b++) {
         size_t lo = b * bs, hi = lo + bs < n ? lo + bs : n;
         float am = 0.0f;
         for (size_t i = lo; i < hi; i++) am = fmaxf(am, fabsf(x[i]));
         absmax[b] = am;
         float inv = 1.0f / am;
-        for (size_t i = lo; i < hi; i++) q8[i] = am == 0.0f ? 0 : table[dyn_grid_index(x[i] * inv)];
+        for (size_t i = lo; i < hi; i++) q8[i] = am == 0.0f ? 0 : dyn_table[dyn_grid_index(x[i] * inv)];
     }
-    free(table);
 }
 
 void quant4_double_quantize(uint8_t *q8, float *nested_absmax, float *offset, const float *absmax,

@@ -23,8 +23,32 @@ CTUNE_MODES=${CTUNE_MODES-"ckpt nockpt"} # any of ckpt, nockpt, ckpt-auto (check
 mkdir -p "$OUT"
 : >"$OUT/bench.jsonl"
 
-peak_start() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/mem.log" 2>/dev/null & MEMPID=$!; }
-peak_stop() { kill $MEMPID 2>/dev/null; wait $MEMPID 2>/dev/null; sort -n "$OUT/mem.log" | tail -n 1 | awk '{printf "%.2f", $1/1024}'; }
+peak_start() {
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$OUT/mem.log" 2>/dev/null & MEMPID=$!
+    # SM clock and board power while the GPU is busy: whether a step runs at the clock the kernels were timed at
+    nvidia-smi --query-gpu=utilization.gpu,clocks.sm,power.draw --format=csv,noheader,nounits -lms 200 \
+        >"$OUT/clocks.log" 2>/dev/null & CLKPID=$!
+}
+peak_stop() {
+    kill $MEMPID $CLKPID 2>/dev/null; wait $MEMPID $CLKPID 2>/dev/null
+    sort -n "$OUT/mem.log" | tail -n 1 | awk '{printf "%.2f", $1/1024}'
+}
+# {"sm_mhz_busy": median SM clock, "power_w_busy": median power} over the samples at >= 90% utilization
+clocks_json() {
+    python3 - "$OUT/clocks.log" <<'PY'
+import json, statistics, sys
+busy = []
+for line in open(sys.argv[1]):
+    try:
+        util, mhz, watts = (float(v) for v in line.split(","))
+    except ValueError:
+        continue
+    if util >= 90:
+        busy.append((mhz, watts))
+print(json.dumps({"sm_mhz_busy": statistics.median(m for m, _ in busy) if busy else None,
+                  "power_w_busy": statistics.median(w for _, w in busy) if busy else None}))
+PY
+}
 
 for shape in $SHAPES; do
     model=models/$shape
@@ -58,8 +82,11 @@ for shape in $SHAPES; do
         --set training.warmup_steps=2 --set training.logging_steps=1 >"$run.log" 2>&1
     rc=$?
     peak=$(peak_stop)
+    clocks=$(clocks_json 2>/dev/null)
+    [ -n "$clocks" ] || clocks='{"sm_mhz_busy": null, "power_w_busy": null}'
     python3 scripts/run_record.py "$run" "$run.log" "$rc" "$WARMUP" "$peak" \
-        "{\"shape\": \"$shape\", \"system\": \"ctune $cmode\", \"gflop_per_token\": $gflop}" >>"$OUT/bench.jsonl"
+        "{\"shape\": \"$shape\", \"system\": \"ctune $cmode\", \"gflop_per_token\": $gflop, ${clocks:1:-1}}" \
+        >>"$OUT/bench.jsonl"
     done
     for mode in $HF_MODES; do
         args="--mode ${mode%-ckpt}"
@@ -79,14 +106,16 @@ python3 - "$OUT/bench.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 base = {r["shape"]: r.get("tokens_per_s") for r in rows if r["system"] == "hf+peft packed sdpa"}
-print(f"{'shape':<14} {'system':<26} {'tok/s':>9} {'MFU':>6} {'peak GiB':>9} {'syncs/step':>10} {'vs HF packed':>12}")
+print(f"{'shape':<14} {'system':<26} {'tok/s':>9} {'MFU':>6} {'peak GiB':>9} {'syncs/step':>10} {'vs HF packed':>12}"
+      f" {'busy MHz':>8} {'busy W':>6}")
 for r in rows:
     t = r.get("tokens_per_s")
     mfu = f"{100 * r['gflop_per_token'] * t / 790e3:.1f}%" if t and r.get("gflop_per_token") else "-"
     ratio = f"{t / base[r['shape']]:.2f}x" if t and base.get(r["shape"]) else "-"
     err = "" if t else " " + str(r.get("error", "failed"))[:60]
     print(f"{r['shape']:<14} {r['system']:<26} {str(t):>9} {mfu:>6} {r.get('peak_gib_smi', 0):>9} "
-          f"{str(r.get('host_syncs_per_step', '')):>10} {ratio:>12}{err}")
+          f"{str(r.get('host_syncs_per_step', '')):>10} {ratio:>12} {str(r.get('sm_mhz_busy') or '-'):>8}"
+          f" {str(r.get('power_w_busy') or '-'):>6}{err}")
 PY
 echo "== dense LoRA of modules sharing an input: one at a time vs stacked (T=16384)"
 if [ -x "$B/bench/lora_bench" ]; then "$B/bench/lora_bench" 10; else echo "skipped: $B/bench/lora_bench not built (make bench)"; fi

@@ -396,7 +396,6 @@ static uint64_t chunk_seed(const lora_ctx *lc, int l, ct_module mod, int chunk)
     return chunk == 0 ? s : ct_hash64(s, (uint64_t)chunk);
 }
 
-/* LoRA of module mod over T rows (one chunk of the micro-batch, or all of it). */
 /* Where a group's u is kept: the slot's start (u, its width ldu) or NULL. */
 typedef struct kept_u {
     void *u;
@@ -418,6 +417,7 @@ static kept_u kept_module(const ct_graph *g, kept_u k, int q)
     return k;
 }
 
+/* LoRA of module mod over T rows (one chunk of the micro-batch, or all of it). */
 static void lora_fwd(ct_graph *g, const lora_ctx *lc, int l, ct_module mod, void *y, int ldy, const void *x,
                      int ldx, int T, int chunk, kept_u k)
 {

@@ -390,6 +390,49 @@ TEST(peft_adapter_gpt_oss_experts_use_target_parameters_layout)
                   2 * (2 * 4 + 2 * 2));
 }
 
+/* gpt_oss stores its expert stacks transposed ([E, in, out]); the loader turns
+ * them to (E, out, in) by 64 x 64 tiles. Dimensions of 1 1/2 and 2 1/4 tiles
+ * make every tile edge partial somewhere: each loaded value must be its stored
+ * value at the transposed place. */
+TEST(gpt_oss_expert_stacks_load_as_their_exact_transposes)
+{
+    static const char json[] =
+        "{\"model_type\": \"gpt_oss\", \"vocab_size\": 64, \"hidden_size\": 96, \"intermediate_size\": 72,"
+        " \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8,"
+        " \"num_local_experts\": 3, \"num_experts_per_tok\": 2, \"sliding_window\": 4, \"swiglu_limit\": 7.0,"
+        " \"rope_theta\": 150000.0, \"rms_norm_eps\": 1e-5, \"max_position_embeddings\": 256,"
+        " \"tie_word_embeddings\": false}";
+    char dir[] = "/tmp/ctune_moe_XXXXXX", path[300];
+    REQUIRE(mkdtemp(dir) && fixture_write_model(dir, json, 5) == 0, "fixture");
+    ct_model m;
+    ct_error err = {0};
+    REQUIRE(model_load(&m, be, dir, &err) == CT_OK, "%s", err.msg);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_reader *r = st_open(path, &err);
+    REQUIRE(r, "%s", err.msg);
+    const char *names[2] = {"model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"};
+    const float *loaded[2] = {m.layers[0].wgu_e, m.layers[0].wdown_e};
+    for (int k = 0; k < 2; k++) {
+        const st_tensor *t = st_find(r, names[k]);
+        REQUIRE(t && t->ndim == 3, "%s missing", names[k]);
+        size_t E = (size_t)t->shape[0], in = (size_t)t->shape[1], out = (size_t)t->shape[2], bad = 0;
+        const unsigned char *raw = t->data;
+        for (size_t e = 0; e < E; e++)
+            for (size_t i = 0; i < in; i++)
+                for (size_t o = 0; o < out; o++) {
+                    uint16_t v;
+                    memcpy(&v, raw + ((e * in + i) * out + o) * 2, 2);
+                    bad += loaded[k][(e * out + o) * in + i] != ct_bf16_to_f32(v);
+                }
+        CHECK(bad == 0 && in > 64 && out > 64, "%s: %zu of %zu values misplaced", names[k], bad, E * in * out);
+    }
+    st_close(r);
+    model_free(&m);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {}
+}
+
 TEST(moe_model_on_a_backend_without_moe_ops_is_an_input_error)
 {
     char dir[] = "/tmp/ctune_moe_XXXXXX";
@@ -453,6 +496,7 @@ int main(void)
     RUN(peft_adapter_names_each_expert_qwen3_moe);
     RUN(peft_adapter_names_each_expert_mixtral_w1_w3_w2);
     RUN(peft_adapter_gpt_oss_experts_use_target_parameters_layout);
+    RUN(gpt_oss_expert_stacks_load_as_their_exact_transposes);
     RUN(moe_model_on_a_backend_without_moe_ops_is_an_input_error);
     RUN(expert_lora_rank_beyond_the_backend_limit_is_an_input_error);
     be->destroy(be);

@@ -9,6 +9,8 @@
 #   d64-short      2 layers, head_dim 64, ~600-token documents (one-warpgroup wgmma)
 #   d64-long       the same model, documents averaging > 2048 tokens (the TMA forward)
 #   d128           qwen3-0.6b cut to 2 layers (TMA forward, two-warpgroup backward)
+#   d128-chunks    the same at 32768 tokens: the MLP in two chunks of 16384
+#   d128-offload   the same with every layer input offloaded to host memory
 #   moe-256        tiny-moe at widths 256 (TMA grouped GEMMs, expert LoRA fused)
 #   moe-dropout    tiny-moe with LoRA dropout (the expert LoRA apart from the GEMM)
 #   gpt-oss        tiny-gpt-oss (clamped SwiGLU, sinks, sliding layers)
@@ -81,7 +83,7 @@ if [ "$DEVICE" = cuda ]; then
     model moe256 configs/models/tiny-moe/config.json "c.update(hidden_size=256, moe_intermediate_size=256)"
     data d4096s 4096 600 4096
     data d4096l 4096 3500 8192
-    data d151936 151936 600 4096
+    data d151936 151936 600 4096 400000
     for d in d4096s d4096l d151936; do
         data $d-eval "${d//[a-z]/}" 600 4096 40000
     done
@@ -89,6 +91,8 @@ if [ "$DEVICE" = cuda ]; then
     check d64-short d64 d4096s 16384
     check d64-long d64 d4096l 16384
     check d128 d128 d151936 16384
+    check d128-chunks d128 d151936 32768
+    check d128-offload d128 d151936 16384 --set memory.activation_offload=on
     check moe-256 moe256 d384 4096
     check moe-dropout moe d384 4096 --set lora.lora_dropout=0.1
     check gpt-oss gptoss d384 4096

@@ -30,7 +30,7 @@ typedef enum { U_QKV, U_O, U_GU, U_DOWN, U_GDN_QKVZ, U_GDN_BA, U_GDN_OUT, U_SLOT
 
 /* One layer's intermediates: what backward reads. */
 typedef struct layer_acts {
-    void *xn;        /* (T, H) */
+    void *xn;        /* (T, H); h's memory in the recomputed layers' workspace */
     float *rstd1;    /* (T) */
     void *qkv_raw;   /* (T, QKV) before q/k norm; NULL without qk_norm */
     void *qkv;       /* (T, QKV) q and k after norm and rope: what attention read;
@@ -40,7 +40,9 @@ typedef struct layer_acts {
     void *attn;      /* (T, Q) */
     float *lse;      /* (T, nq) */
     void *h;         /* (T, H) */
-    void *hn;        /* (T, H) */
+    void *hn;        /* (T, H), or (C, H) with hn_per_chunk */
+    bool hn_per_chunk;/* the recomputed dense layers' workspace: the MLP norm runs
+                      * per MLP chunk into one chunk of rows (mlp_input) */
     float *rstd2;    /* (T) */
     void *gu;        /* (C, 2I), dense layers: C = one MLP chunk in the workspace that
                       * recomputed layers share, else T (every chunk of the layer) */
@@ -73,16 +75,23 @@ struct ct_graph {
     int stage_holds[2];   /* which layer's input each stage buffer holds now (-1: none) */
     char *host_xs;        /* (n_off, T, H) offloaded layer inputs in host memory */
     bool host_pinned;
-    void *xf;             /* (T, H) final-norm output */
-    float *rstd_f;        /* (T) */
-    void *dxf;            /* (T, H) */
+    /* Backward buffers. Each lives only in some phases of a step, so buffers of
+     * phases that never overlap share memory (graph_layout): */
     void *dstream;        /* (T, H) gradient of the residual stream; see layer_backward */
-    void *dh, *dhn, *dxn; /* (T, H) */
+    void *dhn;            /* (T, H) gradient of a layer's MLP input */
+    void *xf;             /* (T, H) final-norm output: dstream's memory (read before
+                           * dstream is first written) */
+    float *rstd_f;        /* (T) */
+    void *dxf;            /* (T, H) the head's input gradient: dhn's memory */
+    void *dxn;            /* (T, H) gradient of a layer's mixer input: dhn's memory
+                           * (written after the MLP norm's backward has read dhn) */
+    void *dattn;          /* (T, Q) dhn's memory when Q <= H (read before dxn is
+                           * written), else the mixer scratch's */
+    /* One scratch for the MLP's backward and the mixer's (one after the other): */
     void *dact;           /* (C, I) */
     void *dgu;            /* (C, 2I) */
-    void *dattn;          /* (T, Q) */
     void *dqkv;           /* (T, QKV) */
-    void *dproj;          /* (T, NP) GDN layers' scratch */
+    void *dproj;          /* (T, NP) GDN layers' */
     void *dconv;          /* (T, conv_dim) */
     void *dcore, *dnormed;/* (T, Vd) */
     float *dgg, *dbeta;   /* (T, Hv) */
@@ -171,13 +180,19 @@ static void graph_layout(ct_graph *g, ct_arena *ar)
     for (int i = 0; i < g->n_ws; i++) {
         layer_acts *a = &g->ws[i];
         size_t M = i == 0 && g->n_recompute > 0 ? C : T; /* MLP rows: one chunk, or every chunk */
-        bool attn = false, gdn = false; /* the kinds of layer this workspace serves */
+        bool attn = false, gdn = false, sparse = false; /* the kinds of layer this workspace serves */
         for (int l = 0; l < (int)L; l++)
             if (ws_of(g, l) == i) {
                 attn |= !layer_gdn(c, l);
                 gdn |= layer_gdn(c, l);
+                sparse |= c->layer_sparse[l];
             }
-        a->xn = arena_take(ar, T * H * A);
+        bool shared = i == 0 && g->n_recompute > 0;
+        a->h = arena_take(ar, T * H * A);
+        /* The recomputed layers' xn lives in h's memory: the mixer reads xn before
+         * it writes h, and backward renormalizes x into it once h is dead
+         * (layer_backward). */
+        a->xn = shared ? a->h : arena_take(ar, T * H * A);
         a->rstd1 = arena_take(ar, T * F);
         a->qkv_raw = attn && c->qk_norm ? arena_take(ar, T * QKV * A) : NULL;
         a->rstd_q = attn && c->qk_norm ? arena_take(ar, T * nq * F) : NULL;
@@ -192,8 +207,8 @@ static void graph_layout(ct_graph *g, ct_arena *ar)
         a->beta = gdn ? arena_take(ar, T * Hv * F) : NULL;
         a->core = gdn ? arena_take(ar, T * Vd * A) : NULL;
         a->normed = gdn ? arena_take(ar, T * Vd * A) : NULL;
-        a->h = arena_take(ar, T * H * A);
-        a->hn = arena_take(ar, T * H * A);
+        a->hn_per_chunk = shared && !sparse; /* the experts read all of hn, in backward too */
+        a->hn = arena_take(ar, (a->hn_per_chunk ? M : T) * H * A);
         a->rstd2 = arena_take(ar, T * F);
         a->gu = dense_mlp ? arena_take(ar, M * 2 * I * A) : NULL;
         a->act = dense_mlp ? arena_take(ar, M * I * A) : NULL;
@@ -203,23 +218,26 @@ static void graph_layout(ct_graph *g, ct_arena *ar)
             a->u[s] = used && g->opt.lora_rank > 0 ? arena_take(ar, rows * u_width(g, (u_slot)s) * A) : NULL;
         }
     }
-    g->xf = arena_take(ar, T * H * A);
-    g->rstd_f = arena_take(ar, T * F);
-    g->dxf = arena_take(ar, T * H * A);
     g->dstream = arena_take(ar, T * H * A);
-    g->dh = arena_take(ar, T * H * A);
     g->dhn = arena_take(ar, T * H * A);
-    g->dxn = arena_take(ar, T * H * A);
+    g->rstd_f = arena_take(ar, T * F);
+    g->xf = g->dstream;
+    g->dxf = g->dxn = g->dhn;
+    /* the scratch: its three users' buffers carved from the same start */
+    size_t scratch = ar->used, scratch_end = scratch;
     g->dact = dense_mlp ? arena_take(ar, C * I * A) : NULL;
     g->dgu = dense_mlp ? arena_take(ar, C * 2 * I * A) : NULL;
-    g->dattn = any_attn ? arena_take(ar, T * Q * A) : NULL;
+    scratch_end = ar->used, ar->used = scratch;
     g->dqkv = any_attn ? arena_take(ar, T * QKV * A) : NULL;
+    g->dattn = !any_attn ? NULL : Q <= H ? g->dhn : arena_take(ar, T * Q * A);
+    scratch_end = ar->used > scratch_end ? ar->used : scratch_end, ar->used = scratch;
     g->dproj = any_gdn ? arena_take(ar, T * NP * A) : NULL;
     g->dconv = any_gdn ? arena_take(ar, T * CD * A) : NULL;
     g->dcore = any_gdn ? arena_take(ar, T * Vd * A) : NULL;
     g->dnormed = any_gdn ? arena_take(ar, T * Vd * A) : NULL;
     g->dgg = any_gdn ? arena_take(ar, T * Hv * F) : NULL;
     g->dbeta = any_gdn ? arena_take(ar, T * Hv * F) : NULL;
+    if (ar->used < scratch_end) ar->used = scratch_end;
     if (g->moe) moe_layout(g->moe, ar);
     g->sizes.working = ar->used - mark;
     mark = ar->used;
@@ -509,6 +527,19 @@ static void mlp_chunk_forward(ct_graph *g, const lora_ctx *lc, int l, const void
     g->be->swiglu_fwd(g->be, act, gu, n, I);
 }
 
+/* The MLP's input rows (hn) for the n tokens from t0: where the layer's forward
+ * normed them, or with hn_per_chunk normed now into hn's one chunk (the same bits:
+ * the norm is per row). */
+static const void *mlp_input(ct_graph *g, int l, const layer_acts *a, int t0, int n)
+{
+    const ct_model_config *c = &g->m->cfg;
+    int H = c->hidden_size;
+    if (!a->hn_per_chunk) return act_at(g, a->hn, (size_t)t0 * H);
+    g->be->rmsnorm_fwd(g->be, a->hn, H, a->rstd2 + t0, act_at(g, a->h, (size_t)t0 * H), H, g->m->layers[l].mlp_norm,
+                       c->norm_zero_centred, n, 1, H, (float)c->rms_norm_eps);
+    return a->hn;
+}
+
 /* Dense MLP forward, out = h + down(swiglu(gu(hn))), over chunks of mlp_chunk
  * tokens: the (T, 2I) intermediates of a long micro-batch never exist at once. */
 static void mlp_forward(ct_graph *g, const lora_ctx *lc, int l, layer_acts *a, void *out)
@@ -520,7 +551,7 @@ static void mlp_forward(ct_graph *g, const lora_ctx *lc, int l, layer_acts *a, v
         int n = T - t0 < g->mlp_chunk ? T - t0 : g->mlp_chunk;
         size_t row = (size_t)t0 * H, r0 = recomputed(g, l) ? 0 : (size_t)t0; /* chunk's rows in gu, act */
         void *gu = act_at(g, a->gu, r0 * 2 * I), *act = act_at(g, a->act, r0 * I);
-        mlp_chunk_forward(g, lc, l, act_at(g, a->hn, row), gu, act, n, ci, kept(g, lc, a, U_GU, r0));
+        mlp_chunk_forward(g, lc, l, mlp_input(g, l, a, t0, n), gu, act, n, ci, kept(g, lc, a, U_GU, r0));
         model_linear_fwd_residual(MODEL_W(g->m, l, wdown), act_at(g, out, row), H, act_at(g, a->h, row), act, I,
                                   w->bdown, n, I, H);
         lora_fwd(g, lc, l, CT_MOD_DOWN, act_at(g, out, row), H, act, I, n, ci, kept(g, lc, a, U_DOWN, r0));
@@ -528,8 +559,9 @@ static void mlp_forward(ct_graph *g, const lora_ctx *lc, int l, layer_acts *a, v
 }
 
 /* dhn = the dense MLP's input gradient given d (its output gradient), chunk by
- * chunk. In a recomputed layer each chunk's gu and act are recomputed here (the
- * layer recompute stops before the MLP); otherwise forward kept them all. */
+ * chunk. In a recomputed layer each chunk's gu and act (with hn_per_chunk its hn
+ * too) are recomputed here (the layer recompute stops before the MLP); otherwise
+ * forward kept them all. */
 static void mlp_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_acts *a, const void *d)
 {
     const ct_model_config *c = &g->m->cfg;
@@ -538,7 +570,7 @@ static void mlp_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_act
     for (int t0 = 0, ci = 0; t0 < T; t0 += g->mlp_chunk, ci++) {
         int n = T - t0 < g->mlp_chunk ? T - t0 : g->mlp_chunk;
         size_t row = (size_t)t0 * H, r0 = recomputed(g, l) ? 0 : (size_t)t0;
-        const void *hn = act_at(g, a->hn, row), *dc = act_at(g, (void *)d, row);
+        const void *hn = mlp_input(g, l, a, t0, n), *dc = act_at(g, (void *)d, row);
         void *dhn = act_at(g, g->dhn, row), *gu = act_at(g, a->gu, r0 * 2 * I), *act = act_at(g, a->act, r0 * I);
         /* A recomputed layer's down LoRA has no kept u (its forward did not run here). */
         kept_u ku_gu = kept(g, lc, a, U_GU, r0), ku_down = kept(g, lc, a, U_DOWN, r0);
@@ -586,8 +618,8 @@ static void gdn_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x, l
     lora_fwd(g, lc, l, CT_MOD_OUT, a->h, H, a->normed, Vd, T, 0, kept(g, lc, a, U_GDN_OUT, 0));
 }
 
-/* Its backward from g->dh (the gradient of a->h) to g->dxn (of a->xn). */
-static void gdn_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_acts *a)
+/* Its backward from dh (the gradient of a->h) to g->dxn (of a->xn). */
+static void gdn_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_acts *a, const void *dh)
 {
     const ct_model_config *c = &g->m->cfg;
     const ct_layer_weights *w = &g->m->layers[l];
@@ -595,8 +627,8 @@ static void gdn_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_act
     int T = g->T, H = c->hidden_size, NP = model_gdn_proj_dim(c), CD = model_gdn_conv_dim(c);
     int Kd = model_gdn_key_dim(c), Vd = model_gdn_value_dim(c), Hv = c->linear_num_value_heads;
     int Hk = c->linear_num_key_heads, Dk = c->linear_key_head_dim, Dv = c->linear_value_head_dim;
-    model_linear_bwd_input(MODEL_W(g->m, l, wout), g->dnormed, Vd, g->dh, H, T, Vd, H, 0);
-    lora_bwd(g, lc, l, CT_MOD_OUT, g->dnormed, Vd, g->dh, H, a->normed, Vd, T, 0, kept(g, lc, a, U_GDN_OUT, 0));
+    model_linear_bwd_input(MODEL_W(g->m, l, wout), g->dnormed, Vd, dh, H, T, Vd, H, 0);
+    lora_bwd(g, lc, l, CT_MOD_OUT, g->dnormed, Vd, dh, H, a->normed, Vd, T, 0, kept(g, lc, a, U_GDN_OUT, 0));
     be->gated_rmsnorm_bwd(be, g->dcore, Vd, act_at(g, g->dproj, CD), NP, g->dnormed, Vd, a->core, Vd,
                           act_at(g, a->proj, CD), NP, w->gdn_norm, T, Hv, Dv, (float)c->rms_norm_eps);
     be->gdn_delta_bwd(be, g->dconv, CD, act_at(g, g->dconv, Kd), CD, act_at(g, g->dconv, 2 * Kd), CD, g->dgg,
@@ -653,8 +685,8 @@ static void attention_forward(ct_graph *g, const lora_ctx *lc, int l, const void
     lora_fwd(g, lc, l, CT_MOD_O, a->h, H, oin, Q, T, 0, kept(g, lc, a, U_O, 0));
 }
 
-/* Its backward from g->dh to g->dxn. */
-static void attention_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_acts *a)
+/* Its backward from dh to g->dxn. */
+static void attention_backward(ct_graph *g, const lora_ctx *lc, int l, const layer_acts *a, const void *dh)
 {
     const ct_model_config *c = &g->m->cfg;
     const ct_layer_weights *w = &g->m->layers[l];
@@ -665,8 +697,8 @@ static void attention_backward(ct_graph *g, const lora_ctx *lc, int l, const lay
     bool gated = model_attn_gated(c);
     void *qkv_lin = c->qk_norm ? a->qkv_raw : a->qkv;
 
-    model_linear_bwd_input(MODEL_W(g->m, l, wo), g->dattn, Q, g->dh, H, T, Q, H, 0);
-    lora_bwd(g, lc, l, CT_MOD_O, g->dattn, Q, g->dh, H, gated ? a->gated : a->attn, Q, T, 0, kept(g, lc, a, U_O, 0));
+    model_linear_bwd_input(MODEL_W(g->m, l, wo), g->dattn, Q, dh, H, T, Q, H, 0);
+    lora_bwd(g, lc, l, CT_MOD_O, g->dattn, Q, dh, H, gated ? a->gated : a->attn, Q, T, 0, kept(g, lc, a, U_O, 0));
     if (gated) /* in place: dattn becomes the gradient of the ungated output */
         be->sigmoid_gate_bwd(be, g->dattn, Q, act_at(g, g->dqkv, Q), QKV, g->dattn, Q, a->attn, Q,
                              act_at(g, qkv_lin, Q), QKV, D, T, nq, D);
@@ -694,7 +726,8 @@ static void attention_backward(ct_graph *g, const lora_ctx *lc, int l, const lay
 
 /* out NULL: the checkpointing recompute, which needs what backward reads and
  * not the output (already computed by the first forward): it stops after the
- * MLP norm for dense layers and before the expert un-permute for sparse ones. */
+ * MLP norm for dense layers (before it with hn_per_chunk) and before the expert
+ * un-permute for sparse ones. */
 static void layer_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x, void *out, layer_acts *a)
 {
     const ct_model_config *c = &g->m->cfg;
@@ -707,7 +740,8 @@ static void layer_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x,
     if (layer_gdn(c, l)) gdn_forward(g, lc, l, x, a);
     else attention_forward(g, lc, l, x, a);
 
-    be->rmsnorm_fwd(be, a->hn, H, a->rstd2, a->h, H, w->mlp_norm, c->norm_zero_centred, T, 1, H, eps);
+    if (!a->hn_per_chunk) /* else the MLP norms each chunk (mlp_input) */
+        be->rmsnorm_fwd(be, a->hn, H, a->rstd2, a->h, H, w->mlp_norm, c->norm_zero_centred, T, 1, H, eps);
     if (c->layer_sparse[l]) {
         moe_lora ml = moe_lora_of(lc);
         moe_forward(g->moe, &ml, l, ws_of(g, l), a->hn, a->h, out, T, lc->moe_stats);
@@ -716,14 +750,16 @@ static void layer_forward(ct_graph *g, const lora_ctx *lc, int l, const void *x,
     }
 }
 
-/* d holds the gradient of the layer's output on entry and of its input on exit:
- * the output gradient is last read before the input gradient is first written. */
+/* d holds the gradient of the layer's output on entry, of h (the mixer's output)
+ * in between and of the layer's input on exit: each is last read before the next
+ * is first written. */
 static void layer_backward(ct_graph *g, const lora_ctx *lc, int l, const void *x, void *d, const layer_acts *a)
 {
     const ct_model_config *c = &g->m->cfg;
     const ct_layer_weights *w = &g->m->layers[l];
     ct_backend *be = g->be;
     int T = g->T, H = c->hidden_size;
+    float eps = (float)c->rms_norm_eps;
 
     /* MLP: out = h + down(swiglu(gu(norm(h)))), or out = h + MoE(norm(h)) */
     if (c->layer_sparse[l]) {
@@ -732,12 +768,16 @@ static void layer_backward(ct_graph *g, const lora_ctx *lc, int l, const void *x
     } else {
         mlp_backward(g, lc, l, a, d);
     }
-    be->rmsnorm_bwd(be, g->dh, H, g->dhn, H, a->h, H, a->rstd2, w->mlp_norm, c->norm_zero_centred, T, 1, H, d, H);
+    /* d becomes the gradient of h (in place: the op reads each element of its
+     * residual input before writing it) */
+    be->rmsnorm_bwd(be, d, H, g->dhn, H, a->h, H, a->rstd2, w->mlp_norm, c->norm_zero_centred, T, 1, H, d, H);
+    if (a->xn == a->h) /* h is dead now; the same bits as the forward's xn */
+        be->rmsnorm_fwd(be, a->xn, H, a->rstd1, x, H, w->attn_norm, c->norm_zero_centred, T, 1, H, eps);
 
     /* the mixer: h = x + attention(norm(x)) or x + GDN(norm(x)) */
-    if (layer_gdn(c, l)) gdn_backward(g, lc, l, a);
-    else attention_backward(g, lc, l, a);
-    be->rmsnorm_bwd(be, d, H, g->dxn, H, x, H, a->rstd1, w->attn_norm, c->norm_zero_centred, T, 1, H, g->dh, H);
+    if (layer_gdn(c, l)) gdn_backward(g, lc, l, a, d);
+    else attention_backward(g, lc, l, a, d);
+    be->rmsnorm_bwd(be, d, H, g->dxn, H, x, H, a->rstd1, w->attn_norm, c->norm_zero_centred, T, 1, H, d, H);
 }
 
 static layer_acts *acts_of(ct_graph *g, int l) { return &g->ws[ws_of(g, l)]; }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "nccl.h"
@@ -92,6 +93,13 @@ int dist_env_read(ct_dist_env *e, ct_error *err)
 
 /* ---- the watchdog ---- */
 
+/* How often the watchdog looks, and how much longer than the timeout a rank
+ * waits on a peer in a collective: the peer's own watchdog must end it first,
+ * so that the stuck rank is the first to fail and the one the launcher names
+ * (with equal limits the waiting rank sometimes gave up first). */
+#define WATCHDOG_POLL_S 0.25
+#define WAIT_SLACK_S 2.0
+
 /* A rank that shows no progress for the timeout is stuck where no receive
  * times out (a GPU wait behind an NCCL collective whose peer died): it ends
  * itself, which closes its sockets, so the ranks waiting on it hear of it. */
@@ -99,7 +107,7 @@ static void *watchdog_main(void *arg)
 {
     ct_dist *d = arg;
     while (!atomic_load(&d->stopping)) {
-        sleep(1);
+        nanosleep(&(struct timespec){0, (long)(WATCHDOG_POLL_S * 1e9)}, NULL);
         double idle = ct_now() - atomic_load(&d->last_beat);
         if (idle > d->timeout_s && !atomic_load(&d->stopping) && !atomic_load(&d->in_collective)) {
             fprintf(stderr, "\nerror: rank %d: no progress for %g s after step %lld (stuck on the GPU or waiting "
@@ -129,7 +137,7 @@ ct_dist *dist_open(const ct_dist_env *e, ct_backend *be, double timeout_s, bool 
     snprintf(d->describe, sizeof d->describe, "one process");
     if (d->world == 1) return d;
     if (!(d->group = tcp_group_open(e->master_addr, e->master_port, e->rank, e->world, timeout_s, err))) goto fail;
-    tcp_group_set_timeout(d->group, timeout_s);
+    tcp_group_set_timeout(d->group, timeout_s + WAIT_SLACK_S);
     snprintf(d->describe, sizeof d->describe, "gradients summed through rank 0 over TCP");
     if (be->native_stream && !host_reduce) {
         /* NVLink multicast (NVLS) can take a shared host's GPUs out of service

@@ -12,6 +12,11 @@
 # tokens each). Activations, offload and chunking take the same memory as for one
 # 524288-token sequence (attention keeps O(T) state: q, k, v, out, lse); only
 # the attention FLOPs differ, which is what makes this step minutes, not an hour.
+# Part 4 (qlora70b, not in the default PARTS): the llama3.1-70b shape at full depth
+# in 4 bits: `ctune init --quantize nf4` writes the folder (37 GB) to MODELS_70B
+# (default /tmp: host memory stays free for the offloaded inputs), STEPS steps at
+# 16k tokens per step, the plan of one 131072-token sequence, and one measured
+# optimizer step on it. About 10 minutes on the H200 machine.
 #   STEPS=6 WARMUP=2 LAYERS=2 PARTS="modes long fulldepth" bash scripts/bench_memory.sh
 # Writes $OUT/memory.jsonl and prints a table. Peak VRAM: the most nvidia-smi
 # reported in use while the run ran (100 ms samples; includes the CUDA context).
@@ -88,7 +93,7 @@ if has long; then
         # the largest micro-batch the plan accepts: ask for far more and read the refusal
         "$B/ctune" train $cfg $common --set data.tokens_per_micro_batch=$((LONG * 64)) --set output_dir=$OUT/dry \
             --dry-run >"$OUT/plan-$shape-max.log" 2>&1
-        max=$(grep -o 'tokens_per_micro_batch to [0-9]*' "$OUT/plan-$shape-max.log" | grep -o '[0-9]*$')
+        max=$(grep -o 'tokens_per_micro_batch that fits is [0-9]*' "$OUT/plan-$shape-max.log" | grep -o '[0-9]*$')
         total=$(grep -o 'total on the device *[0-9.]* GiB' "$OUT/plan-$shape-$LONG.log" | grep -o '[0-9.]* GiB')
         off=$(grep -o 'inputs of layers 0-[0-9]*' "$OUT/plan-$shape-$LONG.log" | grep -o '[0-9]*$')
         echo "{\"run\": \"plan $shape $LONG\", \"rc\": $rc, \"plan_device\": \"$total\", \"offloaded_up_to_layer\": \"${off:-none}\", \"max_tokens_per_micro_batch\": ${max:-null}}" >>"$OUT/memory.jsonl"
@@ -127,6 +132,43 @@ if has fulldepth; then
     record "llama3.1-8b 32 layers, $LONG tokens of documents, offload auto" "$run" "$run.log" $rc "$(peak_stop)" 0 \
         "{\"wall_s\": $(( $(date +%s) - t0 ))}"
     grep -A9 "memory plan" "$run.log"
+fi
+
+if has qlora70b; then
+    m70=${MODELS_70B:-/tmp}/llama3.1-70b-nf4 L70=131072
+    if [ ! -f "$m70/config.json" ]; then
+        t0=$(date +%s)
+        "$B/ctune" init --config configs/models/llama3.1-70b/config.json --out "$m70" --seed 0 --quantize nf4 \
+            >"$OUT/init-70b.log" 2>&1 || { echo "bench_memory: init of $m70 failed (see $OUT/init-70b.log)"; exit 1; }
+        echo "{\"run\": \"llama3.1-70b ctune init --quantize nf4\", \"wall_s\": $(( $(date +%s) - t0 ))}" >>"$OUT/memory.jsonl"
+    fi
+    d=data/bench-long-128256-$L70
+    [ -f "$d/train.shard" ] || {
+        python3 -c "import json,random; r=random.Random(3); [print(json.dumps({'input_ids': [r.randrange(128256) for _ in range($L70)]})) for _ in range(2)]" >"$OUT/long70.jsonl"
+        "$B/ctune" prepare --in "$OUT/long70.jsonl" --out "$d" --vocab-size 128256 --eval-fraction 0 >/dev/null; }
+    run=$OUT/llama70b-nf4-16k
+    rm -rf "$run"
+    peak_start
+    "$B/ctune" train configs/llama3.1-8b.yaml --set model="$m70" --set output_dir="$run" \
+        --set "data.train_files=[$data/train.shard]" --set "data.eval_files=[]" --set training.max_steps="$STEPS" \
+        --set training.warmup_steps=1 --set training.logging_steps=1 --set training.save_steps=0 \
+        --set training.eval_steps=0 >"$run.log" 2>&1
+    rc=$?
+    record "llama3.1-70b nf4, 16384 tokens per step" "$run" "$run.log" $rc "$(peak_stop)" "$WARMUP" "{}"
+    common="--set model=$m70 --set data.train_files=[$d/train.shard] --set data.eval_files=[]
+            --set data.max_length=$L70 --set data.tokens_per_micro_batch=$L70 --set training.max_steps=1
+            --set training.warmup_steps=0 --set training.logging_steps=1 --set training.save_steps=0 --set training.eval_steps=0"
+    "$B/ctune" train configs/llama3.1-8b.yaml $common --set output_dir=$OUT/dry --dry-run >"$OUT/plan-70b-$L70.log" 2>&1
+    echo "{\"run\": \"plan llama3.1-70b nf4 $L70\", \"rc\": $?}" >>"$OUT/memory.jsonl"
+    grep -A9 "memory plan" "$OUT/plan-70b-$L70.log"
+    run=$OUT/llama70b-nf4-$L70
+    rm -rf "$run"
+    peak_start
+    t0=$(date +%s)
+    "$B/ctune" train configs/llama3.1-8b.yaml $common --set output_dir=$run >"$run.log" 2>&1
+    rc=$?
+    record "llama3.1-70b nf4, one $L70-token sequence" "$run" "$run.log" $rc "$(peak_stop)" 0 \
+        "{\"wall_s\": $(( $(date +%s) - t0 ))}"
 fi
 
 python3 - "$OUT/memory.jsonl" <<'PY'

@@ -10,7 +10,9 @@
 # qwen3-30b-a3b (57 GiB) does not fit the GPU machine's disk but may fit a
 # tmpfs (MODELS=/dev/shm, if it has the room; check `df -h /dev/shm`).
 # CTUNE_MODES (default "ckpt"; any of ckpt, nockpt, ckpt-auto) picks ctune's
-# activation checkpointing (ckpt-auto: memory.checkpoint_layers auto); HF=0 skips
+# activation checkpointing (ckpt-auto: memory.checkpoint_layers auto); a mode with
+# "-mxfp4" appended (ckpt-mxfp4, ckpt-auto-mxfp4) trains from a folder whose experts
+# `ctune init --quantize mxfp4` stored in MXFP4, as gpt-oss ships; HF=0 skips
 # the HF runs. LORA_TARGETS (e.g. "q_proj,k_proj,v_proj,o_proj") overrides the
 # config's lora.target_modules for ctune's runs (and labels them). HF trains packed via position_ids with sdpa and no checkpointing
 # (its fastest setting that fits); gpt_oss has only eager
@@ -61,11 +63,17 @@ PY
         "$B/ctune" prepare --in "$OUT/data-$vocab.jsonl" --out "$data" --vocab-size "$vocab" >/dev/null
     fi
     for cmode in $CTUNE_MODES; do
-    ck=true cl=all; [ "$cmode" = nockpt ] && ck=false; [ "$cmode" = ckpt-auto ] && cl=auto
+    base=${cmode%-mxfp4} m=$model
+    ck=true cl=all; [ "$base" = nockpt ] && ck=false; [ "$base" = ckpt-auto ] && cl=auto
+    if [ "$base" != "$cmode" ]; then
+        m=$model-mxfp4
+        [ -f "$m/config.json" ] || "$B/ctune" init --config "$model/config.json" --out "$m" --seed 0 \
+            --quantize mxfp4 >/dev/null
+    fi
     run=$OUT/ctune-$shape-$cmode
     rm -rf "$run" "$OUT/trace-$shape"
     peak_start
-    CTUNE_TRACE=$OUT/trace-$shape "$B/ctune" train configs/$shape.yaml --set model="$model" --set output_dir="$run" \
+    CTUNE_TRACE=$OUT/trace-$shape "$B/ctune" train configs/$shape.yaml --set model="$m" --set output_dir="$run" \
         --set "data.train_files=[$data/train.shard]" --set "data.eval_files=[]" --set data.tokens_per_micro_batch=$TPMB \
         --set training.max_steps="$STEPS" --set training.warmup_steps=2 --set training.logging_steps=1 \
         --set training.save_steps=0 --set training.eval_steps=0 --set memory.gradient_checkpointing=$ck --set memory.checkpoint_layers=$cl \

@@ -84,6 +84,7 @@ TEST(defaults_match_documented_values)
     CHECK(c->training.logging_steps == 10 && c->training.eval_steps == 100 && c->training.save_steps == 200, "cadence");
     CHECK(c->training.save_total_limit == 3 && c->training.resume_mode == CT_RESUME_AUTO, "save/resume");
     CHECK(c->memory.gradient_checkpointing && c->memory.activation_offload == CT_TRI_AUTO, "memory");
+    CHECK(c->memory.gpu_memory_limit == 0, "no GPU memory limit by default: %g", c->memory.gpu_memory_limit);
     CHECK(c->device == CT_DEVICE_AUTO && !c->model[0] && !c->output_dir[0] && !c->source_path[0], "top level");
     free(c);
 }
@@ -195,6 +196,8 @@ TEST(out_of_range_values_are_rejected)
     /* the trainer loads 2 x gradient_accumulation_steps + 2 micro-batches ahead, as an int */
     EXPECT_LOAD_ERROR("range10.yaml", "training:\n  gradient_accumulation_steps: 1073741824\n", 2,
                       "training.gradient_accumulation_steps: 1073741824 is out of range (expected an integer in [1, 65536])");
+    EXPECT_LOAD_ERROR("range11.yaml", "memory:\n  gpu_memory_limit: -19\n", 2,
+                      "memory.gpu_memory_limit: -19 is out of range (expected a number of GiB >= 0 (0: no limit))");
 }
 
 TEST(max_steps_minus_one_selects_epochs)
@@ -576,6 +579,8 @@ TEST(set_overrides_every_kind_of_value)
     CHECK(config_set(c, "data.eval_files=e.shard", &e) == CT_OK && c->data.n_eval_files == 1, "one file: %s", e.msg);
     CHECK(config_set(c, "data.eval_files=", &e) == CT_OK && c->data.n_eval_files == 0, "clear: %s", e.msg);
     CHECK(config_set(c, "memory.activation_offload=on", &e) == CT_OK && c->memory.activation_offload == CT_TRI_ON, "tri");
+    CHECK(config_set(c, "memory.gpu_memory_limit=19.5", &e) == CT_OK && c->memory.gpu_memory_limit == 19.5, "limit: %s",
+          e.msg);
     CHECK(config_set(c, "training.resume_from_checkpoint=false", &e) == CT_OK &&
           c->training.resume_mode == CT_RESUME_FALSE, "resume false: %s", e.msg);
     CHECK(config_set(c, "training.resume_from_checkpoint=runs/x/checkpoint-50", &e) == CT_OK &&

@@ -292,6 +292,45 @@ TEST(auto_checkpoint_layers_keeps_the_most_layers_that_fit)
           p.opt.offload_layers);
 }
 
+/* memory.gpu_memory_limit: the budget is what the limit leaves after what is
+ * held and the margin, or the free memory less the margin, whichever is less. */
+TEST(gpu_memory_limit_caps_the_device_budget)
+{
+    const size_t G = (size_t)1 << 30;
+    CHECK(memory_plan_device_budget(10 * G, 0, 3 * G) == 10 * G - CT_PLAN_MARGIN, "no limit");
+    CHECK(memory_plan_device_budget(10 * G, 8 * G, 3 * G) == 8 * G - 3 * G - CT_PLAN_MARGIN, "a limit that binds");
+    CHECK(memory_plan_device_budget(10 * G, 100 * G, 3 * G) == 10 * G - CT_PLAN_MARGIN, "a limit above what is free");
+    CHECK(memory_plan_device_budget(10 * G, 3 * G, 3 * G) == 0, "a limit the weights already take");
+    CHECK(memory_plan_device_budget(CT_PLAN_MARGIN / 2, 0, 0) == 0, "less free than the margin");
+}
+
+/* Under a limit the plan offloads as it would when short of free memory, and a
+ * refusal says that the limit is what it ran into. */
+TEST(a_binding_limit_offloads_and_a_refusal_names_it)
+{
+    ct_memory_config m = mem(true, CT_TRI_AUTO);
+    ct_memory_plan none, p;
+    ct_error err = {0};
+    REQUIRE(memory_plan_choose(&model, NULL, &m, T, SIZE_MAX, SIZE_MAX, &none, &err) == CT_OK, "%s", err.msg);
+    size_t layer = (size_t)T * model.cfg.hidden_size * be->act_bytes, held = model.weight_bytes;
+    size_t limit = held + CT_PLAN_MARGIN + graph_need(&none) - 2 * layer; /* 2 layers short, as above */
+    m.gpu_memory_limit = (double)limit / (double)((size_t)1 << 30);
+    size_t budget = memory_plan_device_budget(SIZE_MAX / 2, (size_t)(m.gpu_memory_limit * ((size_t)1 << 30)), held);
+    REQUIRE(budget <= limit - held - CT_PLAN_MARGIN && budget + 256 >= limit - held - CT_PLAN_MARGIN, "budget %zu",
+            budget);
+    REQUIRE(memory_plan_choose(&model, NULL, &m, T, budget, SIZE_MAX, &p, &err) == CT_OK, "%s", err.msg);
+    CHECK(p.fits && p.opt.offload_layers == 4 && p.device_limit > 0, "k=%d limit %zu", p.opt.offload_layers,
+          p.device_limit);
+    ct_memory_config off = m;
+    off.activation_offload = CT_TRI_OFF;
+    CHECK(memory_plan_choose(&model, NULL, &off, T, budget, SIZE_MAX, &p, &err) == CT_ERR_INPUT, "fits");
+    CHECK(strstr(err.msg, "under memory.gpu_memory_limit (") != NULL, "%s", err.msg);
+    ct_memory_config unlimited = off;
+    unlimited.gpu_memory_limit = 0;
+    CHECK(memory_plan_choose(&model, NULL, &unlimited, T, budget, SIZE_MAX, &p, &err) == CT_ERR_INPUT, "fits");
+    CHECK(strstr(err.msg, "gpu_memory_limit") == NULL, "a limit named that was not set: %s", err.msg);
+}
+
 int main(void)
 {
     (void)fixture_batch;
@@ -314,6 +353,8 @@ int main(void)
     RUN(no_checkpointing_keeps_every_layer);
     RUN(mlp_chunking_bounds_the_working_set);
     RUN(auto_checkpoint_layers_keeps_the_most_layers_that_fit);
+    RUN(gpu_memory_limit_caps_the_device_budget);
+    RUN(a_binding_limit_offloads_and_a_refusal_names_it);
     model_free(&model);
     be->destroy(be);
     char cmd[128];

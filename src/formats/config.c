@@ -141,6 +141,7 @@ static const key_spec keys[] = {
     ENUMK("memory.checkpoint_layers", memory.checkpoint_layers, ckpt_layer_names, "all or auto"),
     ENUMK("memory.activation_offload", memory.activation_offload, tri_names, "auto, on or off"),
     INTK("memory.offload_buffers", memory.offload_buffers, 1, 2, 0, "1 or 2"),
+    FLTK("memory.gpu_memory_limit", memory.gpu_memory_limit, 0, INFINITY, 0, "a number of GiB >= 0 (0: no limit)"),
     FLTK("distributed.timeout_seconds", distributed.timeout_seconds, 0, INFINITY, LO_OPEN, "a number of seconds > 0"),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -152,7 +153,7 @@ static const char *const sections[] = { "lora", "data", "training", "memory", "d
 static const char *const aliases[][2] = {
     { "rank", "lora.r" }, { "lora_r", "lora.r" }, { "alpha", "lora.lora_alpha" },
     { "dropout", "lora.lora_dropout" }, { "lora_target_modules", "lora.target_modules" },
-    { "base_model", "model" }, { "model_name_or_path", "model" },
+    { "gpu_memory_limit", "memory.gpu_memory_limit" }, { "base_model", "model" }, { "model_name_or_path", "model" },
     { "lr", "training.learning_rate" }, { "epochs", "training.num_train_epochs" },
     { "num_epochs", "training.num_train_epochs" }, { "lr_scheduler", "training.lr_scheduler_type" },
     { "warmup", "training.warmup_steps" }, { "gradient_accumulation", "training.gradient_accumulation_steps" },

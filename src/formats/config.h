@@ -19,7 +19,7 @@
  * scanner costs O(depth) per token, so a megabyte of '[' took minutes; deeper
  * input is refused while it is scanned, before the cost grows. */
 #define CT_CONFIG_MAX_DEPTH 64
-#define CT_CONFIG_KEYS 43                 /* keys in config.c's table */
+#define CT_CONFIG_KEYS 44                 /* keys in config.c's table */
 #define CT_ORIGIN_MAX (CT_PATH_MAX + 32)  /* "FILE:LINE", or "--set KEY=VALUE" cut to 300 characters */
 
 typedef enum { CT_SCHED_CONSTANT, CT_SCHED_LINEAR, CT_SCHED_COSINE } ct_sched_type;
@@ -86,6 +86,7 @@ typedef struct ct_memory_config {
     ct_checkpoint_layers checkpoint_layers;
     ct_tristate activation_offload;
     int offload_buffers;       /* device staging buffers for offloaded inputs: 2 overlaps copies (default), 1 saves one */
+    double gpu_memory_limit;   /* GiB of GPU memory the run may hold, the plan keeping within it; 0: what is free */
 } ct_memory_config;
 
 /* Several ranks (dist.h): how long a rank waits on another before it stops the run. */

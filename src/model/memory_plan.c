@@ -18,6 +18,12 @@ static size_t round256(size_t b) { return (b + 255) & ~(size_t)255; }
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
+/* memory.gpu_memory_limit in bytes (0: none). */
+static size_t limit_bytes(const ct_memory_config *mem)
+{
+    return mem->gpu_memory_limit > 0 ? (size_t)(mem->gpu_memory_limit * (double)((size_t)1 << 30)) : 0;
+}
+
 static bool is_expert_module(const ct_model_config *c, int mod)
 {
     return c->num_experts > 0 && (mod == CT_MOD_GATE || mod == CT_MOD_UP || mod == CT_MOD_DOWN);
@@ -252,6 +258,7 @@ int memory_plan_choose(const ct_model *m, const ct_lora *lo, const ct_memory_con
     plan->backend = m->be->name;
     plan->available = available;
     plan->host_available = host_available;
+    plan->device_limit = host_available == CT_PLAN_SHARED ? 0 : limit_bytes(mem);
     if (mem->activation_offload == CT_TRI_ON && !mem->gradient_checkpointing)
         return CT_FAIL_INPUT(err, "memory.activation_offload: on needs memory.gradient_checkpointing: true "
                              "(offload moves the saved layer inputs, which exist only with checkpointing)");
@@ -274,7 +281,9 @@ int memory_plan_choose(const ct_model *m, const ct_lora *lo, const ct_memory_con
         snprintf(fix + n, sizeof fix - (size_t)n, " (%d with " SAVINGS ")", good_best);
     else if (good == 0)
         snprintf(fix, sizeof fix, "not even 1 token fits: the weights and LoRA state alone leave too little (use %s)",
-                 host_available == CT_PLAN_SHARED ? "a machine with more memory" : "a larger GPU");
+                 host_available == CT_PLAN_SHARED ? "a machine with more memory"
+                 : plan->device_limit             ? "a higher memory.gpu_memory_limit or a larger GPU"
+                                                  : "a larger GPU");
 #undef SAVINGS
     double gib = 1.0 / (1 << 30);
     if (host_available != CT_PLAN_SHARED && host_available != SIZE_MAX && plan->graph.host > host_available)
@@ -283,9 +292,12 @@ int memory_plan_choose(const ct_model *m, const ct_lora *lo, const ct_memory_con
                              capacity, plan->graph.host * gib, host_available * gib, fix);
     size_t need = plan->device_total - plan->weights - plan->lora_optim +
                   (host_available == CT_PLAN_SHARED ? plan->graph.host : 0);
+    char limit[96] = "";
+    if (plan->device_limit)
+        snprintf(limit, sizeof limit, " under memory.gpu_memory_limit (%g GiB)", mem->gpu_memory_limit);
     return CT_FAIL_INPUT(err, "memory plan: %d tokens per micro-batch need %.2f GiB of %s memory for activations "
-                         "and workspace, %.2f GiB available after weights and LoRA; %s",
-                         capacity, need * gib, plan->backend, available * gib, fix);
+                         "and workspace, %.2f GiB available after weights and LoRA%s; %s",
+                         capacity, need * gib, plan->backend, available * gib, limit, fix);
 }
 
 /* What can be read from /proc/self/status FIELD ("VmSize:"), in bytes, or 0. */
@@ -329,6 +341,14 @@ static size_t host_memory_available(void)
     return min_sz(avail, rlimit_left(RLIMIT_DATA, "VmData:"));
 }
 
+size_t memory_plan_device_budget(size_t free, size_t limit, size_t held)
+{
+    size_t avail = free > CT_PLAN_MARGIN ? free - CT_PLAN_MARGIN : 0;
+    if (limit == 0) return avail;
+    size_t under = limit > held + CT_PLAN_MARGIN ? limit - held - CT_PLAN_MARGIN : 0;
+    return min_sz(avail, under);
+}
+
 int memory_plan_make(const ct_model *m, const ct_lora *lo, const ct_memory_config *mem, int capacity,
                      ct_memory_plan *plan, ct_error *err)
 {
@@ -336,9 +356,14 @@ int memory_plan_make(const ct_model *m, const ct_lora *lo, const ct_memory_confi
     size_t host = host_memory_available();
     /* leave the host a quarter of what is free for everything else (data, page cache) */
     if (host != SIZE_MAX) host -= host / 4;
-    if (!be->memory_free) return memory_plan_choose(m, lo, mem, capacity, host, CT_PLAN_SHARED, plan, err);
-    size_t f = be->memory_free(be);
-    size_t avail = f > CT_PLAN_MARGIN ? f - CT_PLAN_MARGIN : 0;
+    if (!be->memory_free) {
+        if (mem->gpu_memory_limit > 0)
+            fprintf(stderr, "note: memory.gpu_memory_limit (%g GiB) applies to a GPU; the %s backend plans host "
+                    "memory and ignores it\n", mem->gpu_memory_limit, be->name);
+        return memory_plan_choose(m, lo, mem, capacity, host, CT_PLAN_SHARED, plan, err);
+    }
+    size_t held = m->weight_bytes + (lo ? lo->n_params * 4 * sizeof(float) : 0);
+    size_t avail = memory_plan_device_budget(be->memory_free(be), limit_bytes(mem), held);
     return memory_plan_choose(m, lo, mem, capacity, avail, host, plan, err);
 }
 
@@ -377,9 +402,12 @@ void memory_plan_print(const ct_memory_plan *p, FILE *f)
     fprintf(f, "  batch metadata       %s\n", size_str(b, sizeof b, p->graph.batch));
     fprintf(f, "  total %-14s %s", strcmp(p->backend, "cpu") ? "on the device" : "(host memory)",
             size_str(b, sizeof b, p->device_total));
+    char limit[64] = "";
+    if (p->device_limit)
+        snprintf(limit, sizeof limit, "; memory.gpu_memory_limit %.2f GiB", (double)p->device_limit / (1 << 30));
     if (p->available != SIZE_MAX)
-        fprintf(f, "  (%s available for activations and workspace: %s)\n", size_str(h, sizeof h, p->available),
-                p->fits ? "fits" : "does NOT fit");
+        fprintf(f, "  (%s available for activations and workspace%s: %s)\n", size_str(h, sizeof h, p->available),
+                limit, p->fits ? "fits" : "does NOT fit");
     else
         fprintf(f, "\n");
     fflush(f); /* before the training log, which the user reads next */

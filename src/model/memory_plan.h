@@ -37,6 +37,7 @@ typedef struct ct_memory_plan {
                                * LoRA, less the margin; SIZE_MAX when unknown */
     size_t host_available;    /* host memory for offloaded inputs (SIZE_MAX: unknown;
                                * CT_PLAN_SHARED: they count against available) */
+    size_t device_limit;      /* memory.gpu_memory_limit in bytes; 0: none */
     bool fits;
 } ct_memory_plan;
 
@@ -57,8 +58,15 @@ typedef struct ct_memory_plan {
  * (plan->fits says which). */
 int memory_plan_choose(const ct_model *m, const ct_lora *lo, const ct_memory_config *mem, int capacity,
                        size_t available, size_t host_available, ct_memory_plan *plan, ct_error *err);
+/* What the graph and workspace may take on the device: `free` (the device's
+ * free memory less CT_PLAN_MARGIN), or under a limit of `limit` bytes for the
+ * whole run (memory.gpu_memory_limit; 0: none) what the limit leaves after the
+ * `held` bytes already allocated (weights, LoRA state) and CT_PLAN_MARGIN (the
+ * CUDA context and libraries), whichever is less. */
+size_t memory_plan_device_budget(size_t free, size_t limit, size_t held);
 /* memory_plan_choose with what the backend and the host have free now: the
- * device's free memory less CT_PLAN_MARGIN; for the host (and the CPU backend,
+ * device's budget above (memory.gpu_memory_limit applies to a GPU only; the
+ * CPU backend notes that it ignores it); for the host (and the CPU backend,
  * whose memory it is) three quarters of the least of MemAvailable and what
  * RLIMIT_AS (ulimit -v) and RLIMIT_DATA leave this process. */
 int memory_plan_make(const ct_model *m, const ct_lora *lo, const ct_memory_config *mem, int capacity,

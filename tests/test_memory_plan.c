@@ -292,6 +292,46 @@ TEST(auto_checkpoint_layers_keeps_the_most_layers_that_fit)
           p.opt.offload_layers);
 }
 
+/* Short of memory even with every input offloaded, the plan halves the MLP
+ * chunk and takes the longest one that fits; never below the minimum. */
+TEST(short_of_memory_the_mlp_chunk_halves)
+{
+    enum { LONG = 4 * CT_MLP_CHUNK_TOKENS };
+    ct_memory_config on = mem(true, CT_TRI_ON);
+    on.offload_buffers = 1; /* else one staging buffer less is tried first */
+    ct_memory_plan full, p;
+    ct_error err = {0};
+    REQUIRE(memory_plan_choose(&model, NULL, &on, LONG, SIZE_MAX, SIZE_MAX, &full, &err) == CT_OK, "%s", err.msg);
+    REQUIRE(full.opt.mlp_chunk == CT_MLP_CHUNK_TOKENS, "chunk %d with memory to spare", full.opt.mlp_chunk);
+    /* a half chunk saves gu and act in the workspace, 3I per token, and hn there
+     * (dgu and dact sit in a scratch that dqkv bounds from below at this length) */
+    size_t A = be->act_bytes, per_token = (3 * (size_t)model.cfg.intermediate_size + model.cfg.hidden_size) * A;
+    size_t avail = graph_need(&full) - per_token * CT_MLP_CHUNK_TOKENS / 2 * 3 / 4; /* 3/4 of that short */
+    REQUIRE(memory_plan_choose(&model, NULL, &on, LONG, avail, SIZE_MAX, &p, &err) == CT_OK, "%s", err.msg);
+    CHECK(p.fits && p.opt.mlp_chunk == CT_MLP_CHUNK_TOKENS / 2, "chunk %d", p.opt.mlp_chunk);
+    CHECK(graph_need(&p) <= avail, "the plan needs %zu of %zu", graph_need(&p), avail);
+    /* the longest that fits: twice as long does not */
+    ct_graph_sizes twice;
+    ct_graph_options o = p.opt;
+    o.mlp_chunk *= 2;
+    graph_measure(&model, &o, &twice);
+    CHECK(twice.saved_device + twice.staging + twice.working + twice.batch + p.workspace > avail,
+          "chunk %d fits too", o.mlp_chunk);
+    /* not even the shortest chunk fits: refused, the plan left at the shortest */
+    ct_graph_options shortest = p.opt;
+    shortest.mlp_chunk = CT_MLP_CHUNK_TOKENS_MIN;
+    ct_graph_sizes s;
+    graph_measure(&model, &shortest, &s);
+    size_t too_little = s.saved_device + s.staging + s.working + s.batch + p.workspace - 1;
+    CHECK(memory_plan_choose(&model, NULL, &on, LONG, too_little, SIZE_MAX, &p, &err) == CT_ERR_INPUT, "fits");
+    CHECK(p.opt.mlp_chunk == CT_MLP_CHUNK_TOKENS_MIN, "chunk %d", p.opt.mlp_chunk);
+    /* without checkpointing there are no chunks to shorten */
+    ct_memory_config off = mem(false, CT_TRI_OFF);
+    REQUIRE(memory_plan_choose(&model, NULL, &off, 4096, SIZE_MAX, SIZE_MAX, &full, &err) == CT_OK, "%s", err.msg);
+    CHECK(memory_plan_choose(&model, NULL, &off, 4096, graph_need(&full) - 1, SIZE_MAX, &p, &err) == CT_ERR_INPUT &&
+              p.opt.mlp_chunk == 0, "chunk %d without checkpointing", p.opt.mlp_chunk);
+}
+
 /* memory.gpu_memory_limit: the budget is what the limit leaves after what is
  * held and the margin, or the free memory less the margin, whichever is less. */
 TEST(gpu_memory_limit_caps_the_device_budget)
@@ -353,6 +393,7 @@ int main(void)
     RUN(no_checkpointing_keeps_every_layer);
     RUN(mlp_chunking_bounds_the_working_set);
     RUN(auto_checkpoint_layers_keeps_the_most_layers_that_fit);
+    RUN(short_of_memory_the_mlp_chunk_halves);
     RUN(gpu_memory_limit_caps_the_device_budget);
     RUN(a_binding_limit_offloads_and_a_refusal_names_it);
     model_free(&model);

@@ -203,16 +203,16 @@ static bool experts_adapted(const ct_model *m, const ct_lora *lo)
            (lo->targeted[CT_MOD_GATE] || lo->targeted[CT_MOD_UP] || lo->targeted[CT_MOD_DOWN]);
 }
 
-/* The first layout that fits, in the order `mode` prefers; false if none. With
- * checkpoint_layers auto (and offload not forced on), keeping the last layers'
- * intermediates comes before offloading: it saves recompute time, offload only
- * frees memory. */
-static bool choose_layout(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const ct_memory_config *mem,
-                          int capacity)
+/* The first layout that fits with MLP chunks of `chunk` tokens, in the order
+ * `mode` prefers; false if none. With checkpoint_layers auto (and offload not
+ * forced on), keeping the last layers' intermediates comes before offloading:
+ * it saves recompute time, offload only frees memory. */
+static bool choose_layout_at(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const ct_memory_config *mem,
+                             int capacity, int chunk)
 {
     int L = m->cfg.num_hidden_layers, max_buffers = mem->offload_buffers == 1 ? 1 : 2;
     ct_graph_options o = {.capacity = capacity, .checkpointing = mem->gradient_checkpointing,
-                          .mlp_chunk = mem->gradient_checkpointing ? CT_MLP_CHUNK_TOKENS : 0,
+                          .mlp_chunk = mem->gradient_checkpointing ? chunk : 0,
                           .lora_rank = lo ? lo->R : 0, .no_expert_lora = !experts_adapted(m, lo)};
     if (o.checkpointing && mem->checkpoint_layers == CT_CKPT_AUTO && mem->activation_offload != CT_TRI_ON) {
         o.keep_layers = most_kept_layers(p, m, lo, o);
@@ -236,6 +236,20 @@ static bool choose_layout(ct_memory_plan *p, const ct_model *m, const ct_lora *l
     o.offload_buffers = 1;
     fill(p, m, lo, &o);
     return p->fits;
+}
+
+/* choose_layout_at with CT_MLP_CHUNK_TOKENS, and with checkpointing, when
+ * nothing fits, with chunks half as long each time down to
+ * CT_MLP_CHUNK_TOKENS_MIN: the (chunk, 2I) intermediates are the one part of the
+ * working set that does not grow with the micro-batch, so the largest chunk that
+ * fits is taken (longer chunks keep the GEMMs larger). */
+static bool choose_layout(ct_memory_plan *p, const ct_model *m, const ct_lora *lo, const ct_memory_config *mem,
+                          int capacity)
+{
+    for (int chunk = CT_MLP_CHUNK_TOKENS;; chunk /= 2) {
+        if (choose_layout_at(p, m, lo, mem, capacity, chunk)) return true;
+        if (!mem->gradient_checkpointing || chunk / 2 < CT_MLP_CHUNK_TOKENS_MIN || chunk / 2 >= capacity) return false;
+    }
 }
 
 /* The largest micro-batch in [1, hi] whose plan fits under mem, or 0. */

@@ -17,6 +17,8 @@
 /* Tokens per dense-MLP chunk with checkpointing: (16384, 2I) intermediates are
  * 0.9 GiB at llama3.1-8b's I, and the GEMMs stay large enough to run at speed. */
 #define CT_MLP_CHUNK_TOKENS 16384
+/* The shortest chunk the plan falls back to when short of memory (memory_plan.c). */
+#define CT_MLP_CHUNK_TOKENS_MIN 2048
 /* Device memory the plan leaves unplanned: the CUDA context's own growth,
  * cuBLAS internals, allocator rounding. */
 #define CT_PLAN_MARGIN ((size_t)1 << 30)
@@ -50,7 +52,9 @@ typedef struct ct_memory_plan {
  * (from layer 0) with two buffers, else all with one. offload_buffers 1 caps
  * the staging buffers at one. checkpoint_layers auto (with checkpointing, offload
  * not on): the most layers, from the last, that keep their intermediates and
- * still fit without offload; when not even one does, as with all. CT_ERR_INPUT,
+ * still fit without offload; when not even one does, as with all. With
+ * checkpointing, when no layout fits, the same again with MLP chunks half as
+ * long, down to CT_MLP_CHUNK_TOKENS_MIN tokens. CT_ERR_INPUT,
  * naming what to change, when nothing fits or offload is asked without checkpointing:
  * "the largest data.tokens_per_micro_batch that fits is N" under these same
  * settings (N < capacity, and N fits here), and the larger size that every

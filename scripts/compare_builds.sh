@@ -14,8 +14,9 @@
 #   moe-256        tiny-moe at widths 256 (TMA grouped GEMMs, expert LoRA fused)
 #   moe-dropout    tiny-moe with LoRA dropout (the expert LoRA apart from the GEMM)
 #   gpt-oss        tiny-gpt-oss (clamped SwiGLU, sinks, sliding layers)
+#   qwen3-next     tiny-qwen3-next (Gated DeltaNet and gated attention layers, MoE)
 #
-# DEVICE=cpu runs tiny-d32, moe-dropout and gpt-oss on the CPU backend.
+# DEVICE=cpu runs tiny-d32, moe-dropout, gpt-oss and qwen3-next on the CPU backend.
 #   bash scripts/compare_builds.sh /tmp/before build      # OUT=/tmp/cmp STEPS=6
 # Exit status: the number of cases that differ.
 set -u
@@ -75,6 +76,7 @@ check() { # CASE MODEL DATA TPMB [--set ...]
 model tiny configs/models/tiny/config.json
 model moe configs/models/tiny-moe/config.json
 model gptoss configs/models/tiny-gpt-oss/config.json
+model q3next configs/models/tiny-qwen3-next/config.json
 data d384 384 300 1024
 data d384-eval 384 300 1024 8000
 if [ "$DEVICE" = cuda ]; then
@@ -96,10 +98,12 @@ if [ "$DEVICE" = cuda ]; then
     check moe-256 moe256 d384 4096
     check moe-dropout moe d384 4096 --set lora.lora_dropout=0.1
     check gpt-oss gptoss d384 4096
+    check qwen3-next q3next d384 4096
 else
     check tiny-d32 tiny d384 1024
     check moe-dropout moe d384 1024 --set lora.lora_dropout=0.1
     check gpt-oss gptoss d384 1024
+    check qwen3-next q3next d384 1024
 fi
 echo "compare_builds: $DIFFER case(s) differ"
 exit $DIFFER

@@ -14,6 +14,7 @@ SHAPES=${SHAPES:-qwen3-0.6b}
 STEPS=${STEPS:-30}
 WARMUP=${WARMUP:-5}
 HF_MODES=${HF_MODES-"packed packed-ckpt"}  # set empty for none
+GPU_MEMORY_LIMIT=${GPU_MEMORY_LIMIT:-}      # GiB: ctune's runs plan under memory.gpu_memory_limit (empty: none)
 CTUNE_MODES=${CTUNE_MODES-"ckpt nockpt"} # any of ckpt, nockpt, ckpt-auto (checkpoint_layers auto), ckpt-nf4 (QLoRA:
                                          # model_quantization nf4, double quant, quantized on load;
                                          # also nockpt-nf4 and ckpt-auto-nf4), ckpt-fp8 / nockpt-fp8
@@ -78,7 +79,7 @@ for shape in $SHAPES; do
     "$B/ctune" train configs/qwen3-0.6b.yaml --set model="$m" --set output_dir="$run" \
         --set "data.train_files=[$data/train.shard]" --set training.max_steps="$STEPS" \
         --set memory.gradient_checkpointing=$ck --set memory.checkpoint_layers=$cl --set model_quantization=$q \
-        --set base_precision=$bp \
+        --set base_precision=$bp ${GPU_MEMORY_LIMIT:+--set memory.gpu_memory_limit=$GPU_MEMORY_LIMIT} \
         --set training.warmup_steps=2 --set training.logging_steps=1 >"$run.log" 2>&1
     rc=$?
     peak=$(peak_stop)

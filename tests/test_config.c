@@ -197,7 +197,8 @@ TEST(out_of_range_values_are_rejected)
     EXPECT_LOAD_ERROR("range10.yaml", "training:\n  gradient_accumulation_steps: 1073741824\n", 2,
                       "training.gradient_accumulation_steps: 1073741824 is out of range (expected an integer in [1, 65536])");
     EXPECT_LOAD_ERROR("range11.yaml", "memory:\n  gpu_memory_limit: -19\n", 2,
-                      "memory.gpu_memory_limit: -19 is out of range (expected a number of GiB >= 0 (0: no limit))");
+                      "memory.gpu_memory_limit: -19 is out of range (expected a number of GiB in [0, 1048576] (0: no limit))");
+    EXPECT_LOAD_ERROR("range12.yaml", "memory:\n  gpu_memory_limit: 1e30\n", 2, "memory.gpu_memory_limit: 1e30 is out of range");
 }
 
 TEST(max_steps_minus_one_selects_epochs)

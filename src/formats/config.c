@@ -141,7 +141,8 @@ static const key_spec keys[] = {
     ENUMK("memory.checkpoint_layers", memory.checkpoint_layers, ckpt_layer_names, "all or auto"),
     ENUMK("memory.activation_offload", memory.activation_offload, tri_names, "auto, on or off"),
     INTK("memory.offload_buffers", memory.offload_buffers, 1, 2, 0, "1 or 2"),
-    FLTK("memory.gpu_memory_limit", memory.gpu_memory_limit, 0, INFINITY, 0, "a number of GiB >= 0 (0: no limit)"),
+    /* bounded so that the bytes fit a size_t */
+    FLTK("memory.gpu_memory_limit", memory.gpu_memory_limit, 0, 1048576, 0, "a number of GiB in [0, 1048576] (0: no limit)"),
     FLTK("distributed.timeout_seconds", distributed.timeout_seconds, 0, INFINITY, LO_OPEN, "a number of seconds > 0"),
 };
 #define N_KEYS (sizeof keys / sizeof keys[0])

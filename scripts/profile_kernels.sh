@@ -7,6 +7,7 @@
 set -u
 cfg=$1; skip=${2:-6000}; count=${3:-5000}; shift 3
 OUT=${OUT:-/tmp}
+mkdir -p "$OUT"
 ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip "$skip" --launch-count "$count" \
     build/ctune train "$cfg" --set output_dir=/tmp/prof-run --set training.resume_from_checkpoint=false "$@" \
     >"$OUT/ncu.csv" 2>"$OUT/ncu.err"

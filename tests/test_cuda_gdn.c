@@ -203,6 +203,8 @@ static void delta_case(const int *lens, int n, int pad, int Hk, int Hv, int Dk, 
                        pg.g, pb.g, pcu.g, n, T, Hk, Hv, Dk, Dv, scale);
     gpu->download(gpu, again, pd.g, bytes);
     bool same = memcmp(first, again, bytes) == 0;
+    printf("  delta rule T %d, heads %d/%d x %d/%d, gmin %g: o %.1e, dq %.1e, dk %.1e, dv %.1e, dg %.1e, dbeta %.1e\n",
+           T, Hk, Hv, Dk, Dv, gmin, eo, eq, ek, ev, eg, ebt);
     CHECK(eo <= 2e-2, "delta fwd (T %d, Hk %d Hv %d, Dk %d Dv %d, gmin %g): rel err %g", T, Hk, Hv, Dk, Dv, gmin, eo);
     CHECK(eq <= 2e-2 && ek <= 2e-2 && ev <= 2e-2, "delta bwd dq/dk/dv (T %d, Dk %d Dv %d, gmin %g): %g %g %g", T, Dk,
           Dv, gmin, eq, ek, ev);

@@ -33,20 +33,19 @@
  * calls), then:
  *   scan_bwd   per (document, value head, 32 columns), chunks in reverse: stores
  *              each chunk's dS_L and db;
- *   grads      per (chunk, value head), over the value columns in tiles of 32:
- *              dv, dβ, dγ turned into dg (reverse cumsum in the chunk), and the
- *              head's dq, dk;
- *   finish     dq, dk summed over the value heads of each key head, then
- *              through the L2 norm, to bf16.
+ *   grads      per (chunk, value head, 32 columns): dv, and the 32 columns' share
+ *              of dq, dk, dβ, dγ;
+ *   finish     dγ summed over column tiles and turned into dg (reverse cumsum in
+ *              the chunk), dβ summed; dq, dk summed over column tiles and the
+ *              value heads of each key head, then through the L2 norm, to bf16.
  * Everything between passes is fp32 scratch (cuda_scratch), proportional to T
  * whatever the documents (states only for chunks that have one, the chunk
  * matrices by token row; memory_plan.c counts the same): at Hv 48, Dk = Dv = 128
- * and 16k tokens about 4.9 GB for the backward.
+ * and 16k tokens about 7.3 GB for the backward.
  *
- * The products inside a chunk run on the tensor cores (Mma: mma.sync with TF32
- * operands and fp32 accumulation); the solve, the gates, every exponent and the
- * carried states stay fp32. The two scans fetch the next chunk's operands into
- * registers while the current one computes. Dk 32, 64 or 128, Dv a multiple of 32. */
+ * The products inside a chunk are fp32 on the CUDA cores, register-tiled (Tile:
+ * each thread a 4 x 8 or smaller block of the output); no tensor cores yet.
+ * Dk 32, 64 or 128, Dv a multiple of 32. */
 #include "ct_cuda.cuh"
 
 #define CHUNK 64     /* tokens per chunk */
@@ -151,73 +150,21 @@ delta_normalize_kernel(float *qn, float *kn, const bf16 *q, int ldq, const bf16 
     }
 }
 
-/* Shared-memory strides: rows padded by 4 floats, so every row starts on 16 bytes
- * (float4 loads) and a tensor-core fragment's 8 rows x 4 columns fall on 32
- * different banks. */
-template <int DK> struct Lay {
-    static constexpr int KP = DK + 4;    /* (CHUNK, DK) rows */
-    static constexpr int CP = CHUNK + 4; /* (CHUNK, CHUNK) rows */
-    static constexpr int VP = VT + 4;    /* (CHUNK, VT) and (DK, VT) rows */
-};
-
-/* Rows [0, L) of a (CHUNK, COLS) fp32 block with row stride ld (rows past L read
- * as 0), held in registers as float4: fetched while the previous chunk computes,
- * stored to shared memory when it is needed. src and ld keep 16-byte alignment
- * (every caller's column offset is a multiple of 4 floats). */
-template <int COLS> struct Rows {
-    static constexpr int PER = CHUNK * COLS / 4 / THREADS;
-    static_assert(PER >= 1 && PER * 4 * THREADS == CHUNK * COLS, "a block of rows spans the threads");
-    float4 x[PER];
-    __device__ void fetch(const float *src, size_t ld, int L)
-    {
-#pragma unroll
-        for (int p = 0; p < PER; p++) {
-            int e = threadIdx.x + p * THREADS, i = e / (COLS / 4), c = (e % (COLS / 4)) * 4;
-            x[p] = i < L ? __ldg((const float4 *)(src + (size_t)i * ld + c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-    }
-    __device__ void store(float *dst, int sld) const
-    {
-#pragma unroll
-        for (int p = 0; p < PER; p++) {
-            int e = threadIdx.x + p * THREADS, i = e / (COLS / 4), c = (e % (COLS / 4)) * 4;
-            *(float4 *)(dst + i * sld + c) = x[p];
-        }
-    }
-};
-/* The same for bf16 rows (any stride: element loads), widened to fp32. */
-template <int COLS> struct RowsBf16 {
-    static constexpr int PER = CHUNK * COLS / THREADS;
-    static_assert(PER * THREADS == CHUNK * COLS, "a block of rows spans the threads");
-    float x[PER];
-    __device__ void fetch(const bf16 *src, size_t ld, int L)
-    {
-#pragma unroll
-        for (int p = 0; p < PER; p++) {
-            int e = threadIdx.x + p * THREADS, i = e / COLS, c = e % COLS;
-            x[p] = i < L ? __bfloat162float(src[(size_t)i * ld + c]) : 0.0f;
-        }
-    }
-    __device__ void store(float *dst, int sld) const
-    {
-#pragma unroll
-        for (int p = 0; p < PER; p++) {
-            int e = threadIdx.x + p * THREADS;
-            dst[(e / COLS) * sld + e % COLS] = x[p];
-        }
-    }
-};
-template <int COLS> __device__ __forceinline__ void load_rows(float *dst, int sld, const float *src, size_t ld, int L)
+/* Rows [0, L) of a (rows, cols) fp32 matrix with row stride ld into shared memory
+ * with row stride sld, rows [L, CHUNK) zero. */
+__device__ __forceinline__ void load_rows(float *dst, int sld, const float *src, size_t ld, int L, int cols)
 {
-    Rows<COLS> r;
-    r.fetch(src, ld, L);
-    r.store(dst, sld);
+    for (int e = threadIdx.x; e < CHUNK * cols; e += THREADS) {
+        int i = e / cols, c = e % cols;
+        dst[i * sld + c] = i < L ? src[(size_t)i * ld + c] : 0.0f;
+    }
 }
-template <int COLS> __device__ __forceinline__ void load_rows_bf16(float *dst, int sld, const bf16 *src, size_t ld, int L)
+__device__ __forceinline__ void load_rows_bf16(float *dst, int sld, const bf16 *src, size_t ld, int L, int cols)
 {
-    RowsBf16<COLS> r;
-    r.fetch(src, ld, L);
-    r.store(dst, sld);
+    for (int e = threadIdx.x; e < CHUNK * cols; e += THREADS) {
+        int i = e / cols, c = e % cols;
+        dst[i * sld + c] = i < L ? __bfloat162float(src[(size_t)i * ld + c]) : 0.0f;
+    }
 }
 
 /* A chunk's (CHUNK, CHUNK) matrices are stored by token row: row i of the chunk
@@ -229,28 +176,28 @@ __device__ __forceinline__ size_t mat_row(int t0, int i, int Hv, int h)
 }
 __device__ __forceinline__ void load_mat(float *dst, int sld, const float *src, int t0, int L, int Hv, int h)
 {
-    load_rows<CHUNK>(dst, sld, src + mat_row(t0, 0, Hv, h), (size_t)Hv * CHUNK, L);
+    for (int p = threadIdx.x; p < CHUNK * CHUNK; p += THREADS) {
+        int i = p / CHUNK, j = p % CHUNK;
+        dst[i * sld + j] = i < L ? src[mat_row(t0, i, Hv, h) + j] : 0.0f;
+    }
 }
 /* A chunk's (DK, VT) state tile from slot `slot` of a (slots, Hv, DK, Dv) array,
- * or zeros for slot -1; and the tile back into its slot. */
-template <int DK>
-__device__ __forceinline__ void load_state(float *dst, int sld, const float *src, int slot, int Hv, int h, int Dv, int c0)
+ * or zeros for slot -1. */
+__device__ __forceinline__ void load_state(float *dst, int sld, const float *src, int slot, int Hv, int h, int DK,
+                                           int Dv, int c0)
 {
     const float *p = slot >= 0 ? src + ((size_t)slot * Hv + h) * DK * Dv + c0 : nullptr;
-    for (int e = threadIdx.x; e < DK * VT / 4; e += THREADS) {
-        int i = e / (VT / 4), c = (e % (VT / 4)) * 4;
-        *(float4 *)(dst + i * sld + c) = p ? *(const float4 *)(p + (size_t)i * Dv + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    for (int e = threadIdx.x; e < DK * VT; e += THREADS)
+        dst[(e / VT) * sld + e % VT] = p ? p[(size_t)(e / VT) * Dv + e % VT] : 0.0f;
 }
-template <int DK>
-__device__ __forceinline__ void store_state(float *dst, const float *src, int sld, int slot, int Hv, int h, int Dv, int c0)
-{
-    float *p = dst + ((size_t)slot * Hv + h) * DK * Dv + c0;
-    for (int e = threadIdx.x; e < DK * VT / 4; e += THREADS) {
-        int i = e / (VT / 4), c = (e % (VT / 4)) * 4;
-        *(float4 *)(p + (size_t)i * Dv + c) = *(const float4 *)(src + i * sld + c);
-    }
-}
+
+/* Shared-memory strides: one float of padding per row keeps column walks off a
+ * single bank. */
+template <int DK> struct Lay {
+    static constexpr int KP = DK + 1;    /* (CHUNK, DK) rows */
+    static constexpr int CP = CHUNK + 1; /* (CHUNK, CHUNK) rows */
+    static constexpr int VP = VT + 1;    /* (CHUNK, VT) and (DK, VT) rows */
+};
 
 /* The chunk's gates: gs = γ (inclusive cumsum of g inside the chunk), bs = β, both
  * zero past L. Thread 0 sums in token order, as the recurrence multiplies. */
@@ -268,91 +215,48 @@ __device__ __forceinline__ void load_gates(float *gs, float *bs, const float *g,
     __syncthreads();
 }
 
-__device__ __forceinline__ uint32_t to_tf32(float x)
-{
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-
-/* An (M, N) product on the tensor cores, spread over the block's 8 warps: warp w
- * owns rows [wr M/WR, +M/WR) and columns [wc N/WC, +N/WC) (wr = w / WC, wc = w %
- * WC) as FM x FN tiles of mma.sync m16n8k8 (TF32 operands rounded to nearest,
- * fp32 accumulation). Accumulator n of a thread is element (row(n), col(n)):
- * tile (n / 4 / FN, n / 4 % FN), then mma's layout (lane / 4 + 8 bit 1 of n,
- * 2 (lane % 4) + bit 0 of n). */
-template <int M, int N> struct Mma {
-    static constexpr int WR = M >= 64 ? 4 : M / 16, WC = THREADS / 32 / WR;
-    static constexpr int FM = M / (16 * WR), FN = N / (8 * WC), NE = FM * FN * 4;
-    static_assert(WR * WC * 32 == THREADS && FM >= 1 && FN >= 1 && FM * 16 * WR == M && FN * 8 * WC == N,
-                  "the product's shape fits the warp grid");
-    float acc[NE];
-    __device__ Mma()
+/* A register tile of a (TR RM) x (TC RN) product held across the block: thread
+ * (tr, tc) = (tid / TC, tid % TC) owns rows tr + TR i and columns tc + TC j, so the
+ * lanes of a warp walk consecutive columns and share rows (shared-memory
+ * broadcasts), and every operand a thread loads feeds RM or RN multiply-adds. */
+template <int TR, int TC, int RM, int RN> struct Tile {
+    static_assert(TR * TC == THREADS, "a tile spans the block");
+    float acc[RM][RN];
+    int tr, tc;
+    __device__ Tile() : tr(threadIdx.x / TC), tc(threadIdx.x % TC)
     {
 #pragma unroll
-        for (int n = 0; n < NE; n++) acc[n] = 0.0f;
+        for (int i = 0; i < RM; i++)
+#pragma unroll
+            for (int j = 0; j < RN; j++) acc[i][j] = 0.0f;
     }
-    static __device__ int wc() { return (threadIdx.x / 32) % WC; }
-    static __device__ int row0() { return (threadIdx.x / 32 / WC) * (M / WR); }
-    static __device__ int row(int n) { return row0() + 16 * (n / 4 / FN) + (threadIdx.x % 32) / 4 + 8 * ((n >> 1) & 1); }
-    static __device__ int col(int n) { return wc() * (N / WC) + 8 * (n / 4 % FN) + 2 * (threadIdx.x % 4) + (n & 1); }
+    __device__ int row(int i) const { return tr + TR * i; }
+    __device__ int col(int j) const { return tc + TC * j; }
     /* acc += sum_{k < K} A(row, k) B(k, col), A(r, k) = A[r sar + k sak], B(k, c) =
-     * B[k sbk + c sbc] (the strides say which operand is read transposed); K a
-     * multiple of 8. */
+     * B[k sbk + c sbc]: the strides say which operand is read transposed. */
     __device__ void mma(const float *A, int sar, int sak, const float *B, int sbk, int sbc, int K)
     {
-        const int g = (threadIdx.x % 32) / 4, q = threadIdx.x % 4;
-        const float *a0 = A + (row0() + g) * sar + q * sak, *b0 = B + q * sbk + (wc() * (N / WC) + g) * sbc;
-        for (int k0 = 0; k0 < K; k0 += 8) {
-            uint32_t a[FM][4], b[FN][2];
+        for (int k = 0; k < K; k++) {
+            float a[RM], b[RN];
 #pragma unroll
-            for (int m = 0; m < FM; m++) {
-                const float *p = a0 + 16 * m * sar + k0 * sak;
-                a[m][0] = to_tf32(p[0]);
-                a[m][1] = to_tf32(p[8 * sar]);
-                a[m][2] = to_tf32(p[4 * sak]);
-                a[m][3] = to_tf32(p[8 * sar + 4 * sak]);
-            }
+            for (int i = 0; i < RM; i++) a[i] = A[row(i) * sar + k * sak];
 #pragma unroll
-            for (int f = 0; f < FN; f++) {
-                const float *p = b0 + 8 * f * sbc + k0 * sbk;
-                b[f][0] = to_tf32(p[0]);
-                b[f][1] = to_tf32(p[4 * sbk]);
-            }
+            for (int j = 0; j < RN; j++) b[j] = B[k * sbk + col(j) * sbc];
 #pragma unroll
-            for (int m = 0; m < FM; m++)
+            for (int i = 0; i < RM; i++)
 #pragma unroll
-                for (int f = 0; f < FN; f++) {
-                    float *d = acc + (m * FN + f) * 4;
-                    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                                 "{%8,%9}, {%0,%1,%2,%3};"
-                                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                                 : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b[f][0]), "r"(b[f][1]));
-                }
+                for (int j = 0; j < RN; j++) acc[i][j] += a[i] * b[j];
         }
     }
-    /* part[wc() M + i] = sum over this warp's columns j of acc(i, j) w[i swr + j swc],
-     * for every row i the warp holds (fixed order: its registers, then the 4 lanes
-     * of the row). The caller syncs, then sums part over the WC warp columns. */
-    __device__ void row_dot(const float *w, int swr, int swc, float *part) const
+    /* Row i's sum over the TC threads of its row (RN columns each), fixed order. */
+    __device__ float row_sum(int i, const float *w, int sw) const
     {
+        float s = 0.0f;
 #pragma unroll
-        for (int m = 0; m < FM; m++)
+        for (int j = 0; j < RN; j++) s += acc[i][j] * w[col(j) * sw];
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int i = row(m * FN * 4 + 2 * hf);
-                float s = 0.0f;
-#pragma unroll
-                for (int f = 0; f < FN; f++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        int n = (m * FN + f) * 4 + 2 * hf + e;
-                        s += acc[n] * w[i * swr + col(n) * swc];
-                    }
-                s += __shfl_xor_sync(0xffffffffu, s, 1);
-                s += __shfl_xor_sync(0xffffffffu, s, 2);
-                if (threadIdx.x % 4 == 0) part[wc() * M + i] = s;
-            }
+        for (int o = 1; o < TC; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        return s;
     }
 };
 
@@ -370,34 +274,35 @@ delta_prep_kernel(float *Tm, float *QKM, float *KKM, float *Wb, float *Ub, float
     const int4 ch = chunks[c];
     const int t0 = ch.x, L = ch.y;
     if (L == 0) return;
-    extern __shared__ __align__(16) float sm[];
+    extern __shared__ float sm[];
     float *Qs = sm, *Ks = Qs + CHUNK * Ly::KP, *As = Ks + CHUNK * Ly::KP, *Ts = As + CHUNK * Ly::CP;
     float *Vs = Ts + CHUNK * Ly::CP, *gs = Vs + CHUNK * Ly::VP, *bs = gs + CHUNK;
     const int tid = threadIdx.x;
-    load_rows<DK>(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L);
-    load_rows<DK>(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L);
+    load_rows(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
+    load_rows(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
     load_gates(gs, bs, g, beta, t0, L, Hv, h); /* syncs */
     {
-        using P = Mma<CHUNK, CHUNK>;
-        P qk, kk;
+        Tile<16, 16, 4, 4> qk, kk;
         qk.mma(Qs, Ly::KP, 1, Ks, 1, Ly::KP, DK);
         kk.mma(Ks, Ly::KP, 1, Ks, 1, Ly::KP, DK);
 #pragma unroll
-        for (int n = 0; n < P::NE; n++) {
-            int i = P::row(n), j = P::col(n);
-            float m = (j <= i && i < L) ? expf(gs[i] - gs[j]) : 0.0f;
-            float x = m * qk.acc[n], y = j < i ? m * kk.acc[n] : 0.0f;
-            if (i < L) {
-                QKM[mat_row(t0, i, Hv, h) + j] = x;
-                KKM[mat_row(t0, i, Hv, h) + j] = y;
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                int i = qk.row(a), j = qk.col(b);
+                float m = (j <= i && i < L) ? expf(gs[i] - gs[j]) : 0.0f;
+                float x = m * qk.acc[a][b], y = j < i ? m * kk.acc[a][b] : 0.0f;
+                if (i < L) {
+                    QKM[mat_row(t0, i, Hv, h) + j] = x;
+                    KKM[mat_row(t0, i, Hv, h) + j] = y;
+                }
+                As[i * Ly::CP + j] = bs[i] * y;
+                Ts[i * Ly::CP + j] = i == j ? 1.0f : 0.0f;
             }
-            As[i * Ly::CP + j] = bs[i] * y;
-            Ts[i * Ly::CP + j] = i == j ? 1.0f : 0.0f;
-        }
     }
     __syncthreads();
-    /* Forward substitution in fp32, row by row: T_i = e_i - sum_{j<i} A_ij T_j.
-     * Four threads per column share the sum over j (fixed order: stride 4, then a
+    /* Forward substitution, row by row: T_i = e_i - sum_{j<i} A_ij T_j. Four
+     * threads per column share the sum over j (fixed order: stride 4, then a
      * two-step shuffle). */
     for (int i = 1; i < L; i++) {
         int col = tid / 4, part = tid % 4;
@@ -414,104 +319,92 @@ delta_prep_kernel(float *Tm, float *QKM, float *KKM, float *Wb, float *Ub, float
     for (int e = tid; e < CHUNK * DK; e += THREADS) Ks[(e / DK) * Ly::KP + e % DK] *= bs[e / DK] * expf(gs[e / DK]);
     __syncthreads();
     {
-        using P = Mma<CHUNK, DK>;
-        P w;
+        Tile<16, 16, 4, DK / 16> w;
         w.mma(Ts, Ly::CP, 1, Ks, Ly::KP, 1, CHUNK);
 #pragma unroll
-        for (int n = 0; n < P::NE; n++)
-            if (P::row(n) < L) Wb[((size_t)(t0 + P::row(n)) * Hv + h) * DK + P::col(n)] = w.acc[n];
+        for (int a = 0; a < 4; a++)
+            if (w.row(a) < L)
+#pragma unroll
+                for (int b = 0; b < DK / 16; b++) Wb[((size_t)(t0 + w.row(a)) * Hv + h) * DK + w.col(b)] = w.acc[a][b];
     }
     /* U' = T (β V), VT columns at a time. */
     for (int c0 = 0; c0 < Dv; c0 += VT) {
         __syncthreads();
-        load_rows_bf16<VT>(Vs, Ly::VP, v + (size_t)t0 * ldv + (size_t)h * Dv + c0, (size_t)ldv, L);
+        load_rows_bf16(Vs, Ly::VP, v + (size_t)t0 * ldv + (size_t)h * Dv + c0, (size_t)ldv, L, VT);
         __syncthreads();
         for (int e = tid; e < CHUNK * VT; e += THREADS) Vs[(e / VT) * Ly::VP + e % VT] *= bs[e / VT];
         __syncthreads();
-        using P = Mma<CHUNK, VT>;
-        P u;
+        Tile<32, 8, 2, 4> u;
         u.mma(Ts, Ly::CP, 1, Vs, Ly::VP, 1, CHUNK);
 #pragma unroll
-        for (int n = 0; n < P::NE; n++)
-            if (P::row(n) < L) Ub[((size_t)(t0 + P::row(n)) * Hv + h) * Dv + c0 + P::col(n)] = u.acc[n];
+        for (int a = 0; a < 2; a++)
+            if (u.row(a) < L)
+#pragma unroll
+                for (int b = 0; b < 4; b++) Ub[((size_t)(t0 + u.row(a)) * Hv + h) * Dv + c0 + u.col(b)] = u.acc[a][b];
     }
     if (tid < L) gam[(size_t)(t0 + tid) * Hv + h] = gs[tid];
 }
 
 /* scan, one block per (document, value head, column tile): state columns
  * [c0, c0 + VT) of S through the document's chunks; Hbuf (states, Hv, DK, Dv) gets
- * each chunk's S0 (in its slot, when it has one), Un (T, Hv, Dv) its u. The next
- * chunk's W, K, U' and γ are fetched into registers while this one computes. */
+ * each chunk's S0 (in its slot, when it has one), Un (T, Hv, Dv) its u. */
 template <int DK>
-__global__ void __launch_bounds__(THREADS, 2)
+__global__ void __launch_bounds__(THREADS)
 delta_scan_kernel(float *Hbuf, float *Un, const float *Wb, const float *Ub, const float *kn, const float *gam,
                   const int4 *chunks, const int *chunk_off, int Hk, int Hv, int Dv)
 {
     using Ly = Lay<DK>;
-    using PU = Mma<CHUNK, VT>;
-    using PS = Mma<DK, VT>;
     const int ntile = Dv / VT;
     const int d = blockIdx.x / (Hv * ntile), h = (blockIdx.x / ntile) % Hv, c0 = (blockIdx.x % ntile) * VT;
     const int kh = h / (Hv / Hk), tid = threadIdx.x;
-    extern __shared__ __align__(16) float sm[];
+    extern __shared__ float sm[];
     float *Ws = sm, *Ks = Ws + CHUNK * Ly::KP, *Hs = Ks + CHUNK * Ly::KP, *Vs = Hs + DK * Ly::VP;
     float *gs = Vs + CHUNK * Ly::VP;
     for (int e = tid; e < DK * VT; e += THREADS) Hs[(e / VT) * Ly::VP + e % VT] = 0.0f;
-    Rows<DK> nw, nk;
-    float nu[PU::NE], ng = 0.0f;
-    int4 next = make_int4(0, 0, -1, -1);
-    auto fetch = [&](int ci) {
-        next = chunks[ci];
-        const int t0 = next.x, L = next.y;
-        nw.fetch(Wb + ((size_t)t0 * Hv + h) * DK, (size_t)Hv * DK, L);
-        nk.fetch(kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L);
-#pragma unroll
-        for (int n = 0; n < PU::NE; n++) {
-            int i = PU::row(n);
-            nu[n] = i < L ? Ub[((size_t)(t0 + i) * Hv + h) * Dv + c0 + PU::col(n)] : 0.0f;
-        }
-        if (tid < CHUNK) ng = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
-    };
-    const int first = chunk_off[d], end = chunk_off[d + 1];
-    if (first < end) fetch(first);
-    for (int ci = first; ci < end; ci++) {
-        const int4 ch = next;
+    for (int ci = chunk_off[d]; ci < chunk_off[d + 1]; ci++) {
+        const int4 ch = chunks[ci];
         const int t0 = ch.x, L = ch.y;
-        __syncthreads(); /* Hs final, the previous chunk's reads of Ws/Ks/Vs/gs done */
-        if (ch.z >= 0) store_state<DK>(Hbuf, Hs, Ly::VP, ch.z, Hv, h, Dv, c0); /* the first chunk's S0 is 0: no slot */
-        nw.store(Ws, Ly::KP);
-        nk.store(Ks, Ly::KP);
-        if (tid < CHUNK) gs[tid] = ng;
-        float ub[PU::NE];
-#pragma unroll
-        for (int n = 0; n < PU::NE; n++) ub[n] = nu[n];
+        __syncthreads(); /* Hs final, the previous chunk's reads of Ws/Ks/Vs done */
+        if (ch.z >= 0) { /* the first chunk's S0 is 0 and has no slot */
+            float *H0 = Hbuf + ((size_t)ch.z * Hv + h) * DK * Dv + c0;
+            for (int e = tid; e < DK * VT; e += THREADS) H0[(size_t)(e / VT) * Dv + e % VT] = Hs[(e / VT) * Ly::VP + e % VT];
+        }
+        load_rows(Ws, Ly::KP, Wb + ((size_t)t0 * Hv + h) * DK, (size_t)Hv * DK, L, DK);
+        load_rows(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
+        if (tid < CHUNK) gs[tid] = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
         __syncthreads();
-        if (ci + 1 < end) fetch(ci + 1);
         const float gL = gs[L - 1];
         {   /* u = U' - W S0; Vs keeps e^(γ_L - γ_i) u_i for the state update */
-            PU u;
+            Tile<32, 8, 2, 4> u;
             u.mma(Ws, Ly::KP, 1, Hs, Ly::VP, 1, DK);
 #pragma unroll
-            for (int n = 0; n < PU::NE; n++) {
-                int i = PU::row(n), j = PU::col(n);
-                float x = 0.0f;
-                if (i < L) {
-                    x = ub[n] - u.acc[n];
-                    Un[((size_t)(t0 + i) * Hv + h) * Dv + c0 + j] = x;
+            for (int a = 0; a < 2; a++) {
+                int i = u.row(a);
+                float dec = i < L ? expf(gL - gs[i]) : 0.0f;
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    float x = 0.0f;
+                    if (i < L) {
+                        size_t r = ((size_t)(t0 + i) * Hv + h) * Dv + c0 + u.col(b);
+                        x = Ub[r] - u.acc[a][b];
+                        Un[r] = x;
+                    }
+                    Vs[i * Ly::VP + u.col(b)] = dec * x;
                 }
-                Vs[i * Ly::VP + j] = i < L ? expf(gL - gs[i]) * x : 0.0f;
             }
         }
         __syncthreads();
         {   /* S_L = e^γ_L S0 + K^T (decayed u) */
-            PS s;
+            Tile<32, 8, DK / 32, 4> s;
             s.mma(Ks, 1, Ly::KP, Vs, Ly::VP, 1, CHUNK);
             const float aL = expf(gL);
 #pragma unroll
-            for (int n = 0; n < PS::NE; n++) {
-                float *p = Hs + PS::row(n) * Ly::VP + PS::col(n);
-                *p = aL * *p + s.acc[n];
-            }
+            for (int a = 0; a < DK / 32; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    float *p = Hs + s.row(a) * Ly::VP + s.col(b);
+                    *p = aL * *p + s.acc[a][b];
+                }
         }
     }
 }
@@ -524,37 +417,39 @@ delta_output_kernel(bf16 *o, int ldo, const float *Hbuf, const float *Un, const 
                     const float *gam, const int4 *chunks, int Hk, int Hv, int Dv)
 {
     using Ly = Lay<DK>;
-    using P = Mma<CHUNK, VT>;
     const int ntile = Dv / VT;
     const int c = blockIdx.x / (Hv * ntile), h = (blockIdx.x / ntile) % Hv, c0 = (blockIdx.x % ntile) * VT;
     const int4 ch = chunks[c];
     const int t0 = ch.x, L = ch.y;
     if (L == 0) return;
     const int kh = h / (Hv / Hk), tid = threadIdx.x;
-    extern __shared__ __align__(16) float sm[];
+    extern __shared__ float sm[];
     float *Qs = sm, *Hs = Qs + CHUNK * Ly::KP, *Ps = Hs + DK * Ly::VP, *Vs = Ps + CHUNK * Ly::CP;
     float *gs = Vs + CHUNK * Ly::VP;
-    load_rows<DK>(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L);
-    load_state<DK>(Hs, Ly::VP, Hbuf, ch.z, Hv, h, Dv, c0);
+    load_rows(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
+    load_state(Hs, Ly::VP, Hbuf, ch.z, Hv, h, DK, Dv, c0);
     load_mat(Ps, Ly::CP, QKM, t0, L, Hv, h);
-    load_rows<VT>(Vs, Ly::VP, Un + ((size_t)t0 * Hv + h) * Dv + c0, (size_t)Hv * Dv, L);
+    load_rows(Vs, Ly::VP, Un + ((size_t)t0 * Hv + h) * Dv + c0, (size_t)Hv * Dv, L, VT);
     if (tid < CHUNK) gs[tid] = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
     __syncthreads();
-    P out;
+    Tile<32, 8, 2, 4> out;
     out.mma(Qs, Ly::KP, 1, Hs, Ly::VP, 1, DK);
 #pragma unroll
-    for (int n = 0; n < P::NE; n++) out.acc[n] *= expf(gs[P::row(n)]);
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) out.acc[a][b] *= expf(gs[out.row(a)]);
     out.mma(Ps, Ly::CP, 1, Vs, Ly::VP, 1, CHUNK);
 #pragma unroll
-    for (int n = 0; n < P::NE; n++)
-        if (P::row(n) < L)
-            o[(size_t)(t0 + P::row(n)) * ldo + (size_t)h * Dv + c0 + P::col(n)] = __float2bfloat16(out.acc[n]);
+    for (int a = 0; a < 2; a++)
+        if (out.row(a) < L)
+#pragma unroll
+            for (int b = 0; b < 4; b++)
+                o[(size_t)(t0 + out.row(a)) * ldo + (size_t)h * Dv + c0 + out.col(b)] = __float2bfloat16(out.acc[a][b]);
 }
 
 /* scan_bwd, one block per (document, value head, column tile), the document's
  * chunks in reverse: dHbuf (states, Hv, DK, Dv) gets each chunk's dS_L (in its slot), DB (T, Hv, Dv)
- * its db; the carried dS goes to the previous chunk's end. The previous chunk's
- * operands are fetched into registers while this one computes. */
+ * its db; the carried dS goes to the previous chunk's end. */
 template <int DK>
 __global__ void __launch_bounds__(THREADS)
 delta_scan_bwd_kernel(float *dHbuf, float *DB, const bf16 *dout, int lddo, const float *Tm, const float *QKM,
@@ -562,87 +457,76 @@ delta_scan_bwd_kernel(float *dHbuf, float *DB, const bf16 *dout, int lddo, const
                       const int *chunk_off, int Hk, int Hv, int Dv)
 {
     using Ly = Lay<DK>;
-    using PU = Mma<CHUNK, VT>;
-    using PS = Mma<DK, VT>;
     const int ntile = Dv / VT;
     const int d = blockIdx.x / (Hv * ntile), h = (blockIdx.x / ntile) % Hv, c0 = (blockIdx.x % ntile) * VT;
     const int kh = h / (Hv / Hk), tid = threadIdx.x;
-    extern __shared__ __align__(16) float sm[];
+    extern __shared__ float sm[];
     float *Qs = sm, *Ks = Qs + CHUNK * Ly::KP, *Ps = Ks + CHUNK * Ly::KP, *Ts = Ps + CHUNK * Ly::CP;
     float *dH = Ts + CHUNK * Ly::CP, *dO = dH + DK * Ly::VP, *du = dO + CHUNK * Ly::VP, *db = du + CHUNK * Ly::VP;
     float *gs = db + CHUNK * Ly::VP, *bs = gs + CHUNK;
     for (int e = tid; e < DK * VT; e += THREADS) dH[(e / VT) * Ly::VP + e % VT] = 0.0f;
-    Rows<DK> nq, nk;
-    Rows<CHUNK> np, nt;
-    RowsBf16<VT> ndo;
-    float ng = 0.0f, nb = 0.0f;
-    int4 next = make_int4(0, 0, -1, -1);
-    auto fetch = [&](int ci) {
-        next = chunks[ci];
-        const int t0 = next.x, L = next.y;
-        nq.fetch(qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L);
-        nk.fetch(kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L);
-        np.fetch(QKM + mat_row(t0, 0, Hv, h), (size_t)Hv * CHUNK, L);
-        nt.fetch(Tm + mat_row(t0, 0, Hv, h), (size_t)Hv * CHUNK, L);
-        ndo.fetch(dout + (size_t)t0 * lddo + (size_t)h * Dv + c0, (size_t)lddo, L);
-        if (tid < CHUNK) {
-            ng = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
-            nb = tid < L ? beta[(size_t)(t0 + tid) * Hv + h] : 0.0f;
-        }
-    };
-    const int first = chunk_off[d], last = chunk_off[d + 1] - 1;
-    if (last >= first) fetch(last);
-    for (int ci = last; ci >= first; ci--) {
-        const int4 ch = next;
+    for (int ci = chunk_off[d + 1] - 1; ci >= chunk_off[d]; ci--) {
+        const int4 ch = chunks[ci];
         const int t0 = ch.x, L = ch.y;
-        __syncthreads(); /* dH final, the previous chunk's reads done */
-        if (ch.w >= 0) store_state<DK>(dHbuf, dH, Ly::VP, ch.w, Hv, h, Dv, c0); /* the last chunk's dS_L is 0: no slot */
-        nq.store(Qs, Ly::KP);
-        nk.store(Ks, Ly::KP);
-        np.store(Ps, Ly::CP);
-        nt.store(Ts, Ly::CP);
-        ndo.store(dO, Ly::VP);
+        __syncthreads();
+        if (ch.w >= 0) { /* the last chunk's dS_L is 0 and has no slot */
+            float *dH0 = dHbuf + ((size_t)ch.w * Hv + h) * DK * Dv + c0;
+            for (int e = tid; e < DK * VT; e += THREADS) dH0[(size_t)(e / VT) * Dv + e % VT] = dH[(e / VT) * Ly::VP + e % VT];
+        }
+        load_rows(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
+        load_rows(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
+        load_mat(Ps, Ly::CP, QKM, t0, L, Hv, h);
+        load_mat(Ts, Ly::CP, Tm, t0, L, Hv, h);
+        load_rows_bf16(dO, Ly::VP, dout + (size_t)t0 * lddo + (size_t)h * Dv + c0, (size_t)lddo, L, VT);
         if (tid < CHUNK) {
-            gs[tid] = ng;
-            bs[tid] = nb;
+            gs[tid] = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
+            bs[tid] = tid < L ? beta[(size_t)(t0 + tid) * Hv + h] : 0.0f;
         }
         __syncthreads();
-        if (ci > first) fetch(ci - 1);
         const float gL = gs[L - 1];
         /* Qs rows scaled by e^γ for the state gradient */
         for (int e = tid; e < CHUNK * DK; e += THREADS) Qs[(e / DK) * Ly::KP + e % DK] *= expf(gs[e / DK]);
         {   /* du = e^(γ_L - γ) K dS_L + QKM^T do */
-            PU t;
+            Tile<32, 8, 2, 4> t;
             t.mma(Ks, Ly::KP, 1, dH, Ly::VP, 1, DK);
 #pragma unroll
-            for (int n = 0; n < PU::NE; n++) t.acc[n] *= PU::row(n) < L ? expf(gL - gs[PU::row(n)]) : 0.0f;
+            for (int a = 0; a < 2; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) t.acc[a][b] *= t.row(a) < L ? expf(gL - gs[t.row(a)]) : 0.0f;
             t.mma(Ps, 1, Ly::CP, dO, Ly::VP, 1, CHUNK);
 #pragma unroll
-            for (int n = 0; n < PU::NE; n++) du[PU::row(n) * Ly::VP + PU::col(n)] = PU::row(n) < L ? t.acc[n] : 0.0f;
+            for (int a = 0; a < 2; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) du[t.row(a) * Ly::VP + t.col(b)] = t.row(a) < L ? t.acc[a][b] : 0.0f;
         }
         __syncthreads();
         {   /* db = T^T du; db keeps -β e^γ db for the state gradient */
-            PU t;
+            Tile<32, 8, 2, 4> t;
             t.mma(Ts, 1, Ly::CP, du, Ly::VP, 1, CHUNK);
 #pragma unroll
-            for (int n = 0; n < PU::NE; n++) {
-                int j = PU::row(n);
+            for (int a = 0; a < 2; a++) {
+                int j = t.row(a);
                 float sc = j < L ? -bs[j] * expf(gs[j]) : 0.0f;
-                if (j < L) DB[((size_t)(t0 + j) * Hv + h) * Dv + c0 + PU::col(n)] = t.acc[n];
-                db[j * Ly::VP + PU::col(n)] = sc * t.acc[n];
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    if (j < L) DB[((size_t)(t0 + j) * Hv + h) * Dv + c0 + t.col(b)] = t.acc[a][b];
+                    db[j * Ly::VP + t.col(b)] = sc * t.acc[a][b];
+                }
             }
         }
         __syncthreads();
         {   /* dS0 = e^γ_L dS_L + (e^γ Q)^T do - (β e^γ K)^T db */
-            PS s;
+            Tile<32, 8, DK / 32, 4> s;
             s.mma(Qs, 1, Ly::KP, dO, Ly::VP, 1, CHUNK);
             s.mma(Ks, 1, Ly::KP, db, Ly::VP, 1, CHUNK);
             const float aL = expf(gL);
 #pragma unroll
-            for (int n = 0; n < PS::NE; n++) {
-                float *p = dH + PS::row(n) * Ly::VP + PS::col(n);
-                *p = aL * *p + s.acc[n];
-            }
+            for (int a = 0; a < DK / 32; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    float *p = dH + s.row(a) * Ly::VP + s.col(b);
+                    *p = aL * *p + s.acc[a][b];
+                }
         }
     }
 }
@@ -659,89 +543,81 @@ __device__ __forceinline__ float block_sum(float v, float *red)
     return s;
 }
 
-/* grads, one block per (chunk, value head), walking the value columns in tiles of
- * VT: dv (bf16), the head's dqn, dkn (T, Hv, DK), and dg, dbeta (T, Hv) of the
- * chunk, from S0 (Hbuf), dS_L (dHbuf), u (Un) and db (DB). Every product whose
- * inner dimension is the value columns (the pair gradients DU, DA and the state
- * terms S0 do, S0 db, dS_L u) accumulates over the tiles in registers, so the
- * products over the chunk's tokens run once per head. */
+/* grads, one block per (chunk, value head, column tile): dv (bf16, complete), and
+ * this tile's share of dqn, dkn (tile, T, Hv, DK) and dγ, dβ (tile, T, Hv), from
+ * S0 (Hbuf), dS_L (dHbuf), u (Un) and db (DB) of the chunk. */
 template <int DK>
 __global__ void __launch_bounds__(THREADS)
-delta_grads_kernel(bf16 *dv, int lddv, float *dqp, float *dkp, float *dg, float *dbeta, const bf16 *dout, int lddo,
+delta_grads_kernel(bf16 *dv, int lddv, float *dqp, float *dkp, float *dgp, float *dbp, const bf16 *dout, int lddo,
                    const bf16 *v, int ldv, const float *Hbuf, const float *dHbuf, const float *Un, const float *DB,
                    const float *QKM, const float *KKM, const float *qn, const float *kn, const float *gam,
-                   const float *beta, const int4 *chunks, int Hk, int Hv, int Dv)
+                   const float *beta, const int4 *chunks, int T, int Hk, int Hv, int Dv)
 {
     using Ly = Lay<DK>;
-    using PP = Mma<CHUNK, CHUNK>;
-    using PU = Mma<CHUNK, VT>;
-    using PQ = Mma<CHUNK, DK>;
-    const int c = blockIdx.x / Hv, h = blockIdx.x % Hv;
+    const int ntile = Dv / VT;
+    const int c = blockIdx.x / (Hv * ntile), h = (blockIdx.x / ntile) % Hv, tile = blockIdx.x % ntile;
+    const int c0 = tile * VT;
     const int4 ch = chunks[c];
     const int t0 = ch.x, L = ch.y;
     if (L == 0) return;
     const int kh = h / (Hv / Hk), tid = threadIdx.x;
-    extern __shared__ __align__(16) float sm[];
+    extern __shared__ float sm[];
     float *Qs = sm, *Ks = Qs + CHUNK * Ly::KP;
     float *Xs = Ks + CHUNK * Ly::KP, *KKs = Xs + CHUNK * Ly::CP, *DU = KKs + CHUNK * Ly::CP, *DA = DU + CHUNK * Ly::CP;
     float *Hs = DA + CHUNK * Ly::CP, *dHs = Hs + DK * Ly::VP;
     float *us = dHs + DK * Ly::VP, *dOs = us + CHUNK * Ly::VP, *dbs = dOs + CHUNK * Ly::VP, *vs = dbs + CHUNK * Ly::VP;
     float *gs = vs + CHUNK * Ly::VP, *bs = gs + CHUNK, *dgam = bs + CHUNK, *red = dgam + CHUNK;
-    float *part = red + THREADS / 32; /* 3 row-dot partials of PQ products, (PQ::WC, CHUNK) each */
 
-    load_rows<DK>(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L);
-    load_rows<DK>(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L);
+    load_rows(Qs, Ly::KP, qn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
+    load_rows(Ks, Ly::KP, kn + ((size_t)t0 * Hk + kh) * DK, (size_t)Hk * DK, L, DK);
     load_mat(Xs, Ly::CP, QKM, t0, L, Hv, h);
     load_mat(KKs, Ly::CP, KKM, t0, L, Hv, h);
+    load_state(Hs, Ly::VP, Hbuf, ch.z, Hv, h, DK, Dv, c0);
+    load_state(dHs, Ly::VP, dHbuf, ch.w, Hv, h, DK, Dv, c0);
+    const size_t roff = ((size_t)t0 * Hv + h) * Dv + c0;
+    load_rows(us, Ly::VP, Un + roff, (size_t)Hv * Dv, L, VT);
+    load_rows(dbs, Ly::VP, DB + roff, (size_t)Hv * Dv, L, VT);
+    load_rows_bf16(dOs, Ly::VP, dout + (size_t)t0 * lddo + (size_t)h * Dv + c0, (size_t)lddo, L, VT);
+    load_rows_bf16(vs, Ly::VP, v + (size_t)t0 * ldv + (size_t)h * Dv + c0, (size_t)ldv, L, VT);
     if (tid < CHUNK) {
         gs[tid] = tid < L ? gam[(size_t)(t0 + tid) * Hv + h] : 0.0f;
         bs[tid] = tid < L ? beta[(size_t)(t0 + tid) * Hv + h] : 0.0f;
     }
-    /* Over the value columns: DU_ij = do_i . u_j, DA_ij = -db_i . u_j (the
-     * gradients of the pair terms of o and of A), S0 do, S0 db, dS_L u, <S0, dS_L>,
-     * and dβ_j = db_j . (v_j - e^γ_j S0^T k_j - sum_{l<j} KKM_jl u_l); dv_j = β_j db_j. */
-    PP pu, pa;
-    PQ t, y, z;
-    float hd = 0.0f, dbj = 0.0f;
-    for (int c0 = 0; c0 < Dv; c0 += VT) {
-        __syncthreads(); /* the previous tile's reads done (and, first, the gates stored) */
-        load_state<DK>(Hs, Ly::VP, Hbuf, ch.z, Hv, h, Dv, c0);
-        load_state<DK>(dHs, Ly::VP, dHbuf, ch.w, Hv, h, Dv, c0);
-        const size_t roff = ((size_t)t0 * Hv + h) * Dv + c0;
-        load_rows<VT>(us, Ly::VP, Un + roff, (size_t)Hv * Dv, L);
-        load_rows<VT>(dbs, Ly::VP, DB + roff, (size_t)Hv * Dv, L);
-        load_rows_bf16<VT>(dOs, Ly::VP, dout + (size_t)t0 * lddo + (size_t)h * Dv + c0, (size_t)lddo, L);
-        load_rows_bf16<VT>(vs, Ly::VP, v + (size_t)t0 * ldv + (size_t)h * Dv + c0, (size_t)ldv, L);
-        __syncthreads();
+    __syncthreads();
+    const float gL = gs[L - 1];
+
+    {   /* DU_ij = do_i . u_j (j <= i), DA_ij = -db_i . u_j (j < i): the gradients of
+         * the pair terms of o and of A, this tile's columns. */
+        Tile<16, 16, 4, 4> pu, pa;
         pu.mma(dOs, Ly::VP, 1, us, 1, Ly::VP, VT);
         pa.mma(dbs, Ly::VP, 1, us, 1, Ly::VP, VT);
-        {   /* vs becomes db . (the bracket), each thread overwriting only its own elements */
-            PU sk, su;
-            sk.mma(Ks, Ly::KP, 1, Hs, Ly::VP, 1, DK);
-            su.mma(KKs, Ly::CP, 1, us, Ly::VP, 1, CHUNK);
 #pragma unroll
-            for (int n = 0; n < PU::NE; n++) {
-                int j = PU::row(n), cc = PU::col(n);
-                float x = vs[j * Ly::VP + cc] - expf(gs[j]) * sk.acc[n] - su.acc[n];
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                int i = pu.row(a), j = pu.col(b);
+                DU[i * Ly::CP + j] = (j <= i && i < L) ? pu.acc[a][b] : 0.0f;
+                DA[i * Ly::CP + j] = (j < i && i < L) ? -pa.acc[a][b] : 0.0f;
+            }
+    }
+    {   /* dβ_j = db_j . (v_j - e^γ_j S0^T k_j - sum_{l<j} KKM_jl u_l) ; dv_j = β_j db_j. */
+        Tile<32, 8, 2, 4> sk, su;
+        sk.mma(Ks, Ly::KP, 1, Hs, Ly::VP, 1, DK);
+        su.mma(KKs, Ly::CP, 1, us, Ly::VP, 1, CHUNK);
+#pragma unroll
+        for (int a = 0; a < 2; a++) {
+            int j = sk.row(a);
+            float e = expf(gs[j]);
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                int cc = sk.col(b);
+                sk.acc[a][b] = vs[j * Ly::VP + cc] - e * sk.acc[a][b] - su.acc[a][b];
                 if (j < L)
                     dv[(size_t)(t0 + j) * lddv + (size_t)h * Dv + c0 + cc] = __float2bfloat16(bs[j] * dbs[j * Ly::VP + cc]);
-                vs[j * Ly::VP + cc] = dbs[j * Ly::VP + cc] * x;
             }
+            float s = sk.row_sum(a, dbs + j * Ly::VP, 1);
+            if (sk.tc == 0 && j < L) dbp[((size_t)tile * T + t0 + j) * Hv + h] = s;
         }
-        t.mma(dOs, Ly::VP, 1, Hs, 1, Ly::VP, VT);
-        y.mma(dbs, Ly::VP, 1, Hs, 1, Ly::VP, VT);
-        z.mma(us, Ly::VP, 1, dHs, 1, Ly::VP, VT);
-        for (int e = tid; e < DK * VT; e += THREADS) hd += Hs[(e / VT) * Ly::VP + e % VT] * dHs[(e / VT) * Ly::VP + e % VT];
-        __syncthreads(); /* vs complete */
-        if (tid < L)
-            for (int cc = 0; cc < VT; cc++) dbj += vs[tid * Ly::VP + cc];
-    }
-    if (tid < L) dbeta[(size_t)(t0 + tid) * Hv + h] = dbj;
-#pragma unroll
-    for (int n = 0; n < PP::NE; n++) {
-        int i = PP::row(n), j = PP::col(n);
-        DU[i * Ly::CP + j] = (j <= i && i < L) ? pu.acc[n] : 0.0f;
-        DA[i * Ly::CP + j] = (j < i && i < L) ? -pa.acc[n] : 0.0f;
     }
     __syncthreads();
     /* Per pair: X = QKM DU + β_i KKM DA (the pair's share of dγ: + to γ_i, - to γ_j),
@@ -772,57 +648,109 @@ delta_grads_kernel(bf16 *dv, int lddv, float *dqp, float *dkp, float *dg, float 
     __syncthreads();
     /* dq = e^γ S0 do + DU K ; dk = -β e^γ S0 db + e^(γ_L - γ) dS_L u + DU^T Q + (DA + DA^T) K,
      * with each token's dγ terms: + q.(e^γ S0 do) + k.(-β e^γ S0 db) - k.(e^(γ_L - γ) dS_L u),
-     * and the last token's + sum_j k_j.(e^(γ_L - γ_j) dS_L u_j). The row dots go
-     * to part in that order. */
-    const float gL = gs[L - 1];
+     * and the last token's + sum_j k_j.(e^(γ_L - γ_j) dS_L u_j). */
+    using QT = Tile<16, 16, 4, DK / 16>;
+    float gi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qsum = 0.0f;
+    {
+        QT t;
+        t.mma(dOs, Ly::VP, 1, Hs, 1, Ly::VP, VT);
 #pragma unroll
-    for (int n = 0; n < PQ::NE; n++) {
-        int i = PQ::row(n);
-        t.acc[n] *= expf(gs[i]);
-        y.acc[n] *= -bs[i] * expf(gs[i]);
-        z.acc[n] *= i < L ? expf(gL - gs[i]) : 0.0f;
-    }
-    t.row_dot(Qs, Ly::KP, 1, part);
-    y.row_dot(Ks, Ly::KP, 1, part + PQ::WC * CHUNK);
-    z.row_dot(Ks, Ly::KP, 1, part + 2 * PQ::WC * CHUNK);
-    t.mma(DU, Ly::CP, 1, Ks, Ly::KP, 1, CHUNK);
+        for (int a = 0; a < 4; a++) {
+            float e = expf(gs[t.row(a)]);
 #pragma unroll
-    for (int n = 0; n < PQ::NE; n++) {
-        if (PQ::row(n) < L) dqp[((size_t)(t0 + PQ::row(n)) * Hv + h) * DK + PQ::col(n)] = t.acc[n];
-        y.acc[n] += z.acc[n];
-    }
-    y.mma(DU, 1, Ly::CP, Qs, Ly::KP, 1, CHUNK);
-    y.mma(Xs, Ly::CP, 1, Ks, Ly::KP, 1, CHUNK);
-#pragma unroll
-    for (int n = 0; n < PQ::NE; n++)
-        if (PQ::row(n) < L) dkp[((size_t)(t0 + PQ::row(n)) * Hv + h) * DK + PQ::col(n)] = y.acc[n];
-    /* The chunk end's terms, all on γ_L: e^γ_L <S0, dS_L> + sum_j e^(γ_L - γ_j) k_j . (dS_L u_j);
-     * then dg = the reverse cumsum of dγ inside the chunk. */
-    __syncthreads(); /* part complete */
-    float gi = 0.0f, kz = 0.0f;
-    if (tid < CHUNK)
-        for (int w = 0; w < PQ::WC; w++) {
-            const float *p = part + w * CHUNK + tid;
-            gi += p[0] + p[PQ::WC * CHUNK] - p[2 * PQ::WC * CHUNK];
-            kz += p[2 * PQ::WC * CHUNK];
+            for (int b = 0; b < DK / 16; b++) t.acc[a][b] *= e;
+            gi[a] += t.row_sum(a, Qs + t.row(a) * Ly::KP, 1);
         }
-    float endsum = block_sum(kz, red) + expf(gL) * block_sum(hd, red);
-    if (tid < CHUNK) dgam[tid] = tid < L ? dgam[tid] + gi + (tid == L - 1 ? endsum : 0.0f) : 0.0f;
-    __syncthreads();
-    if (tid == 0)
-        for (int j = L - 2; j >= 0; j--) dgam[j] += dgam[j + 1];
-    __syncthreads();
-    if (tid < L) dg[(size_t)(t0 + tid) * Hv + h] = dgam[tid];
+        t.mma(DU, Ly::CP, 1, Ks, Ly::KP, 1, CHUNK);
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+            if (t.row(a) < L) {
+                float *p = dqp + (((size_t)tile * T + t0 + t.row(a)) * Hv + h) * DK;
+#pragma unroll
+                for (int b = 0; b < DK / 16; b++) p[t.col(b)] = t.acc[a][b];
+            }
+    }
+    {
+        QT y, z;
+        y.mma(dbs, Ly::VP, 1, Hs, 1, Ly::VP, VT);
+        z.mma(us, Ly::VP, 1, dHs, 1, Ly::VP, VT);
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            int i = y.row(a);
+            float sy = -bs[i] * expf(gs[i]), sz = i < L ? expf(gL - gs[i]) : 0.0f;
+#pragma unroll
+            for (int b = 0; b < DK / 16; b++) {
+                y.acc[a][b] *= sy;
+                z.acc[a][b] *= sz;
+            }
+            float kz = z.row_sum(a, Ks + i * Ly::KP, 1);
+            gi[a] += y.row_sum(a, Ks + i * Ly::KP, 1) - kz;
+            qsum += y.tc == 0 ? kz : 0.0f;
+#pragma unroll
+            for (int b = 0; b < DK / 16; b++) y.acc[a][b] += z.acc[a][b];
+        }
+        y.mma(DU, 1, Ly::CP, Qs, Ly::KP, 1, CHUNK);
+        y.mma(Xs, Ly::CP, 1, Ks, Ly::KP, 1, CHUNK);
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+            if (y.row(a) < L) {
+                float *p = dkp + (((size_t)tile * T + t0 + y.row(a)) * Hv + h) * DK;
+#pragma unroll
+                for (int b = 0; b < DK / 16; b++) p[y.col(b)] = y.acc[a][b];
+            }
+    }
+    /* The chunk end's terms, all on γ_L: e^γ_L <S0, dS_L> + sum_j e^(γ_L - γ_j) k_j . (dS_L u_j). */
+    float hd = 0.0f;
+    for (int e = tid; e < DK * VT; e += THREADS) hd += Hs[(e / VT) * Ly::VP + e % VT] * dHs[(e / VT) * Ly::VP + e % VT];
+    float endsum = block_sum(qsum, red) + expf(gL) * block_sum(hd, red);
+    const int tr = tid / 16, tc = tid % 16;
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        int i = tr + 16 * a;
+        if (tc == 0 && i < L) {
+            float dgi = dgam[i] + gi[a] + (i == L - 1 ? endsum : 0.0f);
+            dgp[((size_t)tile * T + t0 + i) * Hv + h] = dgi;
+        }
+    }
 }
 
-/* finish_qk, one warp per (token, key head): dqn, dkn summed over the key head's
- * value heads, then the L2 norm's backward dx = mul (r dy - r^3 (x . dy) x) on the
- * raw bf16 row, to bf16. */
+/* finish_gates, one block of CHUNK threads per (chunk, value head): dβ and dγ summed
+ * over the ntile column tiles, dg = the reverse cumsum of dγ inside the chunk. */
+__global__ void __launch_bounds__(CHUNK)
+delta_finish_gates_kernel(float *dg, float *dbeta, const float *dgp, const float *dbp, const int4 *chunks, int T,
+                          int Hv, int ntile)
+{
+    __shared__ float s[CHUNK];
+    const int c = blockIdx.x / Hv, h = blockIdx.x % Hv, i = threadIdx.x;
+    const int4 ch = chunks[c];
+    const int t0 = ch.x, L = ch.y;
+    if (L == 0) return;
+    float a = 0.0f, b = 0.0f;
+    if (i < L)
+        for (int tile = 0; tile < ntile; tile++) {
+            size_t r = ((size_t)tile * T + t0 + i) * Hv + h;
+            a += dgp[r];
+            b += dbp[r];
+        }
+    s[i] = a;
+    __syncthreads();
+    if (i == 0)
+        for (int j = L - 2; j >= 0; j--) s[j] += s[j + 1];
+    __syncthreads();
+    if (i < L) {
+        dg[(size_t)(t0 + i) * Hv + h] = s[i];
+        dbeta[(size_t)(t0 + i) * Hv + h] = b;
+    }
+}
+
+/* finish_qk, one warp per (token, key head): dqn, dkn summed over the column tiles
+ * and the key head's value heads, then the L2 norm's backward
+ * dx = mul (r dy - r^3 (x . dy) x) on the raw bf16 row, to bf16. */
 template <int DK>
 __global__ void __launch_bounds__(THREADS)
 delta_finish_qk_kernel(bf16 *dq, int lddq, bf16 *dk, int lddk, const float *dqp, const float *dkp, const bf16 *q,
                        int ldq, const bf16 *k, int ldk, const int32_t *cu, int n_docs, int T, int Hk, int Hv,
-                       float scale)
+                       int ntile, float scale)
 {
     size_t row = (size_t)blockIdx.x * (THREADS / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32, group = Hv / Hk;
@@ -837,11 +765,12 @@ delta_finish_qk_kernel(bf16 *dq, int lddq, bf16 *dk, int lddk, const float *dqp,
         float dy[DK / 32], x[DK / 32], ss = 0.0f, xdy = 0.0f;
 #pragma unroll
         for (int e = 0; e < DK / 32; e++) dy[e] = 0.0f;
-        for (int j = 0; j < group; j++) {
-            const float *p = part[w] + ((size_t)t * Hv + kh * group + j) * DK;
+        for (int tile = 0; tile < ntile; tile++)
+            for (int j = 0; j < group; j++) {
+                const float *p = part[w] + (((size_t)tile * T + t) * Hv + kh * group + j) * DK;
 #pragma unroll
-            for (int e = 0; e < DK / 32; e++) dy[e] += p[lane + 32 * e];
-        }
+                for (int e = 0; e < DK / 32; e++) dy[e] += p[lane + 32 * e];
+            }
 #pragma unroll
         for (int e = 0; e < DK / 32; e++) {
             x[e] = __bfloat162float(src[w][lane + 32 * e]);
@@ -883,8 +812,7 @@ template <int DK> static size_t grads_smem()
 {
     using Ly = Lay<DK>;
     return sizeof(float) *
-           (2 * CHUNK * Ly::KP + 4 * CHUNK * Ly::CP + 2 * DK * Ly::VP + 4 * CHUNK * Ly::VP + 3 * CHUNK + THREADS / 32 +
-            3 * Mma<CHUNK, DK>::WC * CHUNK);
+           (2 * CHUNK * Ly::KP + 4 * CHUNK * Ly::CP + 2 * DK * Ly::VP + 4 * CHUNK * Ly::VP + 3 * CHUNK + THREADS / 32);
 }
 
 template <int DK> static void delta_init_dk()
@@ -912,7 +840,8 @@ struct delta_bufs {
     /* backward only */
     float *dH;            /* (T / CHUNK, Hv, Dk, Dv): dS_L of each chunk before a document's last */
     float *DB;            /* (T, Hv, Dv) */
-    float *dqp, *dkp;     /* (T, Hv, Dk): per value head, before the key heads' sums */
+    float *dqp, *dkp;     /* (ntile, T, Hv, Dk) */
+    float *dgp, *dbp;     /* (ntile, T, Hv) */
 };
 
 struct delta_dims {
@@ -946,8 +875,10 @@ static size_t delta_carve(delta_bufs *b, char *base, const delta_dims &d, bool b
     if (bwd) {
         TAKE(dH, states);
         TAKE(DB, T * Hv * Dv * F);
-        TAKE(dqp, T * Hv * Dk * F);
-        TAKE(dkp, T * Hv * Dk * F);
+        TAKE(dqp, d.ntile * T * Hv * Dk * F);
+        TAKE(dkp, d.ntile * T * Hv * Dk * F);
+        TAKE(dgp, d.ntile * T * Hv * F);
+        TAKE(dbp, d.ntile * T * Hv * F);
     }
 #undef TAKE
     return used;
@@ -1013,15 +944,19 @@ static void delta_bwd_dk(cuda_ctx *c, const delta_dims &d, bf16 *dq, int lddq, b
     delta_carve(&b, (char *)cuda_scratch(c, bytes), d, true);
     cudaStream_t st = c->stream;
     delta_forward_passes<DK>(st, b, d, q, ldq, k, ldk, v, ldv, g, beta, cu, scale);
+    const unsigned tiles = (unsigned)((size_t)d.slots * d.Hv * d.ntile);
     delta_scan_bwd_kernel<DK><<<(unsigned)((size_t)d.n_docs * d.Hv * d.ntile), THREADS, scan_bwd_smem<DK>(), st>>>(
         b.dH, b.DB, dout, lddo, b.Tm, b.QKM, b.qn, b.kn, b.gam, beta, b.chunks, b.chunk_off, d.Hk, d.Hv, d.Dv);
     LAUNCH_CHECK();
-    delta_grads_kernel<DK><<<(unsigned)((size_t)d.slots * d.Hv), THREADS, grads_smem<DK>(), st>>>(
-        dv, lddv, b.dqp, b.dkp, dg, dbeta, dout, lddo, v, ldv, b.H, b.dH, b.Un, b.DB, b.QKM, b.KKM, b.qn, b.kn,
-        b.gam, beta, b.chunks, d.Hk, d.Hv, d.Dv);
+    delta_grads_kernel<DK><<<tiles, THREADS, grads_smem<DK>(), st>>>(
+        dv, lddv, b.dqp, b.dkp, b.dgp, b.dbp, dout, lddo, v, ldv, b.H, b.dH, b.Un, b.DB, b.QKM, b.KKM, b.qn, b.kn,
+        b.gam, beta, b.chunks, d.T, d.Hk, d.Hv, d.Dv);
+    LAUNCH_CHECK();
+    delta_finish_gates_kernel<<<(unsigned)((size_t)d.slots * d.Hv), CHUNK, 0, st>>>(dg, dbeta, b.dgp, b.dbp, b.chunks,
+                                                                                    d.T, d.Hv, d.ntile);
     LAUNCH_CHECK();
     delta_finish_qk_kernel<DK><<<grid_for((size_t)d.T * d.Hk, THREADS / 32), THREADS, 0, st>>>(
-        dq, lddq, dk, lddk, b.dqp, b.dkp, q, ldq, k, ldk, cu, d.n_docs, d.T, d.Hk, d.Hv, scale);
+        dq, lddq, dk, lddk, b.dqp, b.dkp, q, ldq, k, ldk, cu, d.n_docs, d.T, d.Hk, d.Hv, d.ntile, scale);
     LAUNCH_CHECK();
 }
 

@@ -71,8 +71,8 @@ static size_t cpu_workspace(const ct_model *m, const ct_lora *lo, size_t T)
  *   attention     2 (T,nq) fp32 rows in backward + the tile list (24 B/token)
  *   gdn_delta.cu  the delta rule's backward (delta_carve): per token fp32 q, k
  *                 norms (2 Hk Dk), chunk matrices (3 Hv 64), W (Hv Dk), U', u,
- *                 db (3 Hv Dv), dq, dk per value head (2 Hv Dk); two states of
- *                 Hv Dk Dv per 64 tokens; the chunk
+ *                 db (3 Hv Dv), column-tile partials of dq, dk (2 Hv Dk Dv/32) and
+ *                 of dg, dbeta; two states of Hv Dk Dv per 64 tokens; the chunk
  *                 table for up to one document per token
  *   moe_expert_lora.cu   as linear_lora.cu over T*K expert rows, plus the padded bf16 masters
  *   (moe_gemm_fused_lora.cu) of every expert and one backward chunk's u and g */
@@ -117,11 +117,12 @@ size_t memory_plan_workspace(const ct_model *m, const ct_lora *lo, int capacity)
     need = max_sz(need, 2 * round256(T * nq * 4) + round256(24 * T + 64));
     if (c->gdn) {
         size_t Hk = c->linear_num_key_heads, Hv = c->linear_num_value_heads, Dk = c->linear_key_head_dim;
-        size_t Dv = c->linear_value_head_dim, states = T / 64 > 0 ? T / 64 : 1;
+        size_t Dv = c->linear_value_head_dim, nt = Dv / 32, states = T / 64 > 0 ? T / 64 : 1;
         need = max_sz(need, round256((T / 64 + T) * 16) + round256((T + 1) * 4) + 2 * round256(T * Hk * Dk * 4) +
                                 3 * round256(T * Hv * 64 * 4) + round256(T * Hv * Dk * 4) +
                                 3 * round256(T * Hv * Dv * 4) + round256(T * Hv * 4) +
-                                2 * round256(states * Hv * Dk * Dv * 4) + 2 * round256(T * Hv * Dk * 4));
+                                2 * round256(states * Hv * Dk * Dv * 4) + 2 * round256(nt * T * Hv * Dk * 4) +
+                                2 * round256(nt * T * Hv * 4));
     }
     for (int l = 0; m->fp8_weights && m->qlayers && l < c->num_hidden_layers; l++) {
         /* the FP8 GEMMs (fp8.cu): the quantized input and its scales, and for the

@@ -8,7 +8,9 @@
 #   bash scripts/gdn_grad_norms.sh cuda /tmp/old /tmp/new     # on the GPU machine
 # Prints per model and build: step:loss/grad_norm at steps 1, 2, 10, 50.
 set -u
+[ $# -ge 2 ] || { echo "usage: $0 cpu|cuda BUILD_DIR..." >&2; exit 2; }
 dev=$1; shift
+for b in "$@"; do [ -x "$b/ctune" ] || { echo "$0: $b/ctune is missing" >&2; exit 2; }; done
 for b in "$@"; do
   for m in qwen3_5:tiny-qwen3_5 qwen3_5_moe:tiny-qwen3_5-moe qwen3_next:tiny-qwen3-next; do
     n=${m%%:*}; d=${m#*:}; W=/tmp/p50x-$n-$(basename $b); rm -rf $W; mkdir -p $W
